@@ -1,0 +1,30 @@
+# Brook: one image for both roles (`brook api`, `brook dispatcher`); see compose.yaml.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+
+# Install the project (packages brook, common, ingest, dispatcher, executor and the `brook`
+# console script). No `embedded` extra: in a container MongoDB is a separate service and
+# BROOK_MONGO_URI points at it.
+COPY . /app
+RUN pip install . \
+    && rm -rf /app/build /app/*.egg-info
+
+# Run as an unprivileged user.
+RUN groupadd --system --gid 10001 brook \
+    && useradd --system --uid 10001 --gid brook --home-dir /home/brook --create-home \
+       --shell /usr/sbin/nologin brook
+USER brook:brook
+WORKDIR /home/brook
+
+# Inside a container the API must listen on all interfaces to be reachable.
+ENV BROOK_API_HOST=0.0.0.0 \
+    BROOK_API_PORT=8000
+EXPOSE 8000
+
+CMD ["brook", "api"]

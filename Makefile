@@ -1,0 +1,40 @@
+# Brook — two commands for a fresh machine: `make up` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: up test lint install bench clean down status
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[embedded,test,lint]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+## Start the local three-node replica set, the API and the dispatcher (foreground; Ctrl-C stops all).
+up: $(STAMP)
+	$(BIN)/brook up
+
+## Run the whole test suite against a real replica set.
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy common ingest dispatcher executor brook
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run
+
+down: $(STAMP)
+	$(BIN)/brook mongo down
+
+status: $(STAMP)
+	$(BIN)/brook mongo status
+
+clean:
+	-$(BIN)/brook mongo down
+	rm -rf $(VENV) .brook

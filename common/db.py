@@ -1,0 +1,60 @@
+"""The DB factory: one `AsyncMongoClient` per process, created in that process.
+
+Every Brook process (API, dispatcher, each worker that touches MongoDB) calls
+`make_client()` itself; a client is never handed to a child process.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC
+from typing import Any
+
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
+
+from common.settings import Settings
+
+REPLSET_NAME = "brook"
+MAJORITY = WriteConcern(w="majority")
+MAJORITY_READ = ReadConcern("majority")
+
+Doc = dict[str, Any]
+
+
+def embedded_ports(base_port: int) -> list[int]:
+    return [base_port, base_port + 1, base_port + 2]
+
+
+def embedded_uri(base_port: int, replset: str = REPLSET_NAME) -> str:
+    hosts = ",".join(f"127.0.0.1:{p}" for p in embedded_ports(base_port))
+    return f"mongodb://{hosts}/?replicaSet={replset}"
+
+
+def resolve_uri(settings: Settings) -> str:
+    """`BROOK_MONGO_URI` when set, else the embedded replica set's URI."""
+    return settings.mongo_uri or embedded_uri(settings.mongo_port)
+
+
+def make_client(
+    settings: Settings, *, appname: str = "brook", **extra: Any
+) -> AsyncMongoClient[Doc]:
+    """Build this process's client: majority writes, majority reads, tz-aware UTC datetimes."""
+    options: dict[str, Any] = {
+        "w": "majority",
+        "readConcernLevel": "majority",
+        "retryWrites": True,
+        "retryReads": True,
+        "tz_aware": True,
+        "tzinfo": UTC,
+        "appname": f"{appname}:{os.getpid()}",
+        "serverSelectionTimeoutMS": settings.server_selection_timeout_ms,
+    }
+    options.update(extra)
+    return AsyncMongoClient(resolve_uri(settings), **options)
+
+
+def database(client: AsyncMongoClient[Doc], settings: Settings) -> AsyncDatabase[Doc]:
+    return client.get_database(settings.db, write_concern=MAJORITY, read_concern=MAJORITY_READ)

@@ -1,0 +1,57 @@
+"""The fixed vocabulary of log events. Every job state change is one line with one of these."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from common.log import get_logger
+
+
+class Event(StrEnum):
+    JOB_SUBMITTED = "job.submitted"
+    JOB_DEDUPLICATED = "job.deduplicated"
+    JOB_CLAIMED = "job.claimed"
+    JOB_STARTED = "job.started"
+    JOB_COMPLETED = "job.completed"
+    JOB_RETRY_SCHEDULED = "job.retry_scheduled"
+    JOB_FAILED = "job.failed"
+    JOB_CANCELLED = "job.cancelled"
+    JOB_CANCEL_REQUESTED = "job.cancel_requested"
+    JOB_RELEASED = "job.released"
+    JOB_TIMED_OUT = "job.timed_out"
+    JOB_RESULT_DISCARDED = "job.result_discarded"
+    LEASE_EXPIRED = "lease.expired"
+    LEASE_LOST = "lease.lost"
+    WORKER_STARTED = "worker.started"
+    WORKER_CRASHED = "worker.crashed"
+    WORKER_KILLED = "worker.killed"
+    WORKER_STOPPED = "worker.stopped"
+    TASK_STARTED = "task.started"
+    TASK_FINISHED = "task.finished"
+    STREAM_OPENED = "stream.opened"
+    STREAM_RESUMED = "stream.resumed"
+    STREAM_HISTORY_LOST = "stream.history_lost"
+    STREAM_INVALIDATED = "stream.invalidated"
+    STREAM_ERROR = "stream.error"
+    SWEEP_DONE = "sweep.done"
+    DISPATCHER_STARTED = "dispatcher.started"
+    DISPATCHER_STOPPING = "dispatcher.stopping"
+    DISPATCHER_STOPPED = "dispatcher.stopped"
+    API_STARTED = "api.started"
+    MONGO_UNAVAILABLE = "mongo.unavailable"
+
+
+_log = get_logger()
+
+
+def emit(event: Event, *, level: str = "info", **fields: Any) -> None:
+    """Log one event from the fixed vocabulary."""
+    getattr(_log, level)(event.value, **fields)
+
+
+def job_fields(job: Any) -> dict[str, Any]:
+    """`job_id`, `attempt` and `task` for a job document or `Job`."""
+    if isinstance(job, dict):
+        return {"job_id": str(job["_id"]), "attempt": job.get("attempts"), "task": job.get("task")}
+    return {"job_id": job.id, "attempt": job.attempts, "task": job.task}

@@ -1,0 +1,95 @@
+"""The job as Brook's code sees it, and its JSON shape at the API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from common.status import JobStatus
+
+Doc = dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """What a client asks for; validated at the edge before it reaches the store."""
+
+    task: str
+    payload: dict[str, Any]
+    priority: int = 0
+    run_at: datetime | None = None
+    max_attempts: int = 3
+    timeout_s: float | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    id: str
+    task: str
+    payload: dict[str, Any]
+    status: JobStatus
+    priority: int
+    attempts: int
+    max_attempts: int
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: Any
+    error: dict[str, Any] | None
+    timeout_s: float | None
+    idempotency_key: str | None
+    owner: str | None
+    lease_expires_at: datetime | None
+    cancel_requested: bool
+    history: list[dict[str, Any]]
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> Job:
+        return cls(
+            id=str(doc["_id"]),
+            task=doc["task"],
+            payload=doc.get("payload") or {},
+            status=JobStatus(doc["status"]),
+            priority=int(doc.get("priority", 0)),
+            attempts=int(doc.get("attempts", 0)),
+            max_attempts=int(doc.get("max_attempts", 1)),
+            run_at=doc["run_at"],
+            created_at=doc["created_at"],
+            started_at=doc.get("started_at"),
+            finished_at=doc.get("finished_at"),
+            result=doc.get("result"),
+            error=doc.get("error"),
+            timeout_s=doc.get("timeout_s"),
+            idempotency_key=doc.get("idempotency_key"),
+            owner=doc.get("owner"),
+            lease_expires_at=doc.get("lease_expires_at"),
+            cancel_requested=bool(doc.get("cancel_requested", False)),
+            history=list(doc.get("history") or []),
+        )
+
+    def to_api(self) -> dict[str, Any]:
+        """The contract's job document (JSON-ready except datetimes, which FastAPI encodes)."""
+        return {
+            "id": self.id,
+            "task": self.task,
+            "payload": self.payload,
+            "status": self.status.value,
+            "priority": self.priority,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "run_at": self.run_at,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "result": self.result,
+            "error": self.error,
+            "timeout_s": self.timeout_s,
+            "idempotency_key": self.idempotency_key,
+            "cancel_requested": self.cancel_requested,
+            "lease_owner": self.owner,
+            "lease_expires_at": self.lease_expires_at,
+            "history": self.history,
+        }

@@ -1,0 +1,90 @@
+"""One `Settings` object, built once at start from `BROOK_*` variables and passed down."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from common.errors import ConfigError
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _default_concurrency() -> int:
+    return os.cpu_count() or 1
+
+
+class Settings(BaseSettings):
+    """Every knob Brook reads from the environment (prefix `BROOK_`)."""
+
+    model_config = SettingsConfigDict(env_prefix="BROOK_", frozen=True, extra="ignore")
+
+    mongo_uri: str | None = None
+    db: str = Field(default="brook", min_length=1, max_length=60, pattern=r"^[A-Za-z0-9_-]+$")
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=0, le=65535)
+    api_token: SecretStr | None = None
+    concurrency: int = Field(default_factory=_default_concurrency, ge=1, le=1024)
+    lease_seconds: float = Field(default=30.0, ge=1.0, le=86400.0)
+    tasks: Annotated[tuple[str, ...], NoDecode] = ()
+    demo_tasks: bool = True
+    log_level: str = "INFO"
+
+    # Beyond the contract: tuning knobs with safe defaults.
+    home: Path = Path(".brook")
+    mongo_port: int = Field(default=27217, ge=1024, le=65533)
+    sweep_seconds: float = Field(default=5.0, ge=0.05, le=3600.0)
+    retry_base_seconds: float = Field(default=1.0, ge=0.0, le=3600.0)
+    retry_cap_seconds: float = Field(default=300.0, ge=0.0, le=86400.0)
+    default_timeout_s: float | None = Field(default=None, gt=0)
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0.0, le=3600.0)
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    server_selection_timeout_ms: int = Field(default=10_000, ge=100)
+    dispatcher_name: str | None = None
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _split_tasks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _check_level(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            level = value.strip().upper()
+            if level not in LOG_LEVELS:
+                raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+            return level
+        return value
+
+    @field_validator("mongo_uri", mode="before")
+    @classmethod
+    def _check_uri(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip()
+            if not value:
+                return None
+            if not value.startswith(("mongodb://", "mongodb+srv://")):
+                raise ValueError("must start with mongodb:// or mongodb+srv://")
+        return value
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        """Leases are renewed at a third of their length, well before they expire."""
+        return max(self.lease_seconds / 3.0, 0.2)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build `Settings` from the environment; a bad value raises one line naming the variable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        raise ConfigError(f"BROOK_{field.upper()}: {first['msg']}") from None

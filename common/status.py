@@ -1,0 +1,35 @@
+"""The job statuses, the active/terminal sets and every allowed transition, in one place."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE: frozenset[JobStatus] = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
+TERMINAL: frozenset[JobStatus] = frozenset(
+    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED}
+)
+
+# (from, to) pairs the store may perform; anything else is a bug.
+TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
+    {
+        (JobStatus.PENDING, JobStatus.RUNNING),  # claim
+        (JobStatus.PENDING, JobStatus.CANCELLED),  # cancel before start
+        (JobStatus.RUNNING, JobStatus.COMPLETED),  # fenced completion
+        (JobStatus.RUNNING, JobStatus.PENDING),  # retry, lease expiry, graceful release
+        (JobStatus.RUNNING, JobStatus.FAILED),  # attempts exhausted
+        (JobStatus.RUNNING, JobStatus.CANCELLED),  # worker stopped after a cancel request
+    }
+)
+
+
+def is_allowed(src: JobStatus, dst: JobStatus) -> bool:
+    return (src, dst) in TRANSITIONS

@@ -1,0 +1,472 @@
+"""`JobStore`: the only code that touches the jobs collection.
+
+Every method is one named operation. Every status change is one conditional write whose
+filter names the expected status (and, for a running job, its owner and attempt); the
+database decides, and a write that matches nothing means the caller lost a race.
+Times that matter for leases and due dates come from the server clock (`$$NOW`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from bson import ObjectId
+from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import DuplicateKeyError
+
+from common.errors import JobConflict, JobNotFound, LeaseLost
+from common.models import Doc, Job, JobSpec
+from common.status import TERMINAL, JobStatus
+
+JOBS = "jobs"
+STATE = "brook_state"
+HISTORY_CAP = 50
+
+P, R = JobStatus.PENDING.value, JobStatus.RUNNING.value
+
+CLAIM_SORT: list[tuple[str, int]] = [
+    ("priority", DESCENDING),
+    ("run_at", ASCENDING),
+    ("_id", ASCENDING),
+]
+
+INDEXES = [
+    # Claim: status = pending, run_at <= now, best priority then earliest due (IXSCAN + bounds).
+    IndexModel(
+        [
+            ("status", ASCENDING),
+            ("priority", DESCENDING),
+            ("run_at", ASCENDING),
+            ("_id", ASCENDING),
+        ],
+        name="claim_order",
+    ),
+    # Next due time (the dispatcher's timer) and backlog counts.
+    IndexModel([("status", ASCENDING), ("run_at", ASCENDING)], name="due"),
+    # Watchdog: running jobs whose lease expired.
+    IndexModel([("status", ASCENDING), ("lease_expires_at", ASCENDING)], name="lease_expiry"),
+    # Listing, newest first, by status or task.
+    IndexModel([("status", ASCENDING), ("_id", DESCENDING)], name="list_status"),
+    IndexModel([("task", ASCENDING), ("_id", DESCENDING)], name="list_task"),
+    IndexModel(
+        [("idempotency_key", ASCENDING)],
+        name="idempotency_key_unique",
+        unique=True,
+        partialFilterExpression={"idempotency_key": {"$type": "string"}},
+    ),
+]
+
+NOW = "$$NOW"
+
+
+def _lit(value: Any) -> dict[str, Any]:
+    """User data inside an update pipeline must never be read as an expression or field path."""
+    return {"$literal": value}
+
+
+def _after(ms: float) -> dict[str, Any]:
+    return {"$add": [NOW, int(ms)]}
+
+
+def _history(entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "$slice": [
+            {"$concatArrays": [{"$ifNull": ["$history", []]}, [entry]]},
+            -HISTORY_CAP,
+        ]
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submitted:
+    job: Job
+    created: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """What a dispatcher holds: the job and the attempt number that fences its writes."""
+
+    job_id: str
+    attempt: int
+
+
+class JobStore:
+    def __init__(self, db: AsyncDatabase[Doc]) -> None:
+        self.db = db
+        self.jobs: AsyncCollection[Doc] = db[JOBS]
+        self.state: AsyncCollection[Doc] = db[STATE]
+
+    async def ensure_indexes(self) -> None:
+        """Idempotent: creating an index that exists with the same spec is a no-op."""
+        await self.jobs.create_indexes(INDEXES)
+
+    # -- submit / read ---------------------------------------------------------------------
+
+    async def submit(self, spec: JobSpec) -> Submitted:
+        """Insert a pending job, majority-acknowledged; a known idempotency key returns its job."""
+        job_id = str(ObjectId())
+        fields: dict[str, Any] = {
+            "task": _lit(spec.task),
+            "payload": _lit(spec.payload),
+            "status": P,
+            "priority": spec.priority,
+            "attempts": 0,
+            "max_attempts": spec.max_attempts,
+            "run_at": _lit(spec.run_at) if spec.run_at is not None else NOW,
+            "created_at": NOW,
+            "updated_at": NOW,
+            "started_at": None,
+            "finished_at": None,
+            "result": None,
+            "error": None,
+            "timeout_s": spec.timeout_s,
+            "owner": None,
+            "lease_expires_at": None,
+            "cancel_requested": False,
+            "history": [{"status": P, "at": NOW, "attempt": 0}],
+        }
+        if spec.idempotency_key is not None:
+            fields["idempotency_key"] = _lit(spec.idempotency_key)
+        try:
+            # An upsert on a fresh _id always inserts, and lets the server stamp the times.
+            doc = await self.jobs.find_one_and_update(
+                {"_id": job_id},
+                [{"$set": fields}],
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        except DuplicateKeyError:
+            existing = await self.jobs.find_one({"idempotency_key": spec.idempotency_key})
+            if existing is None:  # pragma: no cover - the key's index guarantees it exists
+                raise
+            return Submitted(job=Job.from_doc(existing), created=False)
+        assert doc is not None
+        return Submitted(job=Job.from_doc(doc), created=True)
+
+    async def get(self, job_id: str) -> Job:
+        doc = await self.jobs.find_one({"_id": job_id})
+        if doc is None:
+            raise JobNotFound(job_id)
+        return Job.from_doc(doc)
+
+    async def list_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        task: str | None = None,
+        limit: int = 50,
+        after: str | None = None,
+    ) -> tuple[list[Job], str | None]:
+        """Newest first; `after` is the `next` cursor of the previous page."""
+        query: dict[str, Any] = {}
+        if status is not None:
+            query["status"] = status.value
+        if task is not None:
+            query["task"] = task
+        if after is not None:
+            query["_id"] = {"$lt": after}
+        docs = await self.jobs.find(query).sort("_id", DESCENDING).limit(limit + 1).to_list()
+        jobs = [Job.from_doc(d) for d in docs[:limit]]
+        nxt = jobs[-1].id if len(docs) > limit else None
+        return jobs, nxt
+
+    async def count_by_status(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in JobStatus}
+        for status in JobStatus:
+            counts[status.value] = await self.jobs.count_documents({"status": status.value})
+        return counts
+
+    # -- dispatcher operations -------------------------------------------------------------
+
+    async def claim(self, owner: str, lease_seconds: float) -> Job | None:
+        """Lease the best due pending job to `owner`; `attempts` + 1 is the new fencing token."""
+        attempt = {"$add": ["$attempts", 1]}
+        doc = await self.jobs.find_one_and_update(
+            {"status": P, "$expr": {"$lte": ["$run_at", NOW]}},
+            [
+                {
+                    "$set": {
+                        "status": R,
+                        "owner": _lit(owner),
+                        "attempts": attempt,
+                        "started_at": NOW,
+                        "updated_at": NOW,
+                        "lease_expires_at": _after(lease_seconds * 1000),
+                        "history": _history(
+                            {"status": R, "at": NOW, "attempt": attempt, "owner": _lit(owner)}
+                        ),
+                    }
+                }
+            ],
+            sort=CLAIM_SORT,
+            return_document=ReturnDocument.AFTER,
+        )
+        return Job.from_doc(doc) if doc is not None else None
+
+    async def next_due(self) -> datetime | None:
+        """The earliest `run_at` among pending jobs (the dispatcher's timer)."""
+        doc = await self.jobs.find_one(
+            {"status": P}, projection={"run_at": 1}, sort=[("run_at", ASCENDING)]
+        )
+        return doc["run_at"] if doc is not None else None
+
+    async def server_now(self) -> datetime:
+        hello = await self.db.client.admin.command("hello")
+        now: datetime = hello["localTime"]
+        return now
+
+    async def renew(self, owner: str, leases: Sequence[Lease], lease_seconds: float) -> set[str]:
+        """Extend every lease `owner` still holds in one write; return the job ids it lost."""
+        if not leases:
+            return set()
+        held = {
+            "owner": owner,
+            "status": R,
+            "$or": [{"_id": lease.job_id, "attempts": lease.attempt} for lease in leases],
+        }
+        res = await self.jobs.update_many(
+            held, [{"$set": {"lease_expires_at": _after(lease_seconds * 1000)}}]
+        )
+        if res.matched_count == len(leases):
+            return set()
+        still = await self.jobs.find(held, projection={"_id": 1}).to_list()
+        kept = {d["_id"] for d in still}
+        return {lease.job_id for lease in leases} - kept
+
+    async def complete(self, lease: Lease, owner: str, result: Any) -> Job:
+        """Fenced completion: only the attempt that holds the lease can complete the job."""
+        return await self._fenced(
+            lease,
+            owner,
+            {
+                "status": JobStatus.COMPLETED.value,
+                "result": _lit(result),
+                "error": None,
+                "finished_at": NOW,
+                "updated_at": NOW,
+                "owner": None,
+                "lease_expires_at": None,
+                "history": _history(
+                    {"status": JobStatus.COMPLETED.value, "at": NOW, "attempt": lease.attempt}
+                ),
+            },
+        )
+
+    async def fail_attempt(
+        self,
+        lease: Lease,
+        owner: str,
+        error: Mapping[str, Any],
+        retry_delay_s: float,
+        *,
+        final: bool = False,
+    ) -> Job:
+        """End a failed attempt: back to pending after `retry_delay_s` while attempts remain,
+        else `failed`; a job whose cancel was requested becomes `cancelled`."""
+        return await self._end_attempt(
+            {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
+            error,
+            retry_delay_s,
+            final=final,
+        )
+
+    async def cancel_running(self, lease: Lease, owner: str) -> Job:
+        """The holder stopped the worker of a job whose cancel was requested."""
+        return await self._fenced(
+            lease,
+            owner,
+            {
+                "status": JobStatus.CANCELLED.value,
+                "finished_at": NOW,
+                "updated_at": NOW,
+                "owner": None,
+                "lease_expires_at": None,
+                "error": _lit({"type": "Cancelled", "message": "cancelled while running"}),
+                "history": _history(
+                    {"status": JobStatus.CANCELLED.value, "at": NOW, "attempt": lease.attempt}
+                ),
+            },
+        )
+
+    async def release(self, lease: Lease, owner: str) -> Job:
+        """Graceful shutdown: hand a running job back at once. The interrupted attempt is not
+        the job's fault, so it is not counted; the worker was stopped before this write."""
+        cancelled = {"$eq": ["$cancel_requested", True]}
+        status = {"$cond": [cancelled, JobStatus.CANCELLED.value, P]}
+        return await self._fenced(
+            lease,
+            owner,
+            {
+                "status": status,
+                "attempts": {"$cond": [cancelled, "$attempts", {"$add": ["$attempts", -1]}]},
+                "run_at": NOW,
+                "finished_at": {"$cond": [cancelled, NOW, None]},
+                "updated_at": NOW,
+                "owner": None,
+                "lease_expires_at": None,
+                "history": _history(
+                    {"status": status, "at": NOW, "attempt": lease.attempt, "reason": "released"}
+                ),
+            },
+        )
+
+    async def expired(self, limit: int = 100) -> list[Doc]:
+        """Running jobs whose lease is over by the server's clock."""
+        return await self.jobs.find(
+            {"status": R, "$expr": {"$lt": ["$lease_expires_at", NOW]}},
+            projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1, "max_attempts": 1},
+            limit=limit,
+        ).to_list()
+
+    async def requeue_expired(self, doc: Doc, retry_delay_s: float) -> Job:
+        """Watchdog: the holder of this lease died or froze; count the attempt and retry or fail."""
+        return await self._end_attempt(
+            {
+                "_id": doc["_id"],
+                "attempts": doc["attempts"],
+                "owner": doc["owner"],
+                "status": R,
+                "$expr": {"$lt": ["$lease_expires_at", NOW]},
+            },
+            {"type": "LeaseExpired", "message": f"lease of {doc['owner']} expired"},
+            retry_delay_s,
+        )
+
+    async def cancel(self, job_id: str) -> Job:
+        """Pending → cancelled at once; running → `cancel_requested` (its holder stops it)."""
+        for _ in range(5):
+            doc = await self.jobs.find_one_and_update(
+                {"_id": job_id, "status": P},
+                [
+                    {
+                        "$set": {
+                            "status": JobStatus.CANCELLED.value,
+                            "finished_at": NOW,
+                            "updated_at": NOW,
+                            "history": _history(
+                                {
+                                    "status": JobStatus.CANCELLED.value,
+                                    "at": NOW,
+                                    "attempt": "$attempts",
+                                }
+                            ),
+                        }
+                    }
+                ],
+                return_document=ReturnDocument.AFTER,
+            )
+            if doc is not None:
+                return Job.from_doc(doc)
+            doc = await self.jobs.find_one_and_update(
+                {"_id": job_id, "status": R},
+                [{"$set": {"cancel_requested": True, "updated_at": NOW}}],
+                return_document=ReturnDocument.AFTER,
+            )
+            if doc is not None:
+                return Job.from_doc(doc)
+            current = await self.jobs.find_one({"_id": job_id}, projection={"status": 1})
+            if current is None:
+                raise JobNotFound(job_id)
+            if JobStatus(current["status"]) in TERMINAL:
+                raise JobConflict(f"job {job_id} is already {current['status']}")
+        raise JobConflict(f"job {job_id} kept changing state; try again")  # pragma: no cover
+
+    # -- resume tokens -----------------------------------------------------------------------
+
+    async def load_token(self, name: str, version: str) -> Mapping[str, Any] | None:
+        doc = await self.state.find_one({"_id": f"stream:{name}"})
+        if doc is None or doc.get("version") != version:
+            return None
+        token: Mapping[str, Any] | None = doc.get("token")
+        return token
+
+    async def save_token(self, name: str, version: str, token: Mapping[str, Any]) -> None:
+        await self.state.update_one(
+            {"_id": f"stream:{name}"},
+            {"$set": {"token": token, "version": version}, "$currentDate": {"saved_at": True}},
+            upsert=True,
+        )
+
+    async def drop_token(self, name: str) -> None:
+        await self.state.delete_one({"_id": f"stream:{name}"})
+
+    # -- internals -----------------------------------------------------------------------------
+
+    async def _fenced(self, lease: Lease, owner: str, fields: dict[str, Any]) -> Job:
+        doc = await self.jobs.find_one_and_update(
+            {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
+            [{"$set": fields}],
+            return_document=ReturnDocument.AFTER,
+        )
+        if doc is None:
+            raise LeaseLost(
+                f"job {lease.job_id} attempt {lease.attempt} is no longer held by {owner}"
+            )
+        return Job.from_doc(doc)
+
+    async def _end_attempt(
+        self,
+        query: dict[str, Any],
+        error: Mapping[str, Any],
+        retry_delay_s: float,
+        *,
+        final: bool = False,
+    ) -> Job:
+        cancelled = {"$eq": ["$cancel_requested", True]}
+        retry = {"$and": [{"$not": [final]}, {"$lt": ["$attempts", "$max_attempts"]}]}
+        doc = await self.jobs.find_one_and_update(
+            query,
+            [
+                {
+                    "$set": {
+                        "status": {
+                            "$switch": {
+                                "branches": [
+                                    {"case": cancelled, "then": JobStatus.CANCELLED.value},
+                                    {"case": retry, "then": P},
+                                ],
+                                "default": JobStatus.FAILED.value,
+                            }
+                        }
+                    }
+                },
+                {
+                    "$set": {
+                        "error": _lit(dict(error)),
+                        "run_at": {
+                            "$cond": [
+                                {"$eq": ["$status", P]},
+                                _after(retry_delay_s * 1000),
+                                "$run_at",
+                            ]
+                        },
+                        "finished_at": {"$cond": [{"$eq": ["$status", P]}, None, NOW]},
+                        "updated_at": NOW,
+                        "owner": None,
+                        "lease_expires_at": None,
+                        "history": _history(
+                            {
+                                "status": "$status",
+                                "at": NOW,
+                                "attempt": "$attempts",
+                                "error": _lit(error.get("type")),
+                            }
+                        ),
+                    }
+                },
+            ],
+            return_document=ReturnDocument.AFTER,
+        )
+        if doc is None:
+            raise LeaseLost(f"job {query['_id']} attempt {query['attempts']} is no longer held")
+        return Job.from_doc(doc)
+
+
+def leases_of(jobs: Iterable[Job]) -> list[Lease]:
+    return [Lease(job_id=j.id, attempt=j.attempts) for j in jobs]

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# One-shot: initiate the replica set rs0 over mongo1, mongo2, mongo3, then wait for a PRIMARY.
+#
+# Runs in the `mongo-init` service of compose.yaml once all three mongod containers are
+# healthy. Idempotent: when `rs.status()` already answers (the set was initiated on an
+# earlier `docker compose up`), it changes nothing and only waits for a PRIMARY.
+# Credentials come from the environment (MONGO_ROOT_USER / MONGO_ROOT_PASSWORD) and are read
+# inside mongosh via process.env, so they never appear on a command line.
+set -euo pipefail
+
+: "${MONGO_ROOT_USER:?MONGO_ROOT_USER must be set}"
+: "${MONGO_ROOT_PASSWORD:?MONGO_ROOT_PASSWORD must be set}"
+export MONGO_ROOT_USER MONGO_ROOT_PASSWORD
+
+RS_NAME="rs0"
+MEMBERS=("mongo1:27017" "mongo2:27017" "mongo3:27017")
+SEED="${MEMBERS[0]}"
+WAIT_SECONDS="${RS_WAIT_SECONDS:-120}"
+
+log() { printf '%s mongo-init: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"; }
+
+# 1. Every member must answer (the entrypoint restarts mongod once after creating the root
+#    user, so a healthy container can still be briefly unreachable).
+for member in "${MEMBERS[@]}"; do
+    for ((i = 0; ; i++)); do
+        if mongosh --quiet "mongodb://${member}/admin?directConnection=true" \
+            --eval "quit(db.adminCommand('ping').ok === 1 ? 0 : 1)" >/dev/null 2>&1; then
+            log "${member} is up"
+            break
+        fi
+        if ((i >= WAIT_SECONDS)); then
+            log "${member} did not answer within ${WAIT_SECONDS}s" >&2
+            exit 1
+        fi
+        sleep 1
+    done
+done
+
+# 2. Initiate once, then wait for a PRIMARY.
+mongosh --quiet "mongodb://${SEED}/admin?directConnection=true" --eval "
+const ok = db.getSiblingDB('admin').auth(process.env.MONGO_ROOT_USER, process.env.MONGO_ROOT_PASSWORD);
+if (!ok) { print('mongo-init: authentication failed'); quit(1); }
+
+const config = {
+  _id: '${RS_NAME}',
+  members: [
+    { _id: 0, host: 'mongo1:27017', priority: 2 },
+    { _id: 1, host: 'mongo2:27017', priority: 1 },
+    { _id: 2, host: 'mongo3:27017', priority: 1 },
+  ],
+};
+
+let initiated = false;
+try {
+  rs.status();
+  initiated = true;
+} catch (e) {
+  if (e.codeName !== 'NotYetInitialized' && e.code !== 94) { throw e; }
+}
+if (initiated) {
+  print('mongo-init: replica set ${RS_NAME} already initiated, nothing to do');
+} else {
+  const res = rs.initiate(config);
+  if (res.ok !== 1) { printjson(res); quit(1); }
+  print('mongo-init: replica set ${RS_NAME} initiated with mongo1, mongo2, mongo3');
+}
+
+const deadline = Date.now() + ${WAIT_SECONDS} * 1000;
+for (;;) {
+  try {
+    const primary = rs.status().members.find((m) => m.stateStr === 'PRIMARY');
+    if (primary) { print('mongo-init: PRIMARY is ' + primary.name); quit(0); }
+  } catch (e) {
+    // The set is still electing; rs.status() can fail transiently.
+  }
+  if (Date.now() > deadline) { print('mongo-init: no PRIMARY within ${WAIT_SECONDS}s'); quit(1); }
+  sleep(1000);
+}
+"

@@ -1,0 +1,336 @@
+"""Supervised worker processes (`aiomultiprocess.Process`), one job at a time each.
+
+`aiomultiprocess.Pool` hangs when a child dies and cannot time out or cancel one task, so
+Brook supervises its own long-lived `aiomultiprocess.Process` children instead:
+
+* each worker has a private pipe; the parent always knows which job each process holds;
+* the parent watches each process's sentinel, so a death (crash, SIGKILL, OOM) is seen
+  within milliseconds, the job's waiter gets a `crashed` outcome and the slot is refilled;
+* timeouts, cancellations and lost leases are enforced by the parent killing the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import multiprocessing
+import signal
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiomultiprocess
+import aiomultiprocess.core
+
+from common.events import Event, emit
+from common.settings import Settings
+from executor.worker import READY, STOP, JobDone, RunJob, worker_main
+
+OutcomeKind = Literal["ok", "error", "crashed", "timeout", "cancelled", "lease_lost", "shutdown"]
+KillReason = Literal["timeout", "cancelled", "lease_lost", "shutdown"]
+
+
+class _NoManager:
+    """aiomultiprocess gives every Process a Manager namespace, which starts an extra server
+    process that would outlive a SIGKILLed dispatcher. Brook's workers talk over their own
+    pipes and never use it, so a plain namespace stands in."""
+
+    def Namespace(self) -> types.SimpleNamespace:
+        return types.SimpleNamespace()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    kind: OutcomeKind
+    result: Any = None
+    error: dict[str, Any] | None = None
+    retry_delay: float | None = None
+    exitcode: int | None = None
+
+
+class _Worker:
+    def __init__(self, name: str, proc: aiomultiprocess.Process, conn: Any) -> None:
+        self.name = name
+        self.proc = proc
+        self.conn = conn
+        self.ready = False
+        self.reserved = False
+        self.job: RunJob | None = None
+        self.waiter: asyncio.Future[Outcome] | None = None
+        self.kill_reason: KillReason | None = None
+        self.exited = asyncio.get_running_loop().create_future()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
+
+
+class Slot:
+    """A reserved idle worker; hand it a job with `WorkerPool.run`, or give it back."""
+
+    def __init__(self, worker: _Worker) -> None:
+        self.worker = worker
+
+
+class WorkerPool:
+    def __init__(
+        self, settings: Settings, size: int, on_free: Callable[[], None] = lambda: None
+    ) -> None:
+        self.settings = settings
+        self.size = size
+        self.on_free = on_free
+        self._workers: dict[str, _Worker] = {}
+        self._names = itertools.count(1)
+        self._closing = False
+        self._spawn_failures = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, timeout: float = 60.0) -> None:
+        if aiomultiprocess.core._manager is None:
+            aiomultiprocess.core._manager = _NoManager()  # type: ignore[assignment]
+        for _ in range(self.size):
+            self._spawn()
+        async with asyncio.timeout(timeout):
+            while sum(w.ready for w in self._workers.values()) < self.size:
+                if self._spawn_failures >= self.size:
+                    raise RuntimeError("worker processes exit at start; see worker logs")
+                await asyncio.sleep(0.02)
+
+    def _spawn(self) -> None:
+        name = f"w{next(self._names)}"
+        parent_conn, child_conn = multiprocessing.get_context("spawn").Pipe(duplex=True)
+        proc = aiomultiprocess.Process(
+            target=worker_main,
+            args=(child_conn, self.settings, name),
+            name=f"brook-{name}",
+            daemon=True,
+        )
+        proc.start()
+        child_conn.close()
+        worker = _Worker(name, proc, parent_conn)
+        self._workers[name] = worker
+        loop = asyncio.get_running_loop()
+        loop.add_reader(parent_conn.fileno(), self._on_message, worker)
+        loop.add_reader(proc.aio_process.sentinel, self._on_exit, worker)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Stop idle workers politely and busy ones by force; leave no process behind."""
+        self._closing = True
+        for worker in list(self._workers.values()):
+            if worker.job is None:
+                with contextlib.suppress(OSError):
+                    worker.conn.send(STOP)
+            else:
+                self._kill(worker, "shutdown")
+        exits = [w.exited for w in self._workers.values()]
+        if exits:
+            _, pending = await asyncio.wait(exits, timeout=timeout)
+            if pending:
+                for worker in list(self._workers.values()):
+                    self._kill(worker, "shutdown")
+                await asyncio.wait(exits, timeout=timeout)
+        for task in list(self._tasks):
+            task.cancel()
+
+    # -- slots -----------------------------------------------------------------------------
+
+    def free_slots(self) -> int:
+        return sum(
+            1
+            for w in self._workers.values()
+            if w.ready and not w.reserved and w.job is None and w.kill_reason is None
+        )
+
+    def busy(self) -> int:
+        return sum(1 for w in self._workers.values() if w.job is not None)
+
+    def reserve(self) -> Slot | None:
+        if self._closing:
+            return None
+        for w in self._workers.values():
+            if w.ready and not w.reserved and w.job is None and w.kill_reason is None:
+                w.reserved = True
+                return Slot(w)
+        return None
+
+    def unreserve(self, slot: Slot) -> None:
+        slot.worker.reserved = False
+        self.on_free()
+
+    def holding(self) -> dict[str, tuple[int, int | None]]:
+        """job id -> (attempt, worker pid) for every job a worker holds right now."""
+        return {
+            w.job.job_id: (w.job.attempt, w.pid)
+            for w in self._workers.values()
+            if w.job is not None
+        }
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def run(self, slot: Slot, job: RunJob, timeout: float | None) -> Outcome:
+        worker = slot.worker
+        worker.job = job
+        waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        worker.waiter = waiter
+        # If the process died between reserve and send, its sentinel reports it.
+        with contextlib.suppress(OSError):
+            worker.conn.send(job)
+        done, _ = await asyncio.wait({waiter}, timeout=timeout)
+        if not done:
+            self._kill(worker, "timeout")
+        return await waiter
+
+    def kill(self, job_id: str, reason: KillReason) -> bool:
+        """Stop the worker holding `job_id` (its waiter then resolves with `reason`)."""
+        for w in self._workers.values():
+            if w.job is not None and w.job.job_id == job_id:
+                self._kill(w, reason)
+                return True
+        return False
+
+    def _kill(self, worker: _Worker, reason: KillReason) -> None:
+        if worker.kill_reason is None:
+            worker.kill_reason = reason
+        if worker.exited.done():
+            return
+        emit(
+            Event.WORKER_KILLED,
+            worker=worker.name,
+            pid=worker.pid,
+            reason=reason,
+            **_job_log(worker.job),
+        )
+        with contextlib.suppress(ProcessLookupError, OSError, AttributeError):
+            worker.proc.kill()
+
+    # -- process events ------------------------------------------------------------------------
+
+    def _on_message(self, worker: _Worker) -> None:
+        try:
+            while worker.conn.poll():
+                self._handle(worker, worker.conn.recv())
+        except (EOFError, OSError):
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(worker.conn.fileno())
+
+    def _handle(self, worker: _Worker, msg: Any) -> None:
+        if msg == READY:
+            worker.ready = True
+            self._spawn_failures = 0
+            emit(Event.WORKER_STARTED, worker=worker.name, pid=worker.pid)
+            self.on_free()
+            return
+        if isinstance(msg, JobDone) and worker.job is not None and worker.kill_reason is None:
+            if (msg.job_id, msg.attempt) != (worker.job.job_id, worker.job.attempt):
+                return
+            outcome = (
+                Outcome(kind="ok", result=msg.result)
+                if msg.ok
+                else Outcome(kind="error", error=msg.error, retry_delay=msg.retry_delay)
+            )
+            self._settle(worker, outcome)
+
+    def _settle(self, worker: _Worker, outcome: Outcome) -> None:
+        waiter = worker.waiter
+        worker.job = None
+        worker.waiter = None
+        worker.reserved = False
+        if waiter is not None and not waiter.done():
+            waiter.set_result(outcome)
+        if worker.kill_reason is None and not self._closing:
+            self.on_free()
+
+    def _on_exit(self, worker: _Worker) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(worker.proc.aio_process.sentinel)
+        self._on_message(worker)  # a result sent just before exiting still counts
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(worker.conn.fileno())
+        worker.proc.aio_process.join(1.0)
+        code = worker.proc.exitcode
+        self._workers.pop(worker.name, None)
+        with contextlib.suppress(OSError):
+            worker.conn.close()
+        if not worker.exited.done():
+            worker.exited.set_result(None)
+        if worker.job is not None:
+            reason = worker.kill_reason
+            if reason is None:
+                emit(
+                    Event.WORKER_CRASHED,
+                    level="warning",
+                    worker=worker.name,
+                    pid=worker.pid,
+                    exitcode=code,
+                    signal=_signal_name(code),
+                    **_job_log(worker.job),
+                )
+                outcome = Outcome(
+                    kind="crashed",
+                    exitcode=code,
+                    error={
+                        "type": "WorkerCrashed",
+                        "message": f"worker process {worker.pid} exited with code {code}"
+                        + (f" ({_signal_name(code)})" if code is not None and code < 0 else ""),
+                    },
+                )
+            elif reason == "timeout":
+                outcome = Outcome(
+                    kind="timeout",
+                    exitcode=code,
+                    error={
+                        "type": "Timeout",
+                        "message": f"attempt exceeded its timeout; worker {worker.pid} was killed",
+                    },
+                )
+            else:
+                outcome = Outcome(kind=reason, exitcode=code)
+            self._settle(worker, outcome)
+        elif not worker.ready:
+            self._spawn_failures += 1
+            emit(
+                Event.WORKER_CRASHED,
+                level="error",
+                worker=worker.name,
+                pid=worker.pid,
+                exitcode=code,
+                during="startup",
+            )
+        else:
+            emit(Event.WORKER_STOPPED, worker=worker.name, pid=worker.pid, exitcode=code)
+        if not self._closing:
+            self._respawn_later()
+
+    def _respawn_later(self) -> None:
+        delay = (
+            min(0.5 * (2 ** max(self._spawn_failures - 1, 0)), 30.0)
+            if self._spawn_failures
+            else 0.0
+        )
+
+        async def respawn() -> None:
+            await asyncio.sleep(delay)
+            if not self._closing and len(self._workers) < self.size:
+                self._spawn()
+
+        task = asyncio.get_running_loop().create_task(respawn())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _job_log(job: RunJob | None) -> dict[str, Any]:
+    if job is None:
+        return {}
+    return {"job_id": job.job_id, "attempt": job.attempt, "task": job.task}
+
+
+def _signal_name(code: int | None) -> str | None:
+    if code is None or code >= 0:
+        return None
+    with contextlib.suppress(ValueError):
+        return signal.Signals(-code).name
+    return None

@@ -1,0 +1,137 @@
+"""The worker process: a long-lived child that runs one job at a time.
+
+It never touches the jobs collection: the parent (the dispatcher) owns every state write,
+fenced by the lease. A task that wants MongoDB gets this process's own client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import bson
+import structlog
+
+from common.errors import Retry
+from common.events import Event, emit
+from common.log import configure_logging
+from common.settings import Settings
+from executor.context import TaskContext
+from executor.registry import get_task, load_tasks
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunJob:
+    job_id: str
+    attempt: int
+    task: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobDone:
+    job_id: str
+    attempt: int
+    ok: bool
+    result: Any = None
+    error: dict[str, Any] | None = None
+    retry_delay: float | None = None
+
+
+STOP = "stop"
+READY = "ready"
+
+
+def _die_with_parent() -> None:
+    """If the dispatcher dies (even by SIGKILL), its workers die too: no orphan runs a job."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent is already gone
+        os._exit(0)
+
+
+async def _recv(conn: Connection) -> Any:
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+    fd = conn.fileno()
+    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+    try:
+        await fut
+    finally:
+        loop.remove_reader(fd)
+    return conn.recv()
+
+
+def error_doc(exc: BaseException) -> dict[str, Any]:
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc)[:4000],
+        "traceback": "".join(traceback.format_exception(exc))[-8000:],
+    }
+
+
+async def run_one(msg: RunJob, settings: Settings) -> JobDone:
+    structlog.contextvars.bind_contextvars(job_id=msg.job_id, attempt=msg.attempt, task=msg.task)
+    try:
+        emit(Event.TASK_STARTED)
+        try:
+            spec = get_task(msg.task)
+            args: list[Any] = [msg.payload]
+            if spec.wants_context:
+                ctx = TaskContext(
+                    job_id=msg.job_id, attempt=msg.attempt, task=msg.task, settings=settings
+                )
+                args.append(ctx)
+            result = await spec.fn(*args) if spec.is_async else spec.fn(*args)
+            bson.encode({"result": result})  # fail here, not at the store, if it can't be stored
+        except Retry as exc:
+            emit(Event.TASK_FINISHED, ok=False, error_type="Retry", delay=exc.delay)
+            return JobDone(
+                job_id=msg.job_id,
+                attempt=msg.attempt,
+                ok=False,
+                error=error_doc(exc),
+                retry_delay=exc.delay,
+            )
+        except Exception as exc:
+            emit(Event.TASK_FINISHED, ok=False, error_type=type(exc).__name__)
+            return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=False, error=error_doc(exc))
+        emit(Event.TASK_FINISHED, ok=True)
+        return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, result=result)
+    finally:
+        structlog.contextvars.unbind_contextvars("job_id", "attempt", "task")
+
+
+async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
+    """Entry point of a worker process (an `aiomultiprocess.Process` target)."""
+    _die_with_parent()
+    # Ctrl-C reaches the whole process group; the parent decides what happens to a job.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging(settings.log_level, role="worker")
+    structlog.contextvars.bind_contextvars(worker=name)
+    load_tasks(settings)
+    conn.send(READY)
+    while True:
+        try:
+            msg = await _recv(conn)
+        except (EOFError, OSError):
+            return  # the parent closed the pipe: nothing to do but leave
+        if msg == STOP:
+            return
+        done = await run_one(msg, settings)
+        try:
+            conn.send(done)
+        except Exception as exc:  # e.g. a result that cannot be pickled
+            conn.send(
+                JobDone(job_id=done.job_id, attempt=done.attempt, ok=False, error=error_doc(exc))
+            )

@@ -1,0 +1,283 @@
+"""Static checks of the Docker deployment: compose.yaml, the mongo scripts and the Dockerfile.
+
+No Docker engine is needed: the files are parsed and checked for the shape the contract
+promises (three `mongo` containers in replica set rs0 with keyfile auth, `api` and
+`dispatcher` built from the Dockerfile, no secret committed, non-root image).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+ENV_EXAMPLE = ROOT / ".env.example"
+MONGO_DIR = ROOT / "docker" / "mongo-replicaset"
+INIT_SCRIPT = MONGO_DIR / "init-replica.sh"
+KEYFILE_SCRIPT = MONGO_DIR / "keyfile.sh"
+
+MONGO_SERVICES = ("mongo1", "mongo2", "mongo3")
+MEMBERS = tuple(f"{name}:27017" for name in MONGO_SERVICES)
+SECRET_KEY = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|KEY", re.IGNORECASE)
+# `${VAR}`, `${VAR?msg}`, `${VAR:?msg}` or `${VAR:-}`: the value comes from the environment.
+# A non-empty default (`${VAR:-hunter2}`) would be a committed secret, so it does not count.
+ENV_ONLY = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?\?[^}]*|:-)?\}")
+
+
+def _compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    assert isinstance(data, dict), "compose.yaml must be a mapping"
+    return data
+
+
+def _services() -> dict[str, dict[str, Any]]:
+    services = _compose().get("services")
+    assert isinstance(services, dict) and services, "compose.yaml defines no services"
+    return services
+
+
+def _command(service: dict[str, Any]) -> list[str]:
+    command = service.get("command", [])
+    if isinstance(command, str):
+        return shlex.split(command)
+    assert isinstance(command, list)
+    return [str(part) for part in command]
+
+
+def _environment(service: dict[str, Any]) -> dict[str, str | None]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        pairs = (str(item).partition("=") for item in env)
+        return {key: (value if sep else None) for key, sep, value in pairs}
+    assert isinstance(env, dict)
+    return {str(k): (None if v is None else str(v)) for k, v in env.items()}
+
+
+def _depends_on(service: dict[str, Any]) -> dict[str, str]:
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return {str(name): "service_started" for name in deps}
+    assert isinstance(deps, dict)
+    return {str(k): str((v or {}).get("condition", "service_started")) for k, v in deps.items()}
+
+
+def _option(command: list[str], flag: str) -> str | None:
+    for i, part in enumerate(command):
+        if part == flag and i + 1 < len(command):
+            return command[i + 1]
+        if part.startswith(flag + "="):
+            return part.split("=", 1)[1]
+    return None
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        if full:
+            keyword, _, args = full.partition(" ")
+            instructions.append((keyword.upper(), args.strip()))
+    return instructions
+
+
+def test_compose_file_uses_the_compose_spec_without_a_version_key() -> None:
+    assert "version" not in _compose()
+
+
+def test_three_mongo_members_form_replica_set_rs0_with_keyfile_auth() -> None:
+    services = _services()
+    mongod_services = {name for name, svc in services.items() if "mongod" in _command(svc)[:1]}
+    assert mongod_services == set(MONGO_SERVICES)
+    for name in MONGO_SERVICES:
+        svc = services[name]
+        assert str(svc.get("image", "")).startswith("mongo:"), name
+        command = _command(svc)
+        assert _option(command, "--replSet") == "rs0", name
+        assert "--bind_ip_all" in command, name
+        keyfile = _option(command, "--keyFile")
+        assert keyfile, f"{name} runs without --keyFile"
+        mounts = [str(v).split(":") for v in svc.get("volumes", [])]
+        assert any(len(m) >= 2 and keyfile.startswith(m[1].rstrip("/") + "/") for m in mounts), (
+            f"{name}: the keyfile {keyfile} is not on a mounted volume"
+        )
+
+
+def test_keyfile_is_generated_at_runtime_before_any_mongod_starts() -> None:
+    services = _services()
+    generators = [
+        name
+        for name, svc in services.items()
+        if any("keyfile" in part for part in [*_command(svc), str(svc.get("entrypoint", ""))])
+        and name not in MONGO_SERVICES
+    ]
+    assert generators, "no one-shot service generates the keyfile"
+    for name in MONGO_SERVICES:
+        deps = _depends_on(services[name])
+        assert any(deps.get(g) == "service_completed_successfully" for g in generators), name
+    script = KEYFILE_SCRIPT.read_text(encoding="utf-8")
+    assert "rand" in script and "756" in script
+    assert "chmod 400" in script
+    assert "999:999" in script or "MONGO_UID:-999" in script
+    committed = [p.name for p in MONGO_DIR.iterdir() if p.suffix not in {".sh", ".md"}]
+    assert not [n for n in committed if "key" in n.lower()], f"keyfile committed: {committed}"
+
+
+def test_init_script_initiates_rs0_with_all_three_members_once() -> None:
+    script = INIT_SCRIPT.read_text(encoding="utf-8")
+    assert "rs0" in script
+    for member in MEMBERS:
+        assert member in script
+    assert "rs.initiate" in script
+    assert "rs.status()" in script, "initiation must be skipped when the set already exists"
+    assert "PRIMARY" in script, "the script must wait for a primary"
+
+
+def test_mongo_init_runs_the_script_after_all_members_are_healthy() -> None:
+    services = _services()
+    init = services.get("mongo-init")
+    assert init is not None
+    invocation = " ".join([*_command(init), str(init.get("entrypoint", ""))])
+    assert "init-replica.sh" in invocation
+    deps = _depends_on(init)
+    for name in MONGO_SERVICES:
+        assert deps.get(name) == "service_healthy", name
+
+
+def test_mongo_services_have_ping_healthchecks() -> None:
+    services = _services()
+    for name in MONGO_SERVICES:
+        check = services[name].get("healthcheck")
+        assert isinstance(check, dict), f"{name} has no healthcheck"
+        test = check.get("test")
+        text = " ".join(test) if isinstance(test, list) else str(test)
+        assert "mongosh" in text and "ping" in text, name
+
+
+def test_api_and_dispatcher_are_built_from_the_dockerfile_and_reach_all_members() -> None:
+    services = _services()
+    for name in ("api", "dispatcher"):
+        svc = services.get(name)
+        assert svc is not None, f"missing service {name}"
+        build = svc.get("build")
+        if isinstance(build, dict):
+            assert build.get("context", ".") == "."
+            assert build.get("dockerfile", "Dockerfile") == "Dockerfile"
+        else:
+            assert build == "."
+        assert _command(svc) == ["brook", name]
+        uri = _environment(svc).get("BROOK_MONGO_URI") or ""
+        assert uri.startswith("mongodb://")
+        for member in MEMBERS:
+            assert member in uri, f"{name}: {member} missing from BROOK_MONGO_URI"
+        assert "replicaSet=rs0" in uri
+        assert _depends_on(svc).get("mongo-init") == "service_completed_successfully"
+
+
+def test_api_listens_on_all_interfaces_publishes_8000_and_checks_healthz() -> None:
+    api = _services()["api"]
+    assert _environment(api).get("BROOK_API_HOST") == "0.0.0.0"
+    ports = [str(p.get("target")) if isinstance(p, dict) else str(p) for p in api["ports"]]
+    assert any(p == "8000" or p.endswith(":8000") for p in ports)
+    test = api["healthcheck"]["test"]
+    text = " ".join(test) if isinstance(test, list) else str(test)
+    assert "/healthz" in text and "urllib" in text
+
+
+def test_no_secret_is_hard_coded_in_any_service_environment() -> None:
+    for name, svc in _services().items():
+        for key, value in _environment(svc).items():
+            if SECRET_KEY.search(key):
+                # No value at all means "pass through from the host when set": not a literal.
+                assert value is None or ENV_ONLY.fullmatch(value), (
+                    f"{name}: {key} must come from the environment, got {value!r}"
+                )
+            if value and "://" in value and "@" in value:
+                userinfo = value.split("://", 1)[1].rsplit("@", 1)[0]
+                match = re.fullmatch(r"(\$\{[^}]*\}):(\$\{[^}]*\})", userinfo)
+                assert match, f"{name}: {key} embeds literal credentials"
+                assert ENV_ONLY.fullmatch(match.group(2)), f"{name}: {key} password has a default"
+
+
+def test_compose_file_contains_no_literal_password_assignment() -> None:
+    assignment = re.compile(
+        r"(?<![\w{$])(?P<key>\w*(?:password|passwd|pwd|secret|token)\w*)\s*[:=]\s*(?P<value>[^\s#]*)",
+        re.IGNORECASE,
+    )
+    flag = re.compile(r"(?:--password|\s-p)[\s=]+(?P<value>[^\s\"',\]]+)")
+    uri = re.compile(r"://[^\s:/@\"'$]+:(?P<value>[^\s@\"'$][^\s@\"']*)@")
+    for number, line in enumerate(COMPOSE.read_text(encoding="utf-8").splitlines(), 1):
+        if line.lstrip().startswith("#"):
+            continue
+        for pattern in (assignment, flag, uri):
+            for match in pattern.finditer(line):
+                value = match.group("value").strip("\"'")
+                assert not value or value.startswith("$"), (
+                    f"compose.yaml:{number}: literal secret-looking value {value!r}"
+                )
+
+
+def test_env_example_documents_every_required_variable_without_values() -> None:
+    required = set(re.findall(r"\$\{(\w+):?\?", COMPOSE.read_text(encoding="utf-8")))
+    assert {"MONGO_ROOT_USER", "MONGO_ROOT_PASSWORD"} <= required
+    example = ENV_EXAMPLE.read_text(encoding="utf-8")
+    for var in required:
+        assert re.search(rf"^#?\s*{var}=", example, re.MULTILINE), f"{var} not in .env.example"
+    for line in example.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith("#") and SECRET_KEY.search(key):
+            assert not value.strip(), f".env.example ships a value for {key}"
+
+
+def test_dockerfile_installs_the_project_and_does_not_run_as_root() -> None:
+    instructions = _dockerfile_instructions()
+    bases = [args for kw, args in instructions if kw == "FROM"]
+    assert bases and bases[-1].startswith("python:3.11"), bases
+    runs = [args for kw, args in instructions if kw == "RUN"]
+    assert any(re.search(r"pip install(?: [-\w=]+)* \.(?:\s|\[|$)", r) for r in runs), runs
+    users = [args for kw, args in instructions if kw == "USER"]
+    assert users, "the image must switch to a non-root USER"
+    final_user = users[-1].split(":")[0]
+    assert final_user not in {"root", "0"}
+    cmd = [args for kw, args in instructions if kw == "CMD"]
+    assert cmd and "brook" in cmd[-1] and "api" in cmd[-1]
+
+
+def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
+    entries = {
+        line.strip().strip("/").removeprefix("**/")
+        for line in DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".venv", ".brook", ".git", "__pycache__", ".env"} <= entries
+
+
+@pytest.mark.parametrize(
+    ("shell", "script"), [("bash", INIT_SCRIPT), ("sh", KEYFILE_SCRIPT)], ids=["init", "keyfile"]
+)
+def test_mongo_shell_scripts_parse(shell: str, script: Path) -> None:
+    executable = shutil.which(shell)
+    if executable is None:
+        pytest.skip(f"{shell} not installed")
+    result = subprocess.run(
+        [executable, "-n", str(script)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
