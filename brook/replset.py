@@ -92,7 +92,7 @@ class ReplicaSet:
     # -- lifecycle -------------------------------------------------------------------------
 
     def up(self, *, wait: bool = True) -> str:
-        """Start whatever member is not running, initiate once, wait for 1 PRIMARY + rest SECONDARY."""
+        """Start any member not running, initiate once, wait for one PRIMARY, rest SECONDARY."""
         mongod = find_mongod()
         _check_runs(mongod)
         for index, port in enumerate(self.ports):
@@ -115,17 +115,25 @@ class ReplicaSet:
         (data / "mongod.lock").unlink(missing_ok=True) if self.pid(index) is None else None
         args = [
             str(mongod),
-            "--replSet", self.name,
-            "--port", str(port),
-            "--bind_ip", "127.0.0.1",
-            "--dbpath", str(data),
-            "--logpath", str(data / "mongod.log"),
+            "--replSet",
+            self.name,
+            "--port",
+            str(port),
+            "--bind_ip",
+            "127.0.0.1",
+            "--dbpath",
+            str(data),
+            "--logpath",
+            str(data / "mongod.log"),
             "--logappend",
-            "--pidfilepath", str(self.pidfile(index)),
-            "--wiredTigerCacheSizeGB", str(self.cache_gb),
+            "--pidfilepath",
+            str(self.pidfile(index)),
+            "--wiredTigerCacheSizeGB",
+            str(self.cache_gb),
             "--fork",
             "--quiet",
-            "--setParameter", "diagnosticDataCollectionEnabled=false",
+            "--setParameter",
+            "diagnosticDataCollectionEnabled=false",
         ]
         if self.oplog_mb is not None:
             args += ["--oplogSize", str(self.oplog_mb)]
@@ -250,7 +258,9 @@ def _port_taken(port: int) -> bool:
 
 def _check_runs(mongod: Path) -> None:
     try:
-        proc = subprocess.run([str(mongod), "--version"], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            [str(mongod), "--version"], capture_output=True, text=True, timeout=30
+        )
     except OSError as exc:
         raise EmbeddedMongoError(f"mongod at {mongod} cannot run: {exc}") from exc
     if proc.returncode != 0:

@@ -18,18 +18,15 @@ import multiprocessing
 import signal
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import aiomultiprocess
 import aiomultiprocess.core
 
 from common.events import Event, emit
+from common.runner import KillReason, Outcome, RunJob
 from common.settings import Settings
-from executor.worker import READY, STOP, JobDone, RunJob, worker_main
-
-OutcomeKind = Literal["ok", "error", "crashed", "timeout", "cancelled", "lease_lost", "shutdown"]
-KillReason = Literal["timeout", "cancelled", "lease_lost", "shutdown"]
+from executor.worker import READY, STOP, JobDone, worker_main
 
 
 class _NoManager:
@@ -39,15 +36,6 @@ class _NoManager:
 
     def Namespace(self) -> types.SimpleNamespace:
         return types.SimpleNamespace()
-
-
-@dataclass(frozen=True, kw_only=True)
-class Outcome:
-    kind: OutcomeKind
-    result: Any = None
-    error: dict[str, Any] | None = None
-    retry_delay: float | None = None
-    exitcode: int | None = None
 
 
 class _Worker:
@@ -90,6 +78,7 @@ class WorkerPool:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self, timeout: float = 60.0) -> None:
+        """Spawn every worker and wait until each has imported its tasks."""
         if aiomultiprocess.core._manager is None:
             aiomultiprocess.core._manager = _NoManager()  # type: ignore[assignment]
         for _ in range(self.size):
@@ -157,9 +146,10 @@ class WorkerPool:
                 return Slot(w)
         return None
 
-    def unreserve(self, slot: Slot) -> None:
+    def unreserve(self, slot: Slot, *, notify: bool = True) -> None:
         slot.worker.reserved = False
-        self.on_free()
+        if notify:
+            self.on_free()
 
     def holding(self) -> dict[str, tuple[int, int | None]]:
         """job id -> (attempt, worker pid) for every job a worker holds right now."""

@@ -22,19 +22,12 @@ import structlog
 from common.errors import Retry
 from common.events import Event, emit
 from common.log import configure_logging
+from common.runner import RunJob
 from common.settings import Settings
 from executor.context import TaskContext
 from executor.registry import get_task, load_tasks
 
 PR_SET_PDEATHSIG = 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunJob:
-    job_id: str
-    attempt: int
-    task: str
-    payload: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)

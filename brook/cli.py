@@ -1,0 +1,290 @@
+"""`brook`: run the roles (up, api, dispatcher), the embedded replica set, and talk to the API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from common.errors import BrookError
+from common.settings import Settings, load_settings
+
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+def die(message: str, code: int = 1) -> NoReturn:
+    print(f"brook: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+# -- roles -------------------------------------------------------------------------------------
+
+
+def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
+    import uvicorn
+
+    from common.log import configure_logging
+    from executor.registry import load_tasks
+    from ingest.app import create_app
+
+    configure_logging(settings.log_level, role="api")
+    app = create_app(settings, set(load_tasks(settings)))
+    config = uvicorn.Config(
+        app,
+        host=settings.api_host,
+        port=settings.api_port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1
+
+
+def cmd_dispatcher(settings: Settings, _: argparse.Namespace) -> int:
+    from dispatcher.main import run_dispatcher
+
+    return run_dispatcher(settings)
+
+
+def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
+    """Replica set (unless BROOK_MONGO_URI is set) + API + dispatcher, in the foreground."""
+    from brook.replset import ReplicaSet
+    from common.log import configure_logging, get_logger
+
+    configure_logging(settings.log_level, role="up")
+    log = get_logger()
+    env = dict(os.environ)
+    started_rs: ReplicaSet | None = None
+    if settings.mongo_uri is None:
+        rs = ReplicaSet(home=settings.home, base_port=settings.mongo_port)
+        was_running = rs.running()
+        t0 = time.monotonic()
+        uri = rs.up()
+        log.info(
+            "mongo.up", uri=uri, seconds=round(time.monotonic() - t0, 2), members=rs.member_states()
+        )
+        env["BROOK_MONGO_URI"] = uri
+        started_rs = None if was_running else rs
+
+    stop = {"signal": 0}
+
+    def on_signal(signum: int, _: Any) -> None:
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    cmd = [sys.executable, "-m", "brook.cli"]
+    children = {
+        role: subprocess.Popen([*cmd, role], env=env, start_new_session=True)
+        for role in ("dispatcher", "api")
+    }
+    log.info(
+        "up.started",
+        api=f"http://{settings.api_host}:{settings.api_port}",
+        pids={r: p.pid for r, p in children.items()},
+    )
+    code = 0
+    while not stop["signal"]:
+        dead = {r: p.returncode for r, p in children.items() if p.poll() is not None}
+        if dead:
+            log.error("up.child_exited", exited=dead)
+            code = 1
+            break
+        time.sleep(0.2)
+    log.info("up.stopping", signal=stop["signal"] or None)
+    for proc in children.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + settings.shutdown_grace_seconds + 30
+    for role, proc in children.items():
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            log.error("up.kill", role=role, pid=proc.pid)
+            proc.kill()
+            proc.wait()
+    if started_rs is not None:
+        started_rs.down()
+        log.info("mongo.down")
+    log.info("up.stopped")
+    return code
+
+
+def cmd_mongo(settings: Settings, args: argparse.Namespace) -> int:
+    from brook.replset import ReplicaSet
+
+    rs = ReplicaSet(home=settings.home, base_port=settings.mongo_port)
+    if args.action == "up":
+        print(rs.up())
+        return 0
+    if args.action == "down":
+        rs.down()
+        print("stopped")
+        return 0
+    if not rs.running():
+        print(f"not running ({rs.uri})")
+        return 1
+    print(rs.uri)
+    for host, state in rs.member_states():
+        print(f"{host} {state}")
+    return 0
+
+
+# -- client commands ---------------------------------------------------------------------------
+
+
+def _api(
+    settings: Settings,
+    method: str,
+    path: str,
+    body: Any = None,
+    params: dict[str, Any] | None = None,
+) -> Any:
+    import httpx
+
+    host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
+    url = f"http://{host}:{settings.api_port}{path}"
+    headers = {}
+    if settings.api_token is not None:
+        headers["Authorization"] = f"Bearer {settings.api_token.get_secret_value()}"
+    try:
+        resp = httpx.request(method, url, json=body, params=params, headers=headers, timeout=30)
+    except httpx.HTTPError as exc:
+        die(f"cannot reach the API at {url} ({exc.__class__.__name__}); is `brook up` running?")
+    if resp.status_code >= 400:
+        try:
+            detail = resp.json().get("detail")
+        except ValueError:
+            detail = resp.text
+        if not isinstance(detail, str):
+            detail = json.dumps(detail)
+        die(f"{resp.status_code} {detail}")
+    return resp.json()
+
+
+def _print(doc: Any) -> None:
+    print(json.dumps(doc, indent=2, sort_keys=False))
+
+
+def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except ValueError as exc:
+        die(f"--payload is not valid JSON: {exc}", 2)
+    body: dict[str, Any] = {
+        "task": args.task,
+        "payload": payload,
+        "priority": args.priority,
+        "max_attempts": args.max_attempts,
+    }
+    for key in ("run_at", "timeout_s", "idempotency_key"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    job = _api(settings, "POST", "/jobs", body)
+    if not args.wait:
+        _print(job)
+        return 0
+    deadline = time.monotonic() + args.wait_timeout
+    delay = 0.01
+    while job["status"] not in TERMINAL:
+        if time.monotonic() > deadline:
+            die(f"job {job['id']} still {job['status']} after {args.wait_timeout}s")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+        job = _api(settings, "GET", f"/jobs/{job['id']}")
+    if job["status"] != "completed":
+        err = job.get("error") or {}
+        die(f"job {job['id']} {job['status']}: {err.get('type', '')}: {err.get('message', '')}")
+    print(json.dumps(job["result"]))
+    return 0
+
+
+def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    _print(_api(settings, "GET", f"/jobs/{args.id}"))
+    return 0
+
+
+def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
+    params = {
+        k: v
+        for k, v in {"status": args.status, "task": args.task, "limit": args.limit}.items()
+        if v is not None
+    }
+    page = _api(settings, "GET", "/jobs", params=params)
+    for job in page["jobs"]:
+        print(
+            f"{job['id']}  {job['status']:<9}  {job['task']:<12}  "
+            f"attempts={job['attempts']}/{job['max_attempts']}  created={job['created_at']}"
+        )
+    if page.get("next"):
+        print(f"# more: --after {page['next']}", file=sys.stderr)
+    return 0
+
+
+def cmd_cancel(settings: Settings, args: argparse.Namespace) -> int:
+    _print(_api(settings, "POST", f"/jobs/{args.id}/cancel"))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="brook", description="Event-driven job engine on MongoDB.")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="replica set + API + dispatcher in the foreground").set_defaults(
+        fn=cmd_up
+    )
+    sub.add_parser("api", help="run the HTTP API").set_defaults(fn=cmd_api)
+    sub.add_parser("dispatcher", help="run a dispatcher and its workers").set_defaults(
+        fn=cmd_dispatcher
+    )
+    m = sub.add_parser("mongo", help="the embedded local replica set")
+    m.add_argument("action", choices=["up", "down", "status"])
+    m.set_defaults(fn=cmd_mongo)
+    s = sub.add_parser("submit", help="submit a job")
+    s.add_argument("task")
+    s.add_argument("--payload", default="{}", help="JSON object")
+    s.add_argument("--priority", type=int, default=0)
+    s.add_argument("--max-attempts", dest="max_attempts", type=int, default=3)
+    s.add_argument("--run-at", dest="run_at", help="ISO-8601 datetime")
+    s.add_argument("--timeout", dest="timeout_s", type=float)
+    s.add_argument("--idempotency-key", dest="idempotency_key")
+    s.add_argument("--wait", action="store_true", help="wait and print the result")
+    s.add_argument("--wait-timeout", dest="wait_timeout", type=float, default=300.0)
+    s.set_defaults(fn=cmd_submit)
+    st = sub.add_parser("status", help="show a job")
+    st.add_argument("id")
+    st.set_defaults(fn=cmd_status)
+    ls = sub.add_parser("ls", help="list jobs, newest first")
+    ls.add_argument(
+        "--status", choices=sorted(["pending", "running", "completed", "failed", "cancelled"])
+    )
+    ls.add_argument("--task")
+    ls.add_argument("--limit", type=int, default=50)
+    ls.set_defaults(fn=cmd_ls)
+    c = sub.add_parser("cancel", help="cancel a job")
+    c.add_argument("id")
+    c.set_defaults(fn=cmd_cancel)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings()
+        code: int = args.fn(settings, args)
+    except BrookError as exc:
+        die(str(exc), 2)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

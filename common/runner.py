@@ -1,0 +1,61 @@
+"""The contract between the dispatcher and the executor, so neither imports the other."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+OutcomeKind = Literal["ok", "error", "crashed", "timeout", "cancelled", "lease_lost", "shutdown"]
+KillReason = Literal["timeout", "cancelled", "lease_lost", "shutdown"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunJob:
+    """What a worker process is asked to run: one attempt of one job."""
+
+    job_id: str
+    attempt: int
+    task: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """How an attempt ended, as the process supervisor saw it."""
+
+    kind: OutcomeKind
+    result: Any = None
+    error: dict[str, Any] | None = None
+    retry_delay: float | None = None
+    exitcode: int | None = None
+
+
+class Runner(Protocol):
+    """Worker slots that run jobs in isolated processes (implemented by `executor.pool`)."""
+
+    on_free: Callable[[], None]
+
+    async def start(self) -> None: ...
+
+    async def close(self, timeout: float = 5.0) -> None: ...
+
+    def free_slots(self) -> int: ...
+
+    def reserve(self) -> Any | None: ...
+
+    def unreserve(self, slot: Any, *, notify: bool = True) -> None: ...
+
+    async def run(self, slot: Any, job: RunJob, timeout: float | None) -> Outcome: ...
+
+    def kill(self, job_id: str, reason: KillReason) -> bool: ...
+
+    def holding(self) -> dict[str, tuple[int, int | None]]: ...
+
+
+def backoff_delay(attempt: int, base: float, cap: float, rand: float | None = None) -> float:
+    """Exponential backoff with jitter: a delay in [d/2, d], d = min(cap, base * 2**(attempt-1))."""
+    full = min(cap, base * (2 ** max(attempt - 1, 0)))
+    r = random.random() if rand is None else rand
+    return full * (0.5 + r / 2.0)

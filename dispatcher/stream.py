@@ -1,0 +1,184 @@
+"""The change stream: a wake-up signal for new or requeued work and for cancel requests.
+
+It is the fast path, not the only path: the watchdog sweep claims anything an event
+never announced. The resume token is saved (majority write) after every `try_next`,
+empty or not, together with a version of the pipeline it belongs to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from pymongo.errors import OperationFailure, PyMongoError
+
+from common.events import Event, emit
+from common.store import JobStore
+
+PIPELINE: list[dict[str, Any]] = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": "insert", "fullDocument.status": "pending"},
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.status": "pending",
+                },
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.cancel_requested": True,
+                },
+                {"operationType": {"$in": ["invalidate", "drop", "dropDatabase", "rename"]}},
+            ]
+        }
+    },
+    {
+        "$project": {
+            "operationType": 1,
+            "documentKey": 1,
+            "fullDocument.run_at": 1,
+            "updateDescription.updatedFields.run_at": 1,
+            "updateDescription.updatedFields.status": 1,
+            "updateDescription.updatedFields.cancel_requested": 1,
+        }
+    },
+]
+
+PIPELINE_VERSION = hashlib.sha1(json.dumps(PIPELINE, sort_keys=True).encode()).hexdigest()[:12]
+
+# Errors after which the saved token is useless: start a fresh stream and sweep.
+#   286 ChangeStreamHistoryLost, 280 ChangeStreamFatalError, 260 InvalidResumeToken,
+#   136 CappedPositionLost
+HISTORY_LOST_CODES = frozenset({286, 280, 260, 136})
+
+OnChange = Callable[[Mapping[str, Any]], None]
+OnReset = Callable[[], Awaitable[None]]
+
+
+class TokenSaver:
+    """Coalesces token saves: one majority write in flight, always the newest token."""
+
+    def __init__(self, store: JobStore, name: str) -> None:
+        self.store = store
+        self.name = name
+        self._latest: Mapping[str, Any] | None = None
+        self._saved: Mapping[str, Any] | None = None
+        self._dirty = asyncio.Event()
+
+    def offer(self, token: Mapping[str, Any] | None) -> None:
+        if token is not None and token != self._latest:
+            self._latest = token
+            self._dirty.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        token = self._latest
+        if token is None or token == self._saved:
+            return
+        try:
+            await self.store.save_token(self.name, PIPELINE_VERSION, token)
+            self._saved = token
+        except PyMongoError as exc:
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="save_token", error=str(exc)[:200])
+            await asyncio.sleep(0.5)
+            self._dirty.set()
+
+
+class StreamFollower:
+    def __init__(
+        self,
+        store: JobStore,
+        name: str,
+        on_change: OnChange,
+        on_reset: OnReset,
+        *,
+        max_await_ms: int = 1000,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.on_change = on_change
+        self.on_reset = on_reset
+        self.max_await_ms = max_await_ms
+        self.saver = TokenSaver(store, name)
+        self.opened = asyncio.Event()
+        self.opens = 0
+
+    async def run(self) -> None:
+        token = await self._load_token()
+        delay = 0.1
+        while True:
+            try:
+                async with await self.store.jobs.watch(
+                    PIPELINE, resume_after=token, max_await_time_ms=self.max_await_ms
+                ) as stream:
+                    self.opens += 1
+                    emit(
+                        Event.STREAM_RESUMED if token is not None else Event.STREAM_OPENED,
+                        version=PIPELINE_VERSION,
+                    )
+                    self.opened.set()
+                    delay = 0.1
+                    while stream.alive:
+                        change = await stream.try_next()
+                        if change is not None:
+                            if change["operationType"] in (
+                                "invalidate",
+                                "drop",
+                                "dropDatabase",
+                                "rename",
+                            ):
+                                emit(
+                                    Event.STREAM_INVALIDATED,
+                                    level="warning",
+                                    op=change["operationType"],
+                                )
+                                token = None
+                                await self.store.drop_token(self.name)
+                                await self.on_reset()
+                                break
+                            self.on_change(change)
+                        token = stream.resume_token
+                        self.saver.offer(token)
+            except OperationFailure as exc:
+                if exc.code in HISTORY_LOST_CODES or "resume" in str(exc).lower():
+                    emit(
+                        Event.STREAM_HISTORY_LOST,
+                        level="warning",
+                        code=exc.code,
+                        error=str(exc)[:300],
+                    )
+                    token = None
+                    await self._drop_token()
+                    await self.on_reset()
+                    continue
+                emit(Event.STREAM_ERROR, level="warning", code=exc.code, error=str(exc)[:300])
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            except PyMongoError as exc:
+                emit(Event.STREAM_ERROR, level="warning", error=str(exc)[:300])
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _load_token(self) -> Mapping[str, Any] | None:
+        while True:
+            try:
+                return await self.store.load_token(self.name, PIPELINE_VERSION)
+            except PyMongoError as exc:
+                emit(
+                    Event.MONGO_UNAVAILABLE, level="warning", op="load_token", error=str(exc)[:200]
+                )
+                await asyncio.sleep(1.0)
+
+    async def _drop_token(self) -> None:
+        try:
+            await self.store.drop_token(self.name)
+        except PyMongoError as exc:
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="drop_token", error=str(exc)[:200])
