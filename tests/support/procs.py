@@ -1,0 +1,113 @@
+"""Real `brook` processes for end-to-end and fault tests: start, signal, read their JSON logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class BrookProcess:
+    def __init__(self, role: str, env: dict[str, str], log_path: Path) -> None:
+        self.role = role
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "brook.cli", role],
+            env=env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def logs(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+    def raw_log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.logs() if e.get("event") == name]
+
+    def wait_for_event(
+        self, name: str, timeout: float = 30.0, where: Callable[[dict[str, Any]], bool] = lambda e: True
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in self.events(name):
+                if where(event):
+                    return event
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.role} exited ({self.proc.returncode}):\n{self.raw_log()[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"no {name} from {self.role} in {timeout}s:\n{self.raw_log()[-3000:]}")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def children(self) -> list[int]:
+        try:
+            out = subprocess.run(["pgrep", "-P", str(self.pid)], capture_output=True, text=True)
+        except OSError:
+            return []
+        return [int(p) for p in out.stdout.split()]
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
