@@ -36,6 +36,7 @@ class Event(StrEnum):
     STREAM_ERROR = "stream.error"
     SWEEP_DONE = "sweep.done"
     DISPATCHER_STARTED = "dispatcher.started"
+    DISPATCHER_READY = "dispatcher.ready"
     DISPATCHER_STOPPING = "dispatcher.stopping"
     DISPATCHER_STOPPED = "dispatcher.stopped"
     API_STARTED = "api.started"

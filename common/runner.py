@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 OutcomeKind = Literal["ok", "error", "crashed", "timeout", "cancelled", "lease_lost", "shutdown"]
@@ -56,6 +56,6 @@ class Runner(Protocol):
 
 def backoff_delay(attempt: int, base: float, cap: float, rand: float | None = None) -> float:
     """Exponential backoff with jitter: a delay in [d/2, d], d = min(cap, base * 2**(attempt-1))."""
-    full = min(cap, base * (2 ** max(attempt - 1, 0)))
+    full = min(cap, base * 2.0 ** max(attempt - 1, 0))
     r = random.random() if rand is None else rand
-    return full * (0.5 + r / 2.0)
+    return float(full * (0.5 + r / 2.0))

@@ -83,6 +83,7 @@ class Dispatcher:
                 tg.create_task(self._watchdog(), name="watchdog"),
             ]
             self.ready.set()
+            emit(Event.DISPATCHER_READY, owner=self.owner)
             await stop.wait()
             await self._shutdown()
             for task in tasks:
@@ -144,6 +145,10 @@ class Dispatcher:
             await self._wake.wait()
             self._wake.clear()
             while not self._stopping:
+                # A lease counts against the concurrency until its final write is done, so
+                # the jobs collection never shows more running jobs than there are slots.
+                if len(self._jobs) >= self.settings.concurrency:
+                    break  # a finished job sets the wake event
                 slot = self.runner.reserve()
                 if slot is None:
                     break  # a freed slot sets the wake event
@@ -188,13 +193,15 @@ class Dispatcher:
         run = RunJob(job_id=job.id, attempt=job.attempts, task=job.task, payload=job.payload)
         started = time.monotonic()
         try:
-            outcome = await self.runner.run(slot, run, timeout)
+            try:
+                outcome = await self.runner.run(slot, run, timeout)
+            finally:
+                self._held.pop(job.id, None)
+            # The final write must happen even if this task is cancelled during shutdown.
+            await asyncio.shield(self._record(job, lease, outcome, time.monotonic() - started))
         finally:
-            self._held.pop(job.id, None)
-        # The final write must happen even if this task is cancelled during shutdown.
-        await asyncio.shield(self._record(job, lease, outcome, time.monotonic() - started))
-        self._jobs.pop(job.id, None)
-        self._wake.set()
+            self._jobs.pop(job.id, None)
+            self._wake.set()
 
     async def _record(self, job: Job, lease: Lease, outcome: Outcome, elapsed: float) -> None:
         fields = job_fields(job) | {"duration_ms": round(elapsed * 1000, 2)}

@@ -52,7 +52,8 @@ class _Worker:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid
+        pid: int | None = self.proc.pid
+        return pid
 
 
 class Slot:
@@ -80,7 +81,7 @@ class WorkerPool:
     async def start(self, timeout: float = 60.0) -> None:
         """Spawn every worker and wait until each has imported its tasks."""
         if aiomultiprocess.core._manager is None:
-            aiomultiprocess.core._manager = _NoManager()  # type: ignore[assignment]
+            aiomultiprocess.core._manager = _NoManager()
         for _ in range(self.size):
             self._spawn()
         async with asyncio.timeout(timeout):

@@ -57,7 +57,12 @@ async def _recv(conn: Connection) -> Any:
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()
     fd = conn.fileno()
-    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+
+    def readable() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    loop.add_reader(fd, readable)
     try:
         await fut
     finally:

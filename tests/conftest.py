@@ -41,7 +41,9 @@ def _docker_mongo() -> Iterator[Mongo]:  # pragma: no cover - needs a Docker eng
         host = container.get_container_host_ip()
         port = container.get_exposed_port(27017)
         direct: MongoClient[dict[str, Any]] = MongoClient(host, int(port), directConnection=True)
-        direct.admin.command("replSetInitiate", {"_id": "rs0", "members": [{"_id": 0, "host": "localhost:27017"}]})
+        direct.admin.command(
+            "replSetInitiate", {"_id": "rs0", "members": [{"_id": 0, "host": "localhost:27017"}]}
+        )
         direct.close()
         yield Mongo(uri=f"mongodb://{host}:{port}/?directConnection=true", replset=None)
 

@@ -37,7 +37,9 @@ def test_a_majority_write_is_readable_from_a_secondary(mongo: Mongo, db_name: st
         with client.start_session(causal_consistency=True) as session:
             coll.insert_one({"_id": "x", "v": 1}, session=session)
             secondary = client[db_name].get_collection(
-                "probe", read_preference=ReadPreference.SECONDARY, read_concern=ReadConcern("majority")
+                "probe",
+                read_preference=ReadPreference.SECONDARY,
+                read_concern=ReadConcern("majority"),
             )
             doc = secondary.find_one({"_id": "x"}, session=session)
             server = session.client.topology_description  # read went to a secondary
@@ -52,7 +54,9 @@ def test_killing_the_primary_elects_a_new_one_and_the_client_keeps_working(
     mongo: Mongo, db_name: str
 ) -> None:
     rs = _embedded(mongo)
-    client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, w="majority", serverSelectionTimeoutMS=30000)
+    client: MongoClient[dict[str, Any]] = MongoClient(
+        mongo.uri, w="majority", serverSelectionTimeoutMS=30000
+    )
     try:
         coll = client[db_name]["probe"]
         coll.insert_one({"n": 1})
@@ -74,12 +78,20 @@ def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path
     env.update({"BROOK_HOME": str(tmp_path), "BROOK_MONGO_PORT": "27717", "PYTHONPATH": str(ROOT)})
 
     def brook(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "brook.cli", "mongo", *args], env=env,
-                              capture_output=True, text=True, timeout=180)
+        return subprocess.run(
+            [sys.executable, "-m", "brook.cli", "mongo", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
 
     up = brook("up")
     assert up.returncode == 0, up.stderr
-    assert up.stdout.strip() == "mongodb://127.0.0.1:27717,127.0.0.1:27718,127.0.0.1:27719/?replicaSet=brook"
+    assert (
+        up.stdout.strip()
+        == "mongodb://127.0.0.1:27717,127.0.0.1:27718,127.0.0.1:27719/?replicaSet=brook"
+    )
     rs = ReplicaSet(home=tmp_path, base_port=27717)
     pids = [rs.pid(i) for i in range(3)]
     assert all(pids)
@@ -88,7 +100,10 @@ def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path
     status = brook("status")
     assert status.returncode == 0
     assert sorted(line.split()[-1] for line in status.stdout.splitlines()[1:]) == [
-        "PRIMARY", "SECONDARY", "SECONDARY"]
+        "PRIMARY",
+        "SECONDARY",
+        "SECONDARY",
+    ]
     down = brook("down")
     assert down.returncode == 0, down.stderr
     assert not any(pid_alive(p) for p in pids if p)
@@ -104,8 +119,13 @@ def test_mongo_up_reports_a_taken_port_in_one_line(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 27517))
         sock.listen()
-        proc = subprocess.run([sys.executable, "-m", "brook.cli", "mongo", "up"], env=env,
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "brook.cli", "mongo", "up"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "port 27517 is already in use" in lines[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,7 +23,9 @@ def spec(task: str = "noop", **kw: Any) -> JobSpec:
 
 async def expire_now(store: JobStore, job_id: str) -> None:
     """Put a lease in the past (a test-only write; the engine never does this)."""
-    await store.jobs.update_one({"_id": job_id}, {"$set": {"lease_expires_at": datetime(2000, 1, 1, tzinfo=UTC)}})
+    await store.jobs.update_one(
+        {"_id": job_id}, {"$set": {"lease_expires_at": datetime(2000, 1, 1, tzinfo=UTC)}}
+    )
 
 
 async def test_submit_stores_a_pending_job_stamped_by_the_server(store: JobStore) -> None:
@@ -44,7 +47,9 @@ async def test_claim_takes_the_highest_priority_then_the_earliest_due(store: Job
     assert await store.next_due() == (await store.get(later.job.id)).run_at
 
 
-async def test_claim_sets_lease_from_the_server_clock_and_bumps_the_attempt(store: JobStore) -> None:
+async def test_claim_sets_lease_from_the_server_clock_and_bumps_the_attempt(
+    store: JobStore,
+) -> None:
     await store.submit(spec())
     job = await store.claim(OWNER, 30)
     assert job is not None and job.status == JobStatus.RUNNING and job.attempts == 1
@@ -57,8 +62,13 @@ async def test_the_claim_query_is_an_index_scan(store: JobStore) -> None:
         await store.submit(spec(priority=i % 3))
     plan = await store.db.command(
         "explain",
-        {"findAndModify": "jobs", "query": CLAIM_FILTER, "sort": dict(CLAIM_SORT),
-         "update": [{"$set": {"status": "running"}}], "new": True},
+        {
+            "findAndModify": "jobs",
+            "query": CLAIM_FILTER,
+            "sort": dict(CLAIM_SORT),
+            "update": [{"$set": {"status": "running"}}],
+            "new": True,
+        },
         verbosity="queryPlanner",
     )
     text = str(plan["queryPlanner"]["winningPlan"])
@@ -111,7 +121,9 @@ async def test_renew_extends_held_leases_and_reports_lost_ones(store: JobStore) 
     await expire_now(store, b.id)
     [doc] = await store.expired()
     await store.requeue_expired(doc, 0)
-    lost = await store.renew(OWNER, [Lease(job_id=a.id, attempt=1), Lease(job_id=b.id, attempt=1)], 60)
+    lost = await store.renew(
+        OWNER, [Lease(job_id=a.id, attempt=1), Lease(job_id=b.id, attempt=1)], 60
+    )
     assert lost == {b.id}
     renewed = await store.get(a.id)
     assert renewed.lease_expires_at is not None and a.lease_expires_at is not None
@@ -142,7 +154,9 @@ async def test_a_cancel_requested_job_whose_attempt_fails_ends_cancelled(store: 
     job = await store.claim(OWNER, 30)
     assert job is not None
     await store.cancel(job.id)
-    ended = await store.fail_attempt(Lease(job_id=job.id, attempt=1), OWNER, {"type": "X", "message": ""}, 0)
+    ended = await store.fail_attempt(
+        Lease(job_id=job.id, attempt=1), OWNER, {"type": "X", "message": ""}, 0
+    )
     assert ended.status == JobStatus.CANCELLED
 
 
@@ -151,7 +165,9 @@ async def test_release_hands_the_job_back_without_counting_the_attempt(store: Jo
     job = await store.claim(OWNER, 30)
     assert job is not None
     released = await store.release(Lease(job_id=job.id, attempt=1), OWNER)
-    assert released.status == JobStatus.PENDING and released.attempts == 0 and released.owner is None
+    assert (
+        released.status == JobStatus.PENDING and released.attempts == 0 and released.owner is None
+    )
     again = await store.claim("next-owner", 30)
     assert again is not None and again.id == job.id and again.attempts == 1
 
@@ -198,7 +214,7 @@ async def test_every_transition_the_store_performs_is_in_the_table(store: JobSto
     seen: set[tuple[JobStatus, JobStatus]] = set()
     async for doc in store.jobs.find({}):
         statuses = [JobStatus(h["status"]) for h in doc["history"]]
-        pairs = set(zip(statuses, statuses[1:], strict=False))
+        pairs = set(itertools.pairwise(statuses))
         assert pairs <= TRANSITIONS, (doc["_id"], statuses)
         seen |= pairs
     assert seen == TRANSITIONS  # and every transition in the table is exercised

@@ -51,7 +51,10 @@ class BrookProcess:
         return [e for e in self.logs() if e.get("event") == name]
 
     def wait_for_event(
-        self, name: str, timeout: float = 30.0, where: Callable[[dict[str, Any]], bool] = lambda e: True
+        self,
+        name: str,
+        timeout: float = 30.0,
+        where: Callable[[dict[str, Any]], bool] = lambda e: True,
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -59,7 +62,9 @@ class BrookProcess:
                 if where(event):
                     return event
             if self.proc.poll() is not None:
-                raise AssertionError(f"{self.role} exited ({self.proc.returncode}):\n{self.raw_log()[-3000:]}")
+                raise AssertionError(
+                    f"{self.role} exited ({self.proc.returncode}):\n{self.raw_log()[-3000:]}"
+                )
             time.sleep(0.05)
         raise AssertionError(f"no {name} from {self.role} in {timeout}s:\n{self.raw_log()[-3000:]}")
 

@@ -1,0 +1,334 @@
+"""Plumbing for the benchmark: the replica set, real `brook` role processes, the API, py-spy."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+from pymongo import MongoClient
+
+from brook.replset import ReplicaSet
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+BENCH_HOME = Path(".brook/bench")
+BENCH_PORT = 27917
+ACTIVE = ["pending", "running"]
+
+Doc = dict[str, Any]
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run (a process died, a wait timed out)."""
+
+
+# -- the replica set ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def replica_set(*, keep: bool) -> Iterator[tuple[str, str]]:
+    """`BROOK_MONGO_URI` if set, else the embedded set on 27917-27919 under `.brook/bench`.
+
+    Yields (uri, origin). An embedded set this run started is stopped at the end unless
+    `keep`; one that was already running is left as it was found.
+    """
+    external = os.environ.get("BROOK_MONGO_URI", "").strip()
+    if external:
+        yield external, "BROOK_MONGO_URI"
+        return
+    rs = ReplicaSet(home=ROOT / BENCH_HOME, base_port=BENCH_PORT)
+    was_running = rs.running()
+    try:
+        uri = rs.up()
+        yield uri, f"embedded {BENCH_HOME} (ports {BENCH_PORT}-{BENCH_PORT + 2})"
+    finally:
+        if not keep and not was_running:
+            rs.down()
+
+
+def sync_client(uri: str) -> MongoClient[Doc]:
+    """The bench's own reader: majority reads and writes, tz-aware UTC datetimes."""
+    return MongoClient(
+        uri,
+        tz_aware=True,
+        w="majority",
+        readConcernLevel="majority",
+        appname="brook-bench",
+        serverSelectionTimeoutMS=10_000,
+    )
+
+
+def wait_settled(
+    client: MongoClient[Doc],
+    db: str,
+    procs: Sequence[RoleProcess],
+    timeout: float,
+    min_total: int = 0,
+) -> float:
+    """Poll until no job is pending or running (and at least `min_total` exist); seconds waited."""
+    jobs = client[db]["jobs"]
+    start = time.monotonic()
+    while True:
+        active = jobs.count_documents({"status": {"$in": ACTIVE}})
+        if active == 0 and (min_total == 0 or jobs.estimated_document_count() >= min_total):
+            return time.monotonic() - start
+        for proc in procs:
+            proc.check_alive()
+        if time.monotonic() - start > timeout:
+            raise BenchError(f"{active} jobs still pending/running in {db} after {timeout:.0f}s")
+        time.sleep(0.1)
+
+
+# -- role processes ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def role_env(uri: str, db: str, concurrency: int, api_port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        BROOK_MONGO_URI=uri,
+        BROOK_DB=db,
+        BROOK_API_HOST="127.0.0.1",
+        BROOK_API_PORT=str(api_port),
+        BROOK_CONCURRENCY=str(concurrency),
+        BROOK_LOG_LEVEL="WARNING",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+class RoleProcess:
+    """One `python -m brook.cli ROLE` child in its own session, its output in a log file."""
+
+    def __init__(self, role: str, env: Mapping[str, str], log_path: Path) -> None:
+        self.role = role
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "brook.cli", role],
+            env=dict(env),
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise BenchError(
+                f"`brook {self.role}` exited with {self.proc.returncode}:\n{self.tail()}"
+            )
+
+    def stop(self, timeout: float = 45.0) -> int:
+        """SIGTERM, wait; SIGKILL its process group (its workers) if it will not stop."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        self.returncode = self.proc.returncode
+        return self.proc.returncode
+
+    def log_events(self) -> dict[str, int]:
+        """`level:event` counts of its JSON log lines (the bench runs at WARNING), plus
+        `non_json` for any other line."""
+        counts: Counter[str] = Counter()
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return {}
+        for line in lines:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                counts["non_json"] += 1
+                continue
+            counts[f"{rec.get('level', '?')}:{rec.get('event', '?')}"] += 1
+        return dict(counts)
+
+
+@contextlib.contextmanager
+def role(name: str, env: Mapping[str, str], log_path: Path) -> Iterator[RoleProcess]:
+    proc = RoleProcess(name, env, log_path)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+# -- the HTTP API ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Api:
+    base_url: str
+    headers: dict[str, str]
+
+
+def api_for(port: int) -> Api:
+    token = os.environ.get("BROOK_API_TOKEN", "").strip()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return Api(base_url=f"http://127.0.0.1:{port}", headers=headers)
+
+
+def wait_api(api: Api, proc: RoleProcess, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=api.base_url, timeout=2.0) as http:
+        while time.monotonic() < deadline:
+            proc.check_alive()
+            with contextlib.suppress(httpx.HTTPError):
+                if http.get("/readyz").status_code == 200:
+                    return
+            time.sleep(0.1)
+    raise BenchError(f"API not ready after {timeout:.0f}s:\n{proc.tail()}")
+
+
+def wait_dispatcher(api: Api, procs: Sequence[RoleProcess], timeout: float = 90.0) -> str:
+    """Submit one `noop` and wait for it to complete: the dispatcher is then up. Its job id."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=api.base_url, headers=api.headers, timeout=10.0) as http:
+        resp = http.post("/jobs", json={"task": "noop", "payload": {"bench": "warmup"}})
+        if resp.status_code != 202:
+            raise BenchError(f"warm-up submit failed: {resp.status_code} {resp.text[:300]}")
+        job_id: str = resp.json()["id"]
+        while time.monotonic() < deadline:
+            for proc in procs:
+                proc.check_alive()
+            job = http.get(f"/jobs/{job_id}").json()
+            if job["status"] == "completed":
+                return job_id
+            if job["status"] in ("failed", "cancelled"):
+                raise BenchError(f"warm-up job {job_id} ended {job['status']}: {job['error']}")
+            time.sleep(0.05)
+    raise BenchError(f"warm-up job not completed after {timeout:.0f}s")
+
+
+# -- py-spy (optional) -------------------------------------------------------------------------
+
+
+class Profiler:
+    """`py-spy record --nonblocking` on a role process while a block runs (if py-spy given)."""
+
+    def __init__(self, exe: str | None, out_dir: Path, rate: int = 250) -> None:
+        self.exe = exe
+        self.out_dir = out_dir
+        self.rate = rate
+        self.files: dict[str, str] = {}
+
+    @contextlib.contextmanager
+    def record(self, label: str, pid: int) -> Iterator[None]:
+        if self.exe is None:
+            yield
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"{label}.collapsed.txt"
+        err = self.out_dir / f"{label}.py-spy.log"
+        with open(err, "wb") as errf:
+            proc = subprocess.Popen(
+                [
+                    self.exe,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--rate",
+                    str(self.rate),
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--output",
+                    str(path),
+                ],
+                stdout=errf,
+                stderr=subprocess.STDOUT,
+            )
+            started = time.monotonic()
+            try:
+                yield
+            finally:
+                elapsed = time.monotonic() - started
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.files[label] = str(path)
+        self.files[f"{label}:seconds"] = f"{elapsed:.2f}"
+
+
+def summarize_profile(path: Path, seconds: float, rate: int, top: int = 12) -> dict[str, Any]:
+    """Samples of a collapsed-stack file: busy share of wall time, top self and inclusive frames."""
+    selfc: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        total += n
+        selfc[_short(frames[-1])] += n
+        for name in {_short(f) for f in frames}:
+            incl[name] += n
+    if total == 0:
+        return {"samples": 0}
+    return {
+        "samples": total,
+        "busy_share_of_wall": round(total / max(seconds * rate, 1), 3),
+        "top_self": [(k, round(100 * v / total, 1)) for k, v in selfc.most_common(top)],
+        "top_inclusive": [(k, round(100 * v / total, 1)) for k, v in incl.most_common(top * 2)],
+    }
+
+
+def _short(frame: str) -> str:
+    """`func (path/to/file.py:123)` → `func (file.py)`; keeps the function and its module."""
+    name, _, where = frame.partition(" (")
+    file = where.rstrip(")").rsplit(":", 1)[0]
+    parts = Path(file).parts
+    short = "/".join(parts[-2:]) if parts else file
+    return f"{name} ({short})"

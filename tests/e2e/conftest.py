@@ -1,0 +1,89 @@
+"""Real `brook api` / `brook dispatcher` processes on the test replica set."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from common.settings import Settings
+from tests.conftest import brook_env
+from tests.support.procs import BrookProcess, pid_alive, wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Cluster:
+    """Processes started by one test; all are stopped (and checked for orphans) at the end."""
+
+    def __init__(self, settings: Settings, tmp: Path) -> None:
+        self.settings = settings
+        self.tmp = tmp
+        self.procs: list[BrookProcess] = []
+        self.port = free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}"
+
+    def start(self, role: str, **env: str) -> BrookProcess:
+        extra = {"BROOK_API_PORT": str(self.port), **env}
+        n = len(self.procs)
+        proc = BrookProcess(role, brook_env(self.settings, **extra), self.tmp / f"{role}-{n}.log")
+        self.procs.append(proc)
+        return proc
+
+    def api(self, **env: str) -> BrookProcess:
+        proc = self.start("api", **env)
+        wait_until(self._healthy, timeout=30)
+        return proc
+
+    def dispatcher(self, **env: str) -> BrookProcess:
+        proc = self.start("dispatcher", **env)
+        proc.wait_for_event("dispatcher.ready", timeout=60)
+        return proc
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.api_url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def close(self) -> None:
+        children: list[int] = []
+        for proc in self.procs:
+            children += proc.children()
+            proc.stop()
+        # Ctrl-C leaves nothing behind: no worker outlives its dispatcher.
+        wait_until(lambda: not any(pid_alive(p) for p in children), timeout=10)
+
+
+@pytest.fixture
+def cluster(settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(settings, tmp_path)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def http(cluster: Cluster) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=cluster.api_url, timeout=30) as client:
+        yield client
+
+
+def wait_terminal(http: httpx.Client, job_id: str, timeout: float = 30) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        job: dict[str, Any] = http.get(f"/jobs/{job_id}").json()
+        return job if job["status"] in ("completed", "failed", "cancelled") else None
+
+    result: dict[str, Any] = wait_until(done, timeout=timeout)
+    return result
+
+
+Submit = Callable[..., dict[str, Any]]

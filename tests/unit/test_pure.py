@@ -1,0 +1,62 @@
+"""Pure logic: backoff, edge validation, the status table."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.runner import backoff_delay
+from common.status import ACTIVE, TERMINAL, TRANSITIONS, JobStatus
+from ingest.validation import InvalidInput, body_depth, check_document, parse_submit
+
+
+def test_backoff_doubles_per_attempt_within_jitter_and_stops_at_the_cap() -> None:
+    assert backoff_delay(1, 1.0, 300, rand=1.0) == 1.0
+    assert backoff_delay(1, 1.0, 300, rand=0.0) == 0.5
+    assert backoff_delay(4, 1.0, 300, rand=1.0) == 8.0
+    assert backoff_delay(30, 1.0, 300, rand=1.0) == 300.0
+    for _ in range(100):
+        assert 2.0 <= backoff_delay(3, 1.0, 300) <= 4.0
+
+
+def test_statuses_split_into_active_and_terminal_and_terminal_is_final() -> None:
+    assert ACTIVE | TERMINAL == set(JobStatus) and not ACTIVE & TERMINAL
+    assert not any(src in TERMINAL for src, _ in TRANSITIONS)
+
+
+def test_body_depth_counts_brackets_outside_strings() -> None:
+    assert body_depth(b'{"a": [1, {"b": "[[[[{{{"}]}') == 3
+    assert body_depth(b'"[[["') == 0
+    assert body_depth(b'{"a": "\\"[[["}') == 1
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"$x": 1}, {"a": [{"$b": 1}]}, {"a\x00": 1}],
+)
+def test_payload_keys_that_mongodb_would_misread_are_rejected(payload: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        check_document(payload)
+
+
+def test_payload_values_may_look_like_operators() -> None:
+    check_document({"a": "$notAnOperator", "b": ["$x"]})
+
+
+def test_nesting_of_32_is_accepted_and_33_rejected() -> None:
+    def nest(n: int) -> dict[str, object]:
+        d: dict[str, object] = {}
+        for _ in range(n - 1):
+            d = {"a": d}
+        return d
+
+    check_document(nest(32))
+    with pytest.raises(ValueError, match="nesting deeper than 32"):
+        check_document(nest(33))
+
+
+def test_parse_submit_applies_defaults_and_normalises_run_at_to_utc() -> None:
+    job = parse_submit(b'{"task": "noop", "run_at": "2030-01-01T12:00:00.123456+02:00"}')
+    assert job.payload == {} and job.priority == 0 and job.max_attempts == 3
+    assert job.run_at is not None and job.run_at.isoformat() == "2030-01-01T10:00:00.123000+00:00"
+    with pytest.raises(InvalidInput):
+        parse_submit(b'{"task": "noop", "max_attempts": "3"}')

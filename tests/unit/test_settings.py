@@ -1,0 +1,83 @@
+"""Configuration: defaults from the contract; a bad value fails at start naming the variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from common.errors import ConfigError
+from common.settings import load_settings
+from tests.conftest import ROOT
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith("BROOK_"):
+            monkeypatch.delenv(key)
+
+
+def test_defaults_follow_the_contract() -> None:
+    s = load_settings()
+    assert s.mongo_uri is None and s.db == "brook"
+    assert (s.api_host, s.api_port) == ("127.0.0.1", 8000)
+    assert s.concurrency == (os.cpu_count() or 1) and s.lease_seconds == 30
+    assert s.api_token is None and s.tasks == () and s.demo_tasks and s.log_level == "INFO"
+
+
+def test_values_are_read_from_brook_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BROOK_TASKS", "a.tasks, b.tasks")
+    monkeypatch.setenv("BROOK_DEMO_TASKS", "0")
+    monkeypatch.setenv("BROOK_CONCURRENCY", "7")
+    monkeypatch.setenv("BROOK_LOG_LEVEL", "debug")
+    monkeypatch.setenv("BROOK_API_TOKEN", "hunter2")
+    s = load_settings()
+    assert s.tasks == ("a.tasks", "b.tasks") and not s.demo_tasks and s.concurrency == 7
+    assert s.log_level == "DEBUG" and s.api_token is not None and s.api_token.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("BROOK_CONCURRENCY", "zero"),
+        ("BROOK_CONCURRENCY", "0"),
+        ("BROOK_LEASE_SECONDS", "-3"),
+        ("BROOK_API_PORT", "70000"),
+        ("BROOK_LOG_LEVEL", "LOUD"),
+        ("BROOK_MONGO_URI", "http://nope"),
+        ("BROOK_DB", "bad name!"),
+        ("BROOK_DEMO_TASKS", "maybe"),
+    ],
+)
+def test_a_bad_value_raises_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, var: str, value: str
+) -> None:
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert message.startswith(f"{var}:") and "\n" not in message
+
+
+def test_the_cli_exits_non_zero_with_a_one_line_error_on_bad_config() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
+    env.update({"BROOK_CONCURRENCY": "lots", "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run([sys.executable, "-m", "brook.cli", "dispatcher"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith("brook: error: BROOK_CONCURRENCY:")
+
+
+def test_an_unimportable_task_module_fails_at_start_naming_brook_tasks() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
+    env.update({"BROOK_TASKS": "no.such.module", "PYTHONPATH": str(ROOT),
+                "BROOK_MONGO_URI": "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=100"})
+    proc = subprocess.run([sys.executable, "-m", "brook.cli", "dispatcher"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("brook: error: BROOK_TASKS: cannot import 'no.such.module'")
