@@ -37,22 +37,30 @@ class BenchError(RuntimeError):
 # -- the replica set ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Deployment:
+    uri: str
+    origin: str
+    mongod_pids: list[int]  # known only for the embedded set
+
+
 @contextlib.contextmanager
-def replica_set(*, keep: bool) -> Iterator[tuple[str, str]]:
+def replica_set(*, keep: bool) -> Iterator[Deployment]:
     """`BROOK_MONGO_URI` if set, else the embedded set on 27917-27919 under `.brook/bench`.
 
-    Yields (uri, origin). An embedded set this run started is stopped at the end unless
-    `keep`; one that was already running is left as it was found.
+    An embedded set this run started is stopped at the end unless `keep`; one that was
+    already running is left as it was found.
     """
     external = os.environ.get("BROOK_MONGO_URI", "").strip()
     if external:
-        yield external, "BROOK_MONGO_URI"
+        yield Deployment(external, "BROOK_MONGO_URI", [])
         return
     rs = ReplicaSet(home=ROOT / BENCH_HOME, base_port=BENCH_PORT)
     was_running = rs.running()
     try:
         uri = rs.up()
-        yield uri, f"embedded {BENCH_HOME} (ports {BENCH_PORT}-{BENCH_PORT + 2})"
+        pids = [pid for i in range(rs.members) if (pid := rs.pid(i)) is not None]
+        yield Deployment(uri, f"embedded {BENCH_HOME}, ports {BENCH_PORT}-{BENCH_PORT + 2}", pids)
     finally:
         if not keep and not was_running:
             rs.down()
@@ -89,6 +97,20 @@ def wait_settled(
         if time.monotonic() - start > timeout:
             raise BenchError(f"{active} jobs still pending/running in {db} after {timeout:.0f}s")
         time.sleep(0.1)
+
+
+def wait_first_claim(
+    client: MongoClient[Doc], db: str, procs: Sequence[RoleProcess], timeout: float = 90.0
+) -> None:
+    """Poll until some job has left `pending` (the dispatcher made its first claim)."""
+    jobs = client[db]["jobs"]
+    deadline = time.monotonic() + timeout
+    while jobs.find_one({"status": {"$ne": "pending"}}, {"_id": 1}) is None:
+        for proc in procs:
+            proc.check_alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"no job claimed in {db} after {timeout:.0f}s")
+        time.sleep(0.005)
 
 
 # -- role processes ----------------------------------------------------------------------------
@@ -238,6 +260,69 @@ def wait_dispatcher(api: Api, procs: Sequence[RoleProcess], timeout: float = 90.
                 raise BenchError(f"warm-up job {job_id} ended {job['status']}: {job['error']}")
             time.sleep(0.05)
     raise BenchError(f"warm-up job not completed after {timeout:.0f}s")
+
+
+# -- CPU accounting ----------------------------------------------------------------------------
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads); 0 if it is gone."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / TICK if fields else 0.0
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields and fields[1] == str(pid):
+                out.append(int(entry))
+    return out
+
+
+def _system_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot."""
+    with open("/proc/stat") as fh:
+        values = [int(v) for v in fh.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    total = sum(values[:8])
+    return total - idle, total
+
+
+@contextlib.contextmanager
+def cpu_meter(groups: Mapping[str, Sequence[int]]) -> Iterator[dict[str, Any]]:
+    """CPU used during the block: the whole machine (share of all cores) and per process group
+    (CPU seconds and share of one core). The dict it yields is filled in at the end."""
+    report: dict[str, Any] = {}
+    t0 = time.monotonic()
+    sys0 = _system_ticks()
+    before = {label: sum(proc_cpu_s(p) for p in pids) for label, pids in groups.items()}
+    try:
+        yield report
+    finally:
+        wall = time.monotonic() - t0
+        sys1 = _system_ticks()
+        report["wall_s"] = round(wall, 3)
+        report["machine_busy_share"] = round((sys1[0] - sys0[0]) / max(sys1[1] - sys0[1], 1), 3)
+        report["groups"] = {}
+        for label, pids in groups.items():
+            used = sum(proc_cpu_s(p) for p in pids) - before[label]
+            report["groups"][label] = {
+                "processes": len(pids),
+                "cpu_s": round(used, 2),
+                "share_of_one_core": round(used / wall, 3) if wall else None,
+            }
 
 
 # -- py-spy (optional) -------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -89,7 +90,7 @@ def max_overlap(jobs: Iterable[JobTimes]) -> int:
 def gaps_ms(stamps: Iterable[datetime]) -> list[float]:
     """Differences between consecutive sorted stamps, in ms."""
     ordered = sorted(stamps)
-    return [ms(b, a) for a, b in zip(ordered, ordered[1:], strict=False)]
+    return [ms(b, a) for a, b in itertools.pairwise(ordered)]
 
 
 def per_second(stamps: Iterable[datetime], origin: datetime) -> list[int]:

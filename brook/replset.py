@@ -77,7 +77,7 @@ class ReplicaSet:
         return f"mongodb://{hosts}/?replicaSet={self.name}"
 
     def node_dir(self, index: int) -> Path:
-        return self.home / "mongo" / f"node{index}"
+        return self.home.resolve() / "mongo" / f"node{index}"
 
     def pidfile(self, index: int) -> Path:
         return self.node_dir(index) / "mongod.pid"

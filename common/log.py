@@ -22,6 +22,7 @@ _SHARED: list[structlog.types.Processor] = [
 
 def _add_process(_: Any, __: str, event_dict: structlog.types.EventDict) -> Any:
     event_dict.setdefault("pid", os.getpid())
+    event_dict.pop("color_message", None)  # uvicorn's ANSI duplicate of `event`
     return event_dict
 
 

@@ -1,0 +1,301 @@
+"""`python -m bench.run`: Brook's latency and throughput benchmark on real processes.
+
+    python -m bench.run [--scenario latency|throughput|probe|all] [--jobs 5000] [--rate 20]
+                        [--duration 30] [--concurrency N] [--keep-mongo] [--py-spy PATH]
+
+Each scenario gets a fresh database (`bench_<stamp>_<scenario>`, dropped at the end) and
+fresh `brook api` / `brook dispatcher` processes (SIGTERM at the end, never left behind).
+Times are the server's own stamps (`created_at`, `started_at`, `finished_at`, BSON dates:
+millisecond resolution); HTTP round trips are measured here. Raw figures go to
+`bench/out/<stamp>.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set, summarize_profile
+from bench.harness import sync_client as make_sync_client
+from bench.scenarios import Context, latency, probe, throughput_backlog, throughput_http
+
+TARGET_P50_MS = 15.0
+TARGET_P99_MS = 50.0
+TARGET_JOBS_PER_S = 500.0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
+    p.add_argument("--scenario", choices=["latency", "throughput", "probe", "all"], default="all")
+    p.add_argument("--jobs", type=int, default=5000, help="throughput: jobs per variant")
+    p.add_argument("--rate", type=float, default=20.0, help="latency: submissions per second")
+    p.add_argument("--duration", type=float, default=30.0, help="latency: seconds of submitting")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="BROOK_CONCURRENCY of the dispatcher (default: the CPU count)",
+    )
+    p.add_argument("--clients", type=int, default=4, help="throughput/http: HTTP connections")
+    p.add_argument("--per-client", type=int, default=4, help="throughput/http: requests each")
+    p.add_argument("--preload-in-flight", type=int, default=32, help="throughput/backlog")
+    p.add_argument("--keep-mongo", action="store_true", help="leave the embedded set running")
+    p.add_argument("--py-spy", dest="py_spy", help="py-spy binary: profile the role processes")
+    args = p.parse_args(argv)
+    if args.jobs < 1 or args.rate <= 0 or args.duration <= 0 or args.concurrency < 1:
+        p.error("--jobs, --rate, --duration and --concurrency must be positive")
+    return args
+
+
+def environment(uri_origin: str, client: Any, concurrency: int) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "host_cores": os.cpu_count(),
+        "host_mem_gib": _mem_gib(),
+        "os": _os_name(),
+        "python": platform.python_version(),
+        "mongo": uri_origin,
+        "write_concern": "majority",
+        "read_concern": "majority",
+        "concurrency": concurrency,
+        "git_commit": _git("rev-parse", "--short", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "loadavg_before": os.getloadavg(),
+    }
+    with contextlib.suppress(Exception):
+        info["mongodb_version"] = client.server_info()["version"]
+    with contextlib.suppress(Exception):
+        status = client.admin.command("replSetGetStatus")
+        info["members"] = [m["stateStr"] for m in status["members"]]
+    return info
+
+
+def _mem_gib() -> float | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024 / 1024, 1)
+    return None
+
+
+def _os_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip('"')
+    return platform.platform()
+
+
+def _git(*args: str) -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False
+        )
+        return out.stdout.strip()
+    return ""
+
+
+# -- the summary -------------------------------------------------------------------------------
+
+
+def _d(figs: dict[str, float], keys: Sequence[str] = ("p50", "p95", "p99", "max")) -> str:
+    return "  ".join(f"{k} {figs.get(k, float('nan')):7.1f}" for k in keys)
+
+
+def _met(ok: bool) -> str:
+    return "MET" if ok else "NOT MET"
+
+
+def _anoms(figs: dict[str, Any]) -> str:
+    bad = figs["anomalies"]
+    if not bad["count"]:
+        return "all completed, attempts == 1"
+    return f"{bad['count']} NOT completed-at-first-attempt: {bad['kinds']}"
+
+
+def _cpu_note(cpu: dict[str, Any]) -> str:
+    if not cpu:
+        return "  CPU: not measured"
+    parts = ", ".join(
+        f"{label} {g['share_of_one_core']:.2f}"
+        for label, g in cpu["groups"].items()
+        if g["processes"] and g["share_of_one_core"] is not None
+    )
+    return (
+        f"  CPU over {cpu['wall_s']:.1f} s: machine {cpu['machine_busy_share'] * 100:.0f}% busy; "
+        f"cores used by {parts}"
+    )
+
+
+def _log_note(logs: dict[str, dict[str, int]]) -> str:
+    noisy = {f"{r}:{k}": v for r, counts in logs.items() for k, v in counts.items()}
+    return f"  log lines at WARNING+: {noisy}" if noisy else "  log lines at WARNING+: none"
+
+
+def summarize(results: dict[str, Any]) -> str:
+    env = results["environment"]
+    lines = [
+        f"Brook bench {results['stamp']}  commit {env['git_commit']}"
+        f"{' (dirty)' if env['git_dirty'] else ''}",
+        f"  {env['host_cores']} cores, {env['host_mem_gib']} GiB, {env['os']}, "
+        f"Python {env['python']}, MongoDB {env.get('mongodb_version', '?')} "
+        f"{len(env.get('members', []))}-member set ({env['mongo']}), w=majority, "
+        f"BROOK_CONCURRENCY={env['concurrency']}",
+    ]
+    if "probe" in results:
+        p = results["probe"]
+        lines += [
+            "probe (sequential, ms)",
+            f"  insert w:majority        {_d(p['insert_majority_ms'])}",
+            f"  insert w:1               {_d(p['insert_w1_ms'])}",
+            f"  findOneAndUpdate w:maj   {_d(p['find_one_and_update_majority_ms'])}",
+            f"  find by _id (maj read)   {_d(p['read_by_id_ms'])}",
+            f"  insert → change event    {_d(p['insert_to_event_ms'])}",
+        ]
+    if "latency" in results:
+        lat = results["latency"]
+        s2s = lat["submit_to_start_ms"]
+        ok = s2s.get("p50", 1e9) <= TARGET_P50_MS and s2s.get("p99", 1e9) <= TARGET_P99_MS
+        lines += [
+            f"latency: {lat['rate']:g} jobs/s open loop for {lat['duration_s']:g} s = "
+            f"{lat['jobs']} noop jobs; {_anoms(lat)}",
+            f"  submit→start  ms  {_d(s2s)}   target p50≤{TARGET_P50_MS:g} p99≤"
+            f"{TARGET_P99_MS:g}: {_met(ok)}",
+            f"  submit→finish ms  {_d(lat['submit_to_finish_ms'])}",
+            f"  start→finish  ms  {_d(lat['start_to_finish_ms'])}",
+            f"  HTTP POST RTT ms  {_d(lat['submit']['rtt_ms'])}   "
+            f"(non-202: {lat['submit']['errors'] or 0}; send lag max "
+            f"{lat['submit']['schedule_lag_ms'].get('max', 0):.1f} ms)",
+            _cpu_note(lat.get("cpu", {})),
+            _log_note(lat["logs"]),
+        ]
+    if "throughput_http" in results:
+        th = results["throughput_http"]
+        lines += [
+            f"throughput/http: {th['jobs']} noop jobs, {th['in_flight']} POSTs in flight; "
+            f"{_anoms(th)}",
+            f"  submitted {th['submit']['jobs_per_s']:.0f} jobs/s (RTT p50 "
+            f"{th['submit']['rtt_ms']['p50']:.1f} ms, p99 {th['submit']['rtt_ms']['p99']:.1f}); "
+            f"non-202: {th['submit']['errors'] or 0}",
+            f"  end-to-end {th['end_to_end_jobs_per_s']:.0f} jobs/s (first created → last "
+            f"finished {th['end_to_end_s']:.2f} s)   target ≥{TARGET_JOBS_PER_S:g}: "
+            f"{_met(th['end_to_end_jobs_per_s'] >= TARGET_JOBS_PER_S)}",
+            f"  drain {th['drain_jobs_per_s']:.0f} jobs/s; gap between claims ms "
+            f"{_d(th['claim_gap_ms'], ('p50', 'p99'))}; run ms {_d(th['run_ms'], ('p50', 'p99'))}"
+            f"; max running {th['max_running_at_once']}/{th['concurrency']}",
+            _cpu_note(th.get("cpu", {})),
+            _log_note(th["logs"]),
+        ]
+    if "throughput_backlog" in results:
+        tb = results["throughput_backlog"]
+        lines += [
+            f"throughput/backlog: {tb['jobs']} noop jobs pre-inserted "
+            f"({tb['preload']['jobs_per_s']:.0f} jobs/s via JobStore.submit); {_anoms(tb)}",
+            f"  {tb['jobs_per_s']:.0f} jobs/s (first claim → last finished "
+            f"{tb['first_claim_to_last_finish_s']:.2f} s)   target ≥{TARGET_JOBS_PER_S:g}: "
+            f"{_met(tb['jobs_per_s'] >= TARGET_JOBS_PER_S)}",
+            f"  gap between claims ms {_d(tb['claim_gap_ms'], ('p50', 'p99'))}; run ms "
+            f"{_d(tb['run_ms'], ('p50', 'p99'))}; max running "
+            f"{tb['max_running_at_once']}/{tb['concurrency']}",
+            _cpu_note(tb.get("cpu", {})),
+            _log_note(tb["logs"]),
+        ]
+    for label, prof in results.get("profiles", {}).items():
+        if prof.get("samples"):
+            top = ", ".join(f"{name} {pct}%" for name, pct in prof["top_self"][:6])
+            lines.append(
+                f"profile {label}: busy {prof['busy_share_of_wall'] * 100:.0f}% of wall; "
+                f"top self: {top}"
+            )
+    return "\n".join(lines)
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    log_dir = OUT / stamp
+    profiler = Profiler(args.py_spy, log_dir)
+    results: dict[str, Any] = {"stamp": stamp, "args": vars(args), "log_dir": str(log_dir)}
+    with replica_set(keep=args.keep_mongo) as deployment:
+        client = make_sync_client(deployment.uri)
+        ctx = Context(
+            deployment=deployment,
+            stamp=stamp,
+            concurrency=args.concurrency,
+            client=client,
+            profiler=profiler,
+            log_dir=log_dir,
+        )
+        try:
+            results["environment"] = environment(deployment.origin, client, args.concurrency)
+            plan: list[tuple[str, Callable[[], dict[str, Any]]]] = []
+            if args.scenario in ("probe", "all"):
+                plan.append(("probe", lambda: probe(ctx)))
+            if args.scenario in ("latency", "all"):
+                plan.append(("latency", lambda: latency(ctx, args.rate, args.duration)))
+            if args.scenario in ("throughput", "all"):
+                plan.append(
+                    (
+                        "throughput_http",
+                        lambda: throughput_http(ctx, args.jobs, args.clients, args.per_client),
+                    )
+                )
+                plan.append(
+                    (
+                        "throughput_backlog",
+                        lambda: throughput_backlog(ctx, args.jobs, args.preload_in_flight),
+                    )
+                )
+            for name, scenario in plan:
+                print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+                t = time.monotonic()
+                results[name] = scenario()
+                print(
+                    f"[bench] {name} done in {time.monotonic() - t:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        finally:
+            for db in ctx.databases:
+                with contextlib.suppress(Exception):
+                    client.drop_database(db)
+            client.close()
+    results["profiles"] = {
+        label: summarize_profile(Path(path), float(profiler.files[f"{label}:seconds"]), 250)
+        for label, path in profiler.files.items()
+        if not label.endswith(":seconds")
+    }
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        results = run(args)
+    except BenchError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        return 130
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{results['stamp']}.json"
+    path.write_text(json.dumps(results, indent=1, default=str))
+    print(summarize(results))
+    print(f"raw figures: {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The history checker every fault test ends with.
+
+Over the jobs collection (majority read) and the processes' JSON logs it checks: no
+acknowledged job missing; every job terminal with a legal status history; no job with
+two accepted completions; nothing left running; side effects never repeated for the
+same (job_id, attempt); exactly one `job.completed` log line per completed job.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.status import TERMINAL, TRANSITIONS, JobStatus
+from common.store import JobStore
+
+
+@dataclass
+class Report:
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def by_status(self) -> Counter[str]:
+        return Counter(doc["status"] for doc in self.jobs.values())
+
+
+async def check_history(
+    store: JobStore,
+    acknowledged: Iterable[str],
+    logs: Iterable[dict[str, Any]] = (),
+    *,
+    effects: bool = False,
+) -> Report:
+    report = Report()
+    logs = list(logs)
+    async for doc in store.jobs.find({}):
+        report.jobs[str(doc["_id"])] = doc
+    problems = report.problems
+    for job_id in acknowledged:
+        if job_id not in report.jobs:
+            problems.append(f"acknowledged job {job_id} is missing")
+    for job_id, doc in report.jobs.items():
+        status = JobStatus(doc["status"])
+        if status not in TERMINAL:
+            problems.append(f"{job_id} is {status} (not terminal)")
+        history = [JobStatus(h["status"]) for h in doc.get("history", [])]
+        if not history or history[0] != JobStatus.PENDING:
+            problems.append(f"{job_id} history does not start pending: {history}")
+        if history and history[-1] != status:
+            problems.append(f"{job_id} history ends {history[-1]} but status is {status}")
+        illegal = [p for p in itertools.pairwise(history) if p not in TRANSITIONS]
+        if illegal:
+            problems.append(f"{job_id} illegal transitions {illegal}")
+        if history.count(JobStatus.COMPLETED) > 1:
+            problems.append(f"{job_id} completed {history.count(JobStatus.COMPLETED)} times")
+        if status == JobStatus.COMPLETED and doc["attempts"] > doc["max_attempts"]:
+            problems.append(f"{job_id} ran {doc['attempts']} attempts of {doc['max_attempts']}")
+    if effects:
+        seen = Counter((e["job_id"], e["attempt"]) for e in await store.db["effects"].find({}).to_list())
+        for key, n in seen.items():
+            if n > 1:
+                problems.append(f"side effect of {key} happened {n} times")
+        for job_id, doc in report.jobs.items():
+            if doc["status"] == "completed" and (job_id, doc["attempts"]) not in seen:
+                problems.append(f"{job_id} completed without its attempt's side effect")
+    completed_logs = Counter(
+        e["job_id"] for e in logs if e.get("event") == "job.completed" and "job_id" in e
+    )
+    for job_id, doc in report.jobs.items():
+        n = completed_logs.get(job_id, 0)
+        if logs and doc["status"] == "completed" and n != 1:
+            problems.append(f"{job_id} has {n} job.completed log lines")
+    return report
