@@ -79,24 +79,39 @@ def sync_client(uri: str) -> MongoClient[Doc]:
 
 
 def wait_settled(
-    client: MongoClient[Doc],
-    db: str,
-    procs: Sequence[RoleProcess],
-    timeout: float,
-    min_total: int = 0,
+    client: MongoClient[Doc], db: str, procs: Sequence[RoleProcess], timeout: float
 ) -> float:
-    """Poll until no job is pending or running (and at least `min_total` exist); seconds waited."""
+    """Poll until no job is pending or running; the seconds it took. Each poll is an
+    existence check (one index key), so the polling itself loads the primary very little."""
     jobs = client[db]["jobs"]
     start = time.monotonic()
-    while True:
-        active = jobs.count_documents({"status": {"$in": ACTIVE}})
-        if active == 0 and (min_total == 0 or jobs.estimated_document_count() >= min_total):
-            return time.monotonic() - start
+    while jobs.find_one({"status": {"$in": ACTIVE}}, {"_id": 1}) is not None:
         for proc in procs:
             proc.check_alive()
         if time.monotonic() - start > timeout:
+            active = jobs.count_documents({"status": {"$in": ACTIVE}})
             raise BenchError(f"{active} jobs still pending/running in {db} after {timeout:.0f}s")
         time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def server_counters(client: MongoClient[Doc]) -> dict[str, int]:
+    """A few cumulative counters of the primary (serverStatus), to diff around a window."""
+    st = client.admin.command("serverStatus")
+    metrics = st.get("metrics", {})
+    fam = metrics.get("commands", {}).get("findAndModify", {})
+    return {
+        "findAndModify": int(fam.get("total", 0)),
+        "update": int(st["opcounters"]["update"]),
+        "query": int(st["opcounters"]["query"]),
+        "getmore": int(st["opcounters"]["getmore"]),
+        "command": int(st["opcounters"]["command"]),
+        "write_conflicts": int(metrics.get("operation", {}).get("writeConflicts", 0)),
+        "docs_updated": int(metrics.get("document", {}).get("updated", 0)),
+        "docs_inserted": int(metrics.get("document", {}).get("inserted", 0)),
+        "keys_scanned": int(metrics.get("queryExecutor", {}).get("scanned", 0)),
+        "docs_scanned": int(metrics.get("queryExecutor", {}).get("scannedObjects", 0)),
+    }
 
 
 def wait_first_claim(
@@ -123,7 +138,9 @@ def free_port() -> int:
         return port
 
 
-def role_env(uri: str, db: str, concurrency: int, api_port: int) -> dict[str, str]:
+def role_env(
+    uri: str, db: str, concurrency: int, api_port: int, log_level: str = "WARNING"
+) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         BROOK_MONGO_URI=uri,
@@ -131,7 +148,7 @@ def role_env(uri: str, db: str, concurrency: int, api_port: int) -> dict[str, st
         BROOK_API_HOST="127.0.0.1",
         BROOK_API_PORT=str(api_port),
         BROOK_CONCURRENCY=str(concurrency),
-        BROOK_LOG_LEVEL="WARNING",
+        BROOK_LOG_LEVEL=log_level,
         PYTHONUNBUFFERED="1",
     )
     return env
@@ -185,9 +202,10 @@ class RoleProcess:
         self.returncode = self.proc.returncode
         return self.proc.returncode
 
-    def log_events(self) -> dict[str, int]:
-        """`level:event` counts of its JSON log lines (the bench runs at WARNING), plus
+    def log_events(self, min_level: str = "warning") -> dict[str, int]:
+        """`level:event` counts of its JSON log lines at `min_level` or above, plus
         `non_json` for any other line."""
+        rank = {"debug": 0, "info": 1, "warning": 2, "error": 3, "critical": 4}
         counts: Counter[str] = Counter()
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
@@ -202,7 +220,9 @@ class RoleProcess:
             except ValueError:
                 counts["non_json"] += 1
                 continue
-            counts[f"{rec.get('level', '?')}:{rec.get('event', '?')}"] += 1
+            level = str(rec.get("level", "?"))
+            if rank.get(level, 9) >= rank[min_level]:
+                counts[f"{level}:{rec.get('event', '?')}"] += 1
         return dict(counts)
 
 
@@ -231,15 +251,18 @@ def api_for(port: int) -> Api:
 
 
 def wait_api(api: Api, proc: RoleProcess, timeout: float = 60.0) -> None:
+    """`/healthz` answers (the process is up), then `/readyz` (it reaches a primary)."""
     deadline = time.monotonic() + timeout
     with httpx.Client(base_url=api.base_url, timeout=2.0) as http:
-        while time.monotonic() < deadline:
-            proc.check_alive()
-            with contextlib.suppress(httpx.HTTPError):
-                if http.get("/readyz").status_code == 200:
-                    return
-            time.sleep(0.1)
-    raise BenchError(f"API not ready after {timeout:.0f}s:\n{proc.tail()}")
+        for path in ("/healthz", "/readyz"):
+            while True:
+                proc.check_alive()
+                with contextlib.suppress(httpx.HTTPError):
+                    if http.get(path).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise BenchError(f"API {path} not 200 after {timeout:.0f}s:\n{proc.tail()}")
+                time.sleep(0.1)
 
 
 def wait_dispatcher(api: Api, procs: Sequence[RoleProcess], timeout: float = 90.0) -> str:

@@ -49,6 +49,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=4, help="throughput/http: HTTP connections")
     p.add_argument("--per-client", type=int, default=4, help="throughput/http: requests each")
     p.add_argument("--preload-in-flight", type=int, default=32, help="throughput/backlog")
+    p.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="BROOK_LOG_LEVEL of the role processes (default WARNING: logging does not dominate)",
+    )
     p.add_argument("--keep-mongo", action="store_true", help="leave the embedded set running")
     p.add_argument("--py-spy", dest="py_spy", help="py-spy binary: profile the role processes")
     args = p.parse_args(argv)
@@ -122,9 +128,15 @@ def _anoms(figs: dict[str, Any]) -> str:
     return f"{bad['count']} NOT completed-at-first-attempt: {bad['kinds']}"
 
 
-def _cpu_note(cpu: dict[str, Any]) -> str:
+def _cpu_note(cpu: dict[str, Any], jobs: int) -> str:
     if not cpu:
         return "  CPU: not measured"
+    ops = cpu.get("primary_counters", {})
+    per_job = ", ".join(
+        f"{k} {ops[k] / max(jobs, 1):.2f}"
+        for k in ("findAndModify", "update", "getmore", "write_conflicts", "keys_scanned")
+        if k in ops
+    )
     parts = ", ".join(
         f"{label} {g['share_of_one_core']:.2f}"
         for label, g in cpu["groups"].items()
@@ -132,7 +144,7 @@ def _cpu_note(cpu: dict[str, Any]) -> str:
     )
     return (
         f"  CPU over {cpu['wall_s']:.1f} s: machine {cpu['machine_busy_share'] * 100:.0f}% busy; "
-        f"cores used by {parts}"
+        f"cores used by {parts}\n  primary ops per job: {per_job}"
     )
 
 
@@ -149,7 +161,7 @@ def summarize(results: dict[str, Any]) -> str:
         f"  {env['host_cores']} cores, {env['host_mem_gib']} GiB, {env['os']}, "
         f"Python {env['python']}, MongoDB {env.get('mongodb_version', '?')} "
         f"{len(env.get('members', []))}-member set ({env['mongo']}), w=majority, "
-        f"BROOK_CONCURRENCY={env['concurrency']}",
+        f"BROOK_CONCURRENCY={env['concurrency']}, BROOK_LOG_LEVEL={results['args']['log_level']}",
     ]
     if "probe" in results:
         p = results["probe"]
@@ -160,6 +172,9 @@ def summarize(results: dict[str, Any]) -> str:
             f"  findOneAndUpdate w:maj   {_d(p['find_one_and_update_majority_ms'])}",
             f"  find by _id (maj read)   {_d(p['read_by_id_ms'])}",
             f"  insert → change event    {_d(p['insert_to_event_ms'])}",
+            f"  JobStore on a backlog: {p['store_ceiling']['serial_claims_per_s']:.0f} claims/s "
+            f"one at a time; {p['store_ceiling']['claim_complete_x8_jobs_per_s']:.0f} jobs/s "
+            "with 8 concurrent claim+complete loops",
         ]
     if "latency" in results:
         lat = results["latency"]
@@ -175,7 +190,7 @@ def summarize(results: dict[str, Any]) -> str:
             f"  HTTP POST RTT ms  {_d(lat['submit']['rtt_ms'])}   "
             f"(non-202: {lat['submit']['errors'] or 0}; send lag max "
             f"{lat['submit']['schedule_lag_ms'].get('max', 0):.1f} ms)",
-            _cpu_note(lat.get("cpu", {})),
+            _cpu_note(lat.get("resources", {}), lat["jobs"]),
             _log_note(lat["logs"]),
         ]
     if "throughput_http" in results:
@@ -192,7 +207,7 @@ def summarize(results: dict[str, Any]) -> str:
             f"  drain {th['drain_jobs_per_s']:.0f} jobs/s; gap between claims ms "
             f"{_d(th['claim_gap_ms'], ('p50', 'p99'))}; run ms {_d(th['run_ms'], ('p50', 'p99'))}"
             f"; max running {th['max_running_at_once']}/{th['concurrency']}",
-            _cpu_note(th.get("cpu", {})),
+            _cpu_note(th.get("resources", {}), th["jobs"]),
             _log_note(th["logs"]),
         ]
     if "throughput_backlog" in results:
@@ -206,7 +221,7 @@ def summarize(results: dict[str, Any]) -> str:
             f"  gap between claims ms {_d(tb['claim_gap_ms'], ('p50', 'p99'))}; run ms "
             f"{_d(tb['run_ms'], ('p50', 'p99'))}; max running "
             f"{tb['max_running_at_once']}/{tb['concurrency']}",
-            _cpu_note(tb.get("cpu", {})),
+            _cpu_note(tb.get("resources", {}), tb["jobs"]),
             _log_note(tb["logs"]),
         ]
     for label, prof in results.get("profiles", {}).items():
@@ -236,6 +251,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             client=client,
             profiler=profiler,
             log_dir=log_dir,
+            log_level=args.log_level,
         )
         try:
             results["environment"] = environment(deployment.origin, client, args.concurrency)

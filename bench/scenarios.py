@@ -30,6 +30,7 @@ from bench.harness import (
     free_port,
     role,
     role_env,
+    server_counters,
     wait_api,
     wait_dispatcher,
     wait_first_claim,
@@ -47,7 +48,7 @@ from bench.stats import (
 from common.db import database, make_client
 from common.models import JobSpec
 from common.settings import Settings
-from common.store import JobStore
+from common.store import JobStore, Lease
 
 PROJECTION = {"status": 1, "attempts": 1, "created_at": 1, "started_at": 1, "finished_at": 1}
 NOOP = {"task": "noop", "payload": {}}
@@ -63,6 +64,7 @@ class Context:
     client: MongoClient[Doc]
     profiler: Profiler
     log_dir: Path
+    log_level: str = "WARNING"
     databases: list[str] = field(default_factory=list)
 
     def new_db(self, scenario: str) -> str:
@@ -80,10 +82,16 @@ class Context:
             "mongod": self.deployment.mongod_pids,
             "bench_client": [os.getpid()],
         }
+        before = server_counters(self.client)
         with contextlib.ExitStack() as stack:
             for proc in roles.procs:
                 stack.enter_context(self.profiler.record(f"{label}-{proc.role}", proc.pid))
-            yield stack.enter_context(cpu_meter(groups))
+            report = stack.enter_context(cpu_meter(groups))
+            try:
+                yield report
+            finally:
+                after = server_counters(self.client)
+                report["primary_counters"] = {k: after[k] - before.get(k, 0) for k in after}
 
     def jobs(self, db: str, exclude: str | None = None) -> list[JobTimes]:
         query: Doc = {"_id": {"$ne": exclude}} if exclude else {}
@@ -94,7 +102,7 @@ class Context:
     def roles(self, db: str, label: str, *, api: bool) -> Iterator[Roles]:
         """Start the dispatcher (and the API, waiting until it is ready)."""
         port = free_port()
-        env = role_env(self.deployment.uri, db, self.concurrency, port)
+        env = role_env(self.deployment.uri, db, self.concurrency, port, self.log_level)
         with contextlib.ExitStack() as stack:
             disp = stack.enter_context(
                 role("dispatcher", env, self.log_dir / f"{label}-dispatcher.log")
@@ -259,7 +267,7 @@ def latency(ctx: Context, rate: float, duration: float) -> dict[str, Any]:
             "submit_to_finish_ms": to_finish,
             "http_rtt_ms": [round(s.rtt_ms, 3) for s in sent],
         },
-        "cpu": cpu,
+        "resources": cpu,
         "logs": logs,
     }
 
@@ -289,29 +297,60 @@ def throughput_http(ctx: Context, jobs: int, clients: int, per_client: int) -> d
         "drain_jobs_per_s": round(len(found) / (ms(last_finished, first_started) / 1000), 1),
         "tail_after_last_submit_ms": round(ms(last_finished, last_created), 1),
         **_job_figures(found, ctx.concurrency),
-        "cpu": cpu,
+        "resources": cpu,
         "logs": logs,
     }
 
 
 async def _preload(settings: Settings, jobs: int, in_flight: int) -> float:
-    """`jobs` noop jobs through `JobStore.submit` (the API's own write), `in_flight` at once."""
     client = make_client(settings, appname="brook-bench")
     try:
-        store = JobStore(database(client, settings))
-        await store.ensure_indexes()
-        counter = itertools.count()
-        spec = JobSpec(task="noop", payload={})
-
-        async def pump() -> None:
-            while next(counter) < jobs:
-                await store.submit(spec)
-
-        start = time.monotonic()
-        await asyncio.gather(*(pump() for _ in range(in_flight)))
-        return time.monotonic() - start
+        return await _submit_many(JobStore(database(client, settings)), jobs, in_flight)
     finally:
         await client.close()
+
+
+async def _submit_many(store: JobStore, jobs: int, in_flight: int) -> float:
+    """`jobs` noop jobs through `JobStore.submit` (the API's own write), `in_flight` at once."""
+    await store.ensure_indexes()
+    counter = itertools.count()
+    spec = JobSpec(task="noop", payload={})
+
+    async def pump() -> None:
+        while next(counter) < jobs:
+            await store.submit(spec)
+
+    start = time.monotonic()
+    await asyncio.gather(*(pump() for _ in range(in_flight)))
+    return time.monotonic() - start
+
+
+async def _store_ceiling(settings: Settings, jobs: int) -> dict[str, Any]:
+    """What the store alone sustains on a backlog, no processes or IPC: (a) claims one at a
+    time, as the dispatcher's claimer issues them; (b) 8 loops of claim then complete."""
+    client = make_client(settings, appname="brook-bench")
+    store = JobStore(database(client, settings))
+    out: dict[str, Any] = {"backlog": jobs}
+    try:
+        await _submit_many(store, jobs * 3, 32)
+        start = time.monotonic()
+        for _ in range(jobs):
+            await store.claim("bench-serial", 60)
+        out["serial_claims_per_s"] = round(jobs / (time.monotonic() - start), 1)
+
+        async def loop() -> int:
+            done = 0
+            while (job := await store.claim("bench-8", 60)) is not None:
+                await store.complete(Lease(job_id=job.id, attempt=job.attempts), "bench-8", None)
+                done += 1
+            return done
+
+        start = time.monotonic()
+        finished = sum(await asyncio.gather(*(loop() for _ in range(8))))
+        out["claim_complete_x8_jobs_per_s"] = round(finished / (time.monotonic() - start), 1)
+    finally:
+        await client.close()
+    return out
 
 
 def throughput_backlog(ctx: Context, jobs: int, in_flight: int) -> dict[str, Any]:
@@ -338,7 +377,7 @@ def throughput_backlog(ctx: Context, jobs: int, in_flight: int) -> dict[str, Any
         "first_claim_to_last_finish_s": round(span, 3),
         "jobs_per_s": round(len(found) / span, 1),
         **_job_figures(found, ctx.concurrency),
-        "cpu": cpu,
+        "resources": cpu,
         "logs": logs,
     }
 
@@ -386,9 +425,10 @@ async def _stream_delivery(uri: str, db: str, n: int, gap_s: float) -> dict[str,
     }
 
 
-def probe(ctx: Context, n: int = 200) -> dict[str, Any]:
+def probe(ctx: Context, n: int = 200, ceiling_jobs: int = 1000) -> dict[str, Any]:
     """Sequential round trips from this host: what one majority write, one w:1 write, one
-    claim-shaped findOneAndUpdate and one change-stream notification cost here."""
+    claim-shaped findOneAndUpdate and one change-stream notification cost here; then the
+    store's own ceiling for claims (see `_store_ceiling`)."""
     db = ctx.new_db("probe")
     maj = ctx.client[db]["probe"]
     w1 = ctx.client.get_database(db, write_concern=WriteConcern(w=1))["probe_w1"]
@@ -409,4 +449,6 @@ def probe(ctx: Context, n: int = 200) -> dict[str, Any]:
         "read_by_id_ms": dist(_timed(lambda i: maj.find_one({"_id": "claim"}), n)),
     }
     figures |= asyncio.run(_stream_delivery(ctx.deployment.uri, db, 100, 0.02))
+    settings = Settings(mongo_uri=ctx.deployment.uri, db=db)
+    figures["store_ceiling"] = asyncio.run(_store_ceiling(settings, ceiling_jobs))
     return figures

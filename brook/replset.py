@@ -161,7 +161,7 @@ class ReplicaSet:
             config: dict[str, Any] = {
                 "_id": self.name,
                 "members": [
-                    {"_id": i, "host": f"127.0.0.1:{p}", "priority": 2 if i == 0 else 1}
+                    {"_id": i, "host": f"127.0.0.1:{p}"}
                     for i, p in enumerate(self.ports)
                 ],
                 "settings": {"electionTimeoutMillis": self.election_timeout_ms},

@@ -10,8 +10,9 @@ import asyncio
 import os
 import signal
 import time
-from datetime import datetime
 from typing import Any
+
+from pymongo.errors import PyMongoError
 
 from common.models import JobSpec
 from common.settings import Settings
@@ -21,18 +22,31 @@ from tests.support.checker import check_history
 from tests.support.procs import BrookProcess, pid_alive, wait_until
 
 
+async def count_terminal(store: JobStore) -> int:
+    try:
+        return await store.jobs.count_documents(
+            {"status": {"$in": ["completed", "failed", "cancelled"]}}
+        )
+    except PyMongoError:
+        return -1  # an election in progress; ask again
+
+
 async def wait_all_terminal(store: JobStore, n: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while await store.jobs.count_documents({"status": {"$in": ["completed", "failed", "cancelled"]}}) < n:
+    while await count_terminal(store) < n:
         if time.monotonic() > deadline:
-            states = await store.jobs.aggregate([{"$group": {"_id": "$status", "n": {"$sum": 1}}}]).to_list()
+            states = await store.jobs.aggregate(
+                [{"$group": {"_id": "$status", "n": {"$sum": 1}}}]
+            ).to_list()
             raise AssertionError(f"not all {n} jobs terminal after {timeout}s: {states}")
         await asyncio.sleep(0.1)
 
 
 async def submit(store: JobStore, task: str, n: int = 1, **kw: Any) -> list[str]:
     payload = kw.pop("payload", {})
-    subs = await asyncio.gather(*[store.submit(JobSpec(task=task, payload=payload, **kw)) for _ in range(n)])
+    subs = await asyncio.gather(
+        *[store.submit(JobSpec(task=task, payload=payload, **kw)) for _ in range(n)]
+    )
     return [s.job.id for s in subs]
 
 
@@ -41,11 +55,15 @@ def all_logs(*procs: BrookProcess) -> list[dict[str, Any]]:
 
 
 def worker_pid(proc: BrookProcess, job_id: str, timeout: float = 15) -> int:
-    event = proc.wait_for_event("task.started", timeout=timeout, where=lambda e: e.get("job_id") == job_id)
+    event = proc.wait_for_event(
+        "task.started", timeout=timeout, where=lambda e: e.get("job_id") == job_id
+    )
     return int(event["pid"])
 
 
-async def assert_clean(store: JobStore, ids: list[str], *procs: BrookProcess, effects: bool = False) -> None:
+async def assert_clean(
+    store: JobStore, ids: list[str], *procs: BrookProcess, effects: bool = False
+) -> None:
     report = await check_history(store, ids, all_logs(*procs), effects=effects)
     assert report.problems == []
 
@@ -62,11 +80,17 @@ async def test_a_failing_task_is_retried_with_backoff_then_failed_with_its_trace
     await wait_all_terminal(store, 2)
     job = await store.get(job_id)
     assert job.status == "failed" and job.attempts == 3
-    assert job.error is not None and job.error["type"] == "DemoFailure" and job.error["message"] == "boom"
+    assert (
+        job.error is not None
+        and job.error["type"] == "DemoFailure"
+        and job.error["message"] == "boom"
+    )
     assert "Traceback" in job.error["traceback"] and "raise DemoFailure" in job.error["traceback"]
     retries = [h for h in job.history if h["status"] == "pending"][1:]
     assert len(retries) == 2
-    assert [e["event"] for e in disp.logs() if e.get("job_id") == job_id].count("job.retry_scheduled") == 2
+    assert [e["event"] for e in disp.logs() if e.get("job_id") == job_id].count(
+        "job.retry_scheduled"
+    ) == 2
     ok = await store.get(flaky[0])
     assert ok.status == "completed" and ok.result == 2 and ok.attempts == 2
     await assert_clean(store, [job_id, *flaky], disp)
@@ -280,15 +304,20 @@ async def test_failover_under_load_loses_no_acknowledged_job_and_completes_none_
         old = rs.primary_index()
         direct = rs.ports[old]
         from pymongo import MongoClient
-        from pymongo.errors import PyMongoError
 
-        c: MongoClient[dict[str, Any]] = MongoClient(f"mongodb://127.0.0.1:{direct}/?directConnection=true")
+        c: MongoClient[dict[str, Any]] = MongoClient(
+            f"mongodb://127.0.0.1:{direct}/?directConnection=true"
+        )
         try:
             c.admin.command("replSetStepDown", 10, secondaryCatchUpPeriodSecs=5)
         except PyMongoError:
             pass  # the stepping-down primary closes the connection
         c.close()
-        new = wait_until(lambda: (i := rs.primary_index()) is not None and i != old and i, timeout=60, interval=0.2)
+        new = wait_until(
+            lambda: (i := rs.primary_index()) is not None and i != old and i,
+            timeout=60,
+            interval=0.2,
+        )
         wait_until(lambda: len(acknowledged) >= 40, timeout=60)
         rs.stop_member(new, signal.SIGKILL)
         t_kill = time.monotonic()
@@ -316,24 +345,41 @@ async def test_a_dispatcher_whose_token_fell_off_the_oplog_sweeps_and_runs_every
     from brook.replset import ReplicaSet
     from common.db import database, make_client
 
-    rs = ReplicaSet(home=tmp_path / "tiny", base_port=27567, members=1, oplog_mb=1)
+    # A 1 MB oplog and a checkpoint every second, so the oplog really is truncated.
+    rs = ReplicaSet(
+        home=tmp_path / "tiny",
+        base_port=27567,
+        members=1,
+        oplog_mb=1,
+        extra_args=("--syncdelay", "1"),
+    )
     rs.up()
     try:
-        settings = Settings(mongo_uri=rs.uri, db=db_name, concurrency=2, lease_seconds=5,
-                            sweep_seconds=1, home=tmp_path / "home")
+        settings = Settings(
+            mongo_uri=rs.uri,
+            db=db_name,
+            concurrency=2,
+            lease_seconds=5,
+            sweep_seconds=1,
+            home=tmp_path / "home",
+        )
         cluster = Cluster(settings, tmp_path)
         client = make_client(settings)
         store = JobStore(database(client, settings))
+        oplog = client["local"]["oplog.rs"]
         try:
             first = cluster.dispatcher()
             await submit(store, "noop")
             first.wait_for_event("job.completed")
             assert first.stop() == 0
             ids = await submit(store, "noop", 20)
+            mark = (await oplog.find_one({}, sort=[("$natural", -1)]))["ts"]
             junk = store.db["junk"]
-            blob = "x" * 100_000
-            for i in range(60):  # ~6 MB through a 1 MB oplog
-                await junk.insert_one({"i": i, "blob": blob})
+            deadline = time.monotonic() + 60
+            while (await oplog.find_one({}, sort=[("$natural", 1)]))["ts"] <= mark:
+                assert time.monotonic() < deadline, "the oplog was never truncated"
+                await junk.insert_many([{"blob": "x" * 500_000} for _ in range(4)])
+                await asyncio.sleep(0.3)
             await junk.drop()
             second = cluster.dispatcher()
             second.wait_for_event("stream.history_lost", timeout=30)

@@ -59,7 +59,9 @@ async def check_history(
         if status == JobStatus.COMPLETED and doc["attempts"] > doc["max_attempts"]:
             problems.append(f"{job_id} ran {doc['attempts']} attempts of {doc['max_attempts']}")
     if effects:
-        seen = Counter((e["job_id"], e["attempt"]) for e in await store.db["effects"].find({}).to_list())
+        seen = Counter(
+            (e["job_id"], e["attempt"]) for e in await store.db["effects"].find({}).to_list()
+        )
         for key, n in seen.items():
             if n > 1:
                 problems.append(f"side effect of {key} happened {n} times")

@@ -19,7 +19,7 @@ def test_backoff_doubles_per_attempt_within_jitter_and_stops_at_the_cap() -> Non
 
 
 def test_statuses_split_into_active_and_terminal_and_terminal_is_final() -> None:
-    assert ACTIVE | TERMINAL == set(JobStatus) and not ACTIVE & TERMINAL
+    assert set(JobStatus) == ACTIVE | TERMINAL and not ACTIVE & TERMINAL
     assert not any(src in TERMINAL for src, _ in TRANSITIONS)
 
 

@@ -36,7 +36,11 @@ def test_values_are_read_from_brook_variables(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("BROOK_API_TOKEN", "hunter2")
     s = load_settings()
     assert s.tasks == ("a.tasks", "b.tasks") and not s.demo_tasks and s.concurrency == 7
-    assert s.log_level == "DEBUG" and s.api_token is not None and s.api_token.get_secret_value() == "hunter2"
+    assert (
+        s.log_level == "DEBUG"
+        and s.api_token is not None
+        and s.api_token.get_secret_value() == "hunter2"
+    )
     assert "hunter2" not in repr(s)
 
 
@@ -66,8 +70,13 @@ def test_a_bad_value_raises_one_line_naming_the_variable(
 def test_the_cli_exits_non_zero_with_a_one_line_error_on_bad_config() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
     env.update({"BROOK_CONCURRENCY": "lots", "PYTHONPATH": str(ROOT)})
-    proc = subprocess.run([sys.executable, "-m", "brook.cli", "dispatcher"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "brook.cli", "dispatcher"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith("brook: error: BROOK_CONCURRENCY:")
@@ -75,9 +84,19 @@ def test_the_cli_exits_non_zero_with_a_one_line_error_on_bad_config() -> None:
 
 def test_an_unimportable_task_module_fails_at_start_naming_brook_tasks() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
-    env.update({"BROOK_TASKS": "no.such.module", "PYTHONPATH": str(ROOT),
-                "BROOK_MONGO_URI": "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=100"})
-    proc = subprocess.run([sys.executable, "-m", "brook.cli", "dispatcher"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    env.update(
+        {
+            "BROOK_TASKS": "no.such.module",
+            "PYTHONPATH": str(ROOT),
+            "BROOK_MONGO_URI": "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=100",
+        }
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "brook.cli", "dispatcher"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("brook: error: BROOK_TASKS: cannot import 'no.such.module'")
