@@ -339,13 +339,20 @@ def cpu_meter(groups: Mapping[str, Sequence[int]]) -> Iterator[dict[str, Any]]:
         report["wall_s"] = round(wall, 3)
         report["machine_busy_share"] = round((sys1[0] - sys0[0]) / max(sys1[1] - sys0[1], 1), 3)
         report["groups"] = {}
+        ours = 0.0
         for label, pids in groups.items():
             used = sum(proc_cpu_s(p) for p in pids) - before[label]
+            ours += used
             report["groups"][label] = {
                 "processes": len(pids),
                 "cpu_s": round(used, 2),
                 "share_of_one_core": round(used / wall, 3) if wall else None,
             }
+        # Whatever else ran on the machine meanwhile (other sessions' tests, the kernel): noise.
+        cores = os.cpu_count() or 1
+        report["other_cores"] = round(
+            max(report["machine_busy_share"] * cores - ours / max(wall, 1e-9), 0.0), 2
+        )
 
 
 # -- py-spy (optional) -------------------------------------------------------------------------

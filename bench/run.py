@@ -144,7 +144,8 @@ def _cpu_note(cpu: dict[str, Any], jobs: int) -> str:
     )
     return (
         f"  CPU over {cpu['wall_s']:.1f} s: machine {cpu['machine_busy_share'] * 100:.0f}% busy; "
-        f"cores used by {parts}\n  primary ops per job: {per_job}"
+        f"cores used by {parts}; everything else {cpu.get('other_cores', 0):.2f}"
+        f"\n  primary ops per job: {per_job}"
     )
 
 

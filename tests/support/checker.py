@@ -27,7 +27,7 @@ class Report:
         return Counter(doc["status"] for doc in self.jobs.values())
 
 
-async def check_history(
+async def check_history(  # noqa: C901 - one flat list of independent checks
     store: JobStore,
     acknowledged: Iterable[str],
     logs: Iterable[dict[str, Any]] = (),
