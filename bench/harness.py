@@ -184,9 +184,9 @@ class RoleProcess:
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:
-            raise BenchError(
-                f"`brook {self.role}` exited with {self.proc.returncode}:\n{self.tail()}"
-            )
+            code = self.proc.returncode
+            why = " (a clean exit: it was sent SIGTERM/SIGINT)" if code == 0 else ""
+            raise BenchError(f"`brook {self.role}` exited with {code}{why}:\n{self.tail()}")
 
     def stop(self, timeout: float = 45.0) -> int:
         """SIGTERM, wait; SIGKILL its process group (its workers) if it will not stop."""
@@ -365,7 +365,7 @@ class Profiler:
         self.exe = exe
         self.out_dir = out_dir
         self.rate = rate
-        self.files: dict[str, str] = {}
+        self.recorded: dict[str, tuple[Path, float]] = {}  # label -> (file, seconds)
 
     @contextlib.contextmanager
     def record(self, label: str, pid: int) -> Iterator[None]:
@@ -405,8 +405,13 @@ class Profiler:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        self.files[label] = str(path)
-        self.files[f"{label}:seconds"] = f"{elapsed:.2f}"
+        self.recorded[label] = (path, elapsed)
+
+    def summaries(self) -> dict[str, dict[str, Any]]:
+        return {
+            label: summarize_profile(path, seconds, self.rate)
+            for label, (path, seconds) in self.recorded.items()
+        }
 
 
 def summarize_profile(path: Path, seconds: float, rate: int, top: int = 12) -> dict[str, Any]:

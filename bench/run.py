@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set, summarize_profile
+from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
 from bench.scenarios import Context, latency, probe, throughput_backlog, throughput_http
 
@@ -277,7 +277,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for name, scenario in plan:
                 print(f"[bench] {name} ...", file=sys.stderr, flush=True)
                 t = time.monotonic()
-                results[name] = scenario()
+                try:
+                    results[name] = scenario()
+                except BenchError as exc:
+                    results["error"] = f"{name}: {exc}"
+                    break
                 print(
                     f"[bench] {name} done in {time.monotonic() - t:.1f} s",
                     file=sys.stderr,
@@ -288,11 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 with contextlib.suppress(Exception):
                     client.drop_database(db)
             client.close()
-    results["profiles"] = {
-        label: summarize_profile(Path(path), float(profiler.files[f"{label}:seconds"]), 250)
-        for label, path in profiler.files.items()
-        if not label.endswith(":seconds")
-    }
+    results["profiles"] = profiler.summaries()
     return results
 
 
@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         results = run(args)
-    except BenchError as exc:
+    except BenchError as exc:  # before any scenario ran (e.g. the replica set)
         print(f"bench: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -311,6 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     path.write_text(json.dumps(results, indent=1, default=str))
     print(summarize(results))
     print(f"raw figures: {path.relative_to(ROOT)}")
+    if "error" in results:
+        print(f"bench: error: {results['error']}", file=sys.stderr)
+        return 1
     return 0
 
 

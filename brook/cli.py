@@ -55,55 +55,76 @@ def cmd_dispatcher(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
-    """Replica set (unless BROOK_MONGO_URI is set) + API + dispatcher, in the foreground."""
+    """Replica set (unless BROOK_MONGO_URI is set) + API + dispatcher, in the foreground.
+
+    Ctrl-C / SIGTERM at any moment stops everything this command started, in order:
+    the dispatcher first (it hands running jobs back), then the API, then the replica set.
+    """
     from brook.replset import ReplicaSet
     from common.log import configure_logging, get_logger
 
     configure_logging(settings.log_level, role="up")
     log = get_logger()
-    env = dict(os.environ)
-    started_rs: ReplicaSet | None = None
-    if settings.mongo_uri is None:
-        rs = ReplicaSet(home=settings.home, base_port=settings.mongo_port)
-        was_running = rs.running()
-        t0 = time.monotonic()
-        uri = rs.up()
-        log.info(
-            "mongo.up", uri=uri, seconds=round(time.monotonic() - t0, 2), members=rs.member_states()
-        )
-        env["BROOK_MONGO_URI"] = uri
-        started_rs = None if was_running else rs
-
     stop = {"signal": 0}
 
     def on_signal(signum: int, _: Any) -> None:
         stop["signal"] = signum
 
+    # Handlers first: the children run in their own sessions, so Ctrl-C reaches only this
+    # process, which then stops them in a safe order.
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    cmd = [sys.executable, "-m", "brook.cli"]
-    children = {
-        role: subprocess.Popen([*cmd, role], env=env, start_new_session=True)
-        for role in ("dispatcher", "api")
-    }
-    log.info(
-        "up.started",
-        api=f"http://{settings.api_host}:{settings.api_port}",
-        pids={r: p.pid for r, p in children.items()},
-    )
+    env = dict(os.environ)
+    started_rs: ReplicaSet | None = None
+    children: dict[str, subprocess.Popen[bytes]] = {}
     code = 0
-    while not stop["signal"]:
-        dead = {r: p.returncode for r, p in children.items() if p.poll() is not None}
-        if dead:
-            log.error("up.child_exited", exited=dead)
-            code = 1
-            break
-        time.sleep(0.2)
-    log.info("up.stopping", signal=stop["signal"] or None)
+    try:
+        if settings.mongo_uri is None:
+            rs = ReplicaSet(home=settings.home, base_port=settings.mongo_port)
+            if not rs.running():
+                started_rs = rs
+            t0 = time.monotonic()
+            uri = rs.up()
+            log.info(
+                "mongo.up",
+                uri=uri,
+                seconds=round(time.monotonic() - t0, 2),
+                members=rs.member_states(),
+            )
+            env["BROOK_MONGO_URI"] = uri
+        cmd = [sys.executable, "-m", "brook.cli"]
+        for role in ("dispatcher", "api"):
+            if stop["signal"]:
+                break
+            children[role] = subprocess.Popen([*cmd, role], env=env, start_new_session=True)
+        if not stop["signal"]:
+            log.info(
+                "up.started",
+                api=f"http://{settings.api_host}:{settings.api_port}",
+                pids={r: p.pid for r, p in children.items()},
+            )
+        while not stop["signal"]:
+            dead = {r: p.returncode for r, p in children.items() if p.poll() is not None}
+            if dead:
+                log.error("up.child_exited", exited=dead)
+                code = 1
+                break
+            time.sleep(0.2)
+    finally:
+        log.info("up.stopping", signal=stop["signal"] or None)
+        _stop_children(children, settings.shutdown_grace_seconds + 30, log)
+        if started_rs is not None:
+            started_rs.down()
+            log.info("mongo.down")
+        log.info("up.stopped")
+    return code
+
+
+def _stop_children(children: dict[str, subprocess.Popen[bytes]], timeout: float, log: Any) -> None:
     for proc in children.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + settings.shutdown_grace_seconds + 30
+    deadline = time.monotonic() + timeout
     for role, proc in children.items():
         try:
             proc.wait(max(deadline - time.monotonic(), 0.1))
@@ -111,11 +132,6 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
             log.error("up.kill", role=role, pid=proc.pid)
             proc.kill()
             proc.wait()
-    if started_rs is not None:
-        started_rs.down()
-        log.info("mongo.down")
-    log.info("up.stopped")
-    return code
 
 
 def cmd_mongo(settings: Settings, args: argparse.Namespace) -> int:

@@ -160,10 +160,7 @@ class ReplicaSet:
                     raise EmbeddedMongoError(f"replica set status failed: {exc}") from exc
             config: dict[str, Any] = {
                 "_id": self.name,
-                "members": [
-                    {"_id": i, "host": f"127.0.0.1:{p}"}
-                    for i, p in enumerate(self.ports)
-                ],
+                "members": [{"_id": i, "host": f"127.0.0.1:{p}"} for i, p in enumerate(self.ports)],
                 "settings": {"electionTimeoutMillis": self.election_timeout_ms},
             }
             try:

@@ -184,6 +184,8 @@ class WorkerPool:
         return False
 
     def _kill(self, worker: _Worker, reason: KillReason) -> None:
+        if reason == "shutdown":
+            self._closing = True  # the owner is going away: refill no slot
         if worker.kill_reason is None:
             worker.kill_reason = reason
         if worker.exited.done():
