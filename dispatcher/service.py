@@ -58,6 +58,11 @@ class Dispatcher:
         self._timer_at: float | None = None
         self._clock_offset = 0.0  # server clock - local clock, seconds
         self._empty_claims = 0
+        # Wake-up bookkeeping: `_signals` counts reasons to look for work (events, timer,
+        # sweeps); `_maybe_more` says the last look may have left due work behind.
+        self._signals = 0
+        self._maybe_more = True
+        self._rearm_timer = True
         self.ready = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -110,7 +115,13 @@ class Dispatcher:
             await asyncio.wait_for(self.stream.saver.flush(), 5.0)
 
     def wake(self) -> None:
-        """A worker slot became free (called by the runner)."""
+        """A worker process became ready (called by the runner)."""
+        self._signal()
+
+    def _signal(self) -> None:
+        """There may be due work: look for it."""
+        self._signals += 1
+        self._maybe_more = True
         self._wake.set()
 
     # -- events ----------------------------------------------------------------------------
@@ -127,7 +138,7 @@ class Dispatcher:
         if isinstance(run_at, datetime) and run_at.timestamp() > self._server_now() + 0.002:
             self._schedule(run_at.timestamp())
         else:
-            self._wake.set()
+            self._signal()
 
     async def _on_reset(self) -> None:
         """The stream lost its history or was invalidated: events may be missing, so sweep."""
@@ -144,28 +155,44 @@ class Dispatcher:
         while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
-            while not self._stopping:
+            while not self._stopping and self._maybe_more:
                 # A lease counts against the concurrency until its final write is done, so
                 # the jobs collection never shows more running jobs than there are slots.
-                if len(self._jobs) >= self.settings.concurrency:
-                    break  # a finished job sets the wake event
-                slot = self.runner.reserve()
-                if slot is None:
-                    break  # a freed slot sets the wake event
-                try:
-                    job = await self.store.claim(self.owner, self.settings.lease_seconds)
-                except PyMongoError as exc:
-                    self.runner.unreserve(slot, notify=False)
-                    emit(Event.MONGO_UNAVAILABLE, level="warning", op="claim", error=str(exc)[:200])
-                    await asyncio.sleep(0.5)
-                    self._wake.set()
-                    break
-                if job is None:
-                    self.runner.unreserve(slot, notify=False)
-                    await self._arm_timer()
-                    break
-                self._empty_claims = 0
-                self._start(slot, job)
+                room = min(self.settings.concurrency - len(self._jobs), self.runner.free_slots())
+                if room <= 0:
+                    break  # a finished job or a ready worker wakes us again
+                seen = self._signals
+                # One claim per free slot, in flight together: their round trips overlap.
+                got = await asyncio.gather(*(self._claim_one() for _ in range(room)))
+                if None in got:
+                    if self._signals == seen:
+                        self._maybe_more = False  # nothing due, and no news meanwhile
+                    if self._rearm_timer:
+                        self._rearm_timer = False
+                        await self._arm_timer()
+                    if got.count(True) == 0 and self._maybe_more:
+                        await asyncio.sleep(0)  # let the news that raced us land
+                else:
+                    self._empty_claims = 0
+
+    async def _claim_one(self) -> bool | None:
+        """Claim and start one job; True if one started, None if nothing was due."""
+        slot = self.runner.reserve()
+        if slot is None:
+            return False
+        try:
+            job = await self.store.claim(self.owner, self.settings.lease_seconds)
+        except PyMongoError as exc:
+            self.runner.unreserve(slot, notify=False)
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="claim", error=str(exc)[:200])
+            await asyncio.sleep(0.5)
+            self._signal()
+            return False
+        if job is None:
+            self.runner.unreserve(slot, notify=False)
+            return None
+        self._start(slot, job)
+        return True
 
     def _start(self, slot: Any, job: Job) -> None:
         lease = Lease(job_id=job.id, attempt=job.attempts)
@@ -201,7 +228,8 @@ class Dispatcher:
             await asyncio.shield(self._record(job, lease, outcome, time.monotonic() - started))
         finally:
             self._jobs.pop(job.id, None)
-            self._wake.set()
+            if self._maybe_more or self._stopping:
+                self._wake.set()
 
     async def _record(self, job: Job, lease: Lease, outcome: Outcome, elapsed: float) -> None:
         fields = job_fields(job) | {"duration_ms": round(elapsed * 1000, 2)}
@@ -330,7 +358,8 @@ class Dispatcher:
     def _fire_timer(self) -> None:
         self._timer = None
         self._timer_at = None
-        self._wake.set()
+        self._rearm_timer = True  # after this claim, find the next due time
+        self._signal()
 
     def _server_now(self) -> float:
         return time.time() + self._clock_offset
@@ -402,7 +431,9 @@ class Dispatcher:
                 del self._cancel_seen[job_id]
         if requeued:
             emit(Event.SWEEP_DONE, requeued=requeued)
-        self._wake.set()
+        # Claim what no event announced (and find the next due time) — the slow path.
+        self._rearm_timer = True
+        self._signal()
 
     async def _sync_clock(self) -> None:
         before = time.time()

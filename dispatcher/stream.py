@@ -59,11 +59,15 @@ OnReset = Callable[[], Awaitable[None]]
 
 
 class TokenSaver:
-    """Coalesces token saves: one majority write in flight, always the newest token."""
+    """Saves the newest token after every `try_next`, coalesced: one majority write in flight
+    and at most one per `min_interval`, so a busy stream costs about one write a second,
+    not one per job. A restart replays at most that second of events, which are only
+    wake-ups, and sweeps anyway."""
 
-    def __init__(self, store: JobStore, name: str) -> None:
+    def __init__(self, store: JobStore, name: str, min_interval: float = 1.0) -> None:
         self.store = store
         self.name = name
+        self.min_interval = min_interval
         self._latest: Mapping[str, Any] | None = None
         self._saved: Mapping[str, Any] | None = None
         self._dirty = asyncio.Event()
@@ -74,10 +78,13 @@ class TokenSaver:
             self._dirty.set()
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._dirty.wait()
             self._dirty.clear()
+            started = loop.time()
             await self.flush()
+            await asyncio.sleep(max(self.min_interval - (loop.time() - started), 0.0))
 
     async def flush(self) -> None:
         token = self._latest

@@ -234,8 +234,6 @@ class WorkerPool:
         worker.reserved = False
         if waiter is not None and not waiter.done():
             waiter.set_result(outcome)
-        if worker.kill_reason is None and not self._closing:
-            self.on_free()
 
     def _on_exit(self, worker: _Worker) -> None:
         loop = asyncio.get_running_loop()

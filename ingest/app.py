@@ -6,16 +6,17 @@ import asyncio
 import hmac
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from bson import ObjectId
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pymongo.errors import PyMongoError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.db import database, make_client
 from common.errors import JobConflict, JobNotFound
@@ -31,6 +32,31 @@ RETRY_AFTER_S = "2"
 
 class BodyTooLarge(Exception):
     pass
+
+
+class RequestCounter:
+    """Counts responses by method, route and status (pure ASGI: no per-request task)."""
+
+    def __init__(self, app: ASGIApp, counts: Counter[tuple[str, str, int]]) -> None:
+        self.app = app
+        self.counts = counts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            self.counts[(scope["method"], path, status["code"])] += 1
 
 
 def _json(job: Job, status_code: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -110,15 +136,7 @@ def create_app(settings: Settings, known_tasks: set[str]) -> FastAPI:  # noqa: C
                 401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
             )
 
-    @app.middleware("http")
-    async def count_requests(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        requests[(request.method, path, response.status_code)] += 1
-        return response
+    app.add_middleware(RequestCounter, counts=requests)
 
     @app.exception_handler(PyMongoError)
     async def mongo_down(_: Request, exc: PyMongoError) -> JSONResponse:
