@@ -63,6 +63,7 @@ class Dispatcher:
         self._signals = 0
         self._maybe_more = True
         self._rearm_timer = True
+        self._batch = 1
         self.ready = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -162,8 +163,12 @@ class Dispatcher:
                 if room <= 0:
                     break  # a finished job or a ready worker wakes us again
                 seen = self._signals
-                # One claim per free slot, in flight together: their round trips overlap.
-                got = await asyncio.gather(*(self._claim_one() for _ in range(room)))
+                # Claims in flight together overlap their round trips. Start with one and
+                # double while every claim finds a job (a backlog); one event then costs
+                # one claim, not one per free slot.
+                batch = min(room, self._batch)
+                got = await asyncio.gather(*(self._claim_one() for _ in range(batch)))
+                self._batch = min(self._batch * 2, 64) if all(got) else 1
                 if None in got:
                     if self._signals == seen:
                         self._maybe_more = False  # nothing due, and no news meanwhile
