@@ -93,23 +93,21 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
             )
             env["BROOK_MONGO_URI"] = uri
         cmd = [sys.executable, "-m", "brook.cli"]
+
+        def spawn(role: str) -> subprocess.Popen[bytes]:
+            return subprocess.Popen([*cmd, role], env=env, start_new_session=True)
+
         for role in ("dispatcher", "api"):
             if stop["signal"]:
                 break
-            children[role] = subprocess.Popen([*cmd, role], env=env, start_new_session=True)
+            children[role] = spawn(role)
         if not stop["signal"]:
             log.info(
                 "up.started",
                 api=f"http://{settings.api_host}:{settings.api_port}",
                 pids={r: p.pid for r, p in children.items()},
             )
-        while not stop["signal"]:
-            dead = {r: p.returncode for r, p in children.items() if p.poll() is not None}
-            if dead:
-                log.error("up.child_exited", exited=dead)
-                code = 1
-                break
-            time.sleep(0.2)
+            code = _supervise(children, spawn, stop, log)
     finally:
         log.info("up.stopping", signal=stop["signal"] or None)
         _stop_children(children, settings.shutdown_grace_seconds + 30, log)
@@ -118,6 +116,54 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
             log.info("mongo.down")
         log.info("up.stopped")
     return code
+
+
+RESTART_LIMIT = 5  # restarts of one role within RESTART_WINDOW_S before `up` gives up
+RESTART_WINDOW_S = 60.0
+
+
+def _supervise(
+    children: dict[str, subprocess.Popen[bytes]],
+    spawn: Any,
+    stop: dict[str, int],
+    log: Any,
+) -> int:
+    """Restart a role that dies (a killed dispatcher's jobs come back after lease expiry);
+    give up, stopping everything, if one keeps dying."""
+    restarts: dict[str, list[float]] = {role: [] for role in children}
+    while not stop["signal"]:
+        for role, proc in list(children.items()):
+            if proc.poll() is None:
+                continue
+            now = time.monotonic()
+            recent = [t for t in restarts[role] if now - t < RESTART_WINDOW_S]
+            if len(recent) >= RESTART_LIMIT:
+                log.error(
+                    "up.giving_up",
+                    role=role,
+                    exitcode=proc.returncode,
+                    restarts=len(recent),
+                    window_s=RESTART_WINDOW_S,
+                )
+                return 1
+            delay = min(2.0 ** len(recent) * 0.5, 10.0)
+            log.warning(
+                "up.child_exited",
+                role=role,
+                pid=proc.pid,
+                exitcode=proc.returncode,
+                restart_in_s=delay,
+            )
+            deadline = now + delay
+            while time.monotonic() < deadline and not stop["signal"]:
+                time.sleep(0.1)
+            if stop["signal"]:
+                break
+            restarts[role] = [*recent, time.monotonic()]
+            children[role] = spawn(role)
+            log.info("up.child_restarted", role=role, pid=children[role].pid)
+        time.sleep(0.2)
+    return 0
 
 
 def _stop_children(children: dict[str, subprocess.Popen[bytes]], timeout: float, log: Any) -> None:

@@ -87,7 +87,7 @@ class ReplicaSet:
             pid = int(self.pidfile(index).read_text().strip())
         except (OSError, ValueError):
             return None
-        return pid if _alive(pid) else None
+        return pid if pid_alive(pid) else None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -206,12 +206,12 @@ class ReplicaSet:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
         deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _alive(pid):
+        if pid_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            while _alive(pid):
+            while pid_alive(pid):
                 time.sleep(0.05)
 
     def start_member(self, index: int) -> None:
@@ -231,7 +231,7 @@ class ReplicaSet:
         return any(self.pid(i) is not None for i in range(self.members))
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

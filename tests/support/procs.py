@@ -12,6 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from brook.replset import pid_alive
+
+__all__ = ["BrookProcess", "pid_alive", "wait_until"]
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -104,15 +108,3 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: fl
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
