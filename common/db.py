@@ -12,6 +12,7 @@ from typing import Any
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import ConnectionFailure, OperationFailure, WTimeoutError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
@@ -58,3 +59,20 @@ def make_client(
 
 def database(client: AsyncMongoClient[Doc], settings: Settings) -> AsyncDatabase[Doc]:
     return client.get_database(settings.db, write_concern=MAJORITY, read_concern=MAJORITY_READ)
+
+
+# Server codes that mean "this member cannot serve you right now" (elections, shutdown).
+_TRANSIENT_CODES = frozenset(
+    {6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13388, 13435, 13436, 64}
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Failures classified in one place: worth retrying (no primary, network, failover),
+    as opposed to errors that will fail the same way again (bad document, bad query)."""
+    if isinstance(exc, (ConnectionFailure, WTimeoutError)):
+        return True  # includes AutoReconnect, NotPrimaryError, ServerSelectionTimeoutError
+    if isinstance(exc, OperationFailure):
+        labels = ("RetryableWriteError", "TransientTransactionError", "ResumableChangeStreamError")
+        return exc.code in _TRANSIENT_CODES or any(exc.has_error_label(lb) for lb in labels)
+    return False

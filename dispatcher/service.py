@@ -25,6 +25,7 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
+from common.db import is_transient
 from common.errors import LeaseLost
 from common.events import Event, emit, job_fields
 from common.models import Job
@@ -249,6 +250,10 @@ class Dispatcher:
                 lambda: self._write_outcome(job, lease, outcome),
                 deadline=self.settings.lease_seconds * 2,
             )
+        except PyMongoError as exc:  # not transient: retrying would fail the same way
+            done = await self._store_refused(job, lease, outcome, exc)
+            if done is None:
+                return
         except LeaseLost:
             emit(
                 Event.JOB_RESULT_DISCARDED,
@@ -268,6 +273,31 @@ class Dispatcher:
             )
             return
         self._log_outcome(done, outcome, fields)
+
+    async def _store_refused(
+        self, job: Job, lease: Lease, outcome: Outcome, exc: PyMongoError
+    ) -> Job | None:
+        """MongoDB refused the outcome itself (e.g. a result over the document size limit):
+        fail the attempt with that error rather than leave the job to lease expiry."""
+        emit(
+            Event.MONGO_UNAVAILABLE,
+            level="error",
+            op="record",
+            error=str(exc)[:300],
+            **job_fields(job),
+        )
+        error = {"type": "ResultNotStored", "message": str(exc)[:2000]}
+        try:
+            return await self.store.fail_attempt(
+                lease,
+                self.owner,
+                error,
+                backoff_delay(
+                    job.attempts, self.settings.retry_base_seconds, self.settings.retry_cap_seconds
+                ),
+            )
+        except (LeaseLost, PyMongoError):
+            return None
 
     async def _applied_before(self, job: Job, lease: Lease, outcome: Outcome) -> Job | None:
         """A write retried across a failover may have been applied by the first try; the
@@ -456,6 +486,8 @@ class Dispatcher:
             try:
                 return await fn()
             except PyMongoError as exc:
+                if not is_transient(exc):
+                    raise
                 if time.monotonic() - start > deadline:
                     return None
                 emit(Event.MONGO_UNAVAILABLE, level="warning", op=op, error=str(exc)[:200])

@@ -28,6 +28,11 @@ from executor.context import TaskContext
 from executor.registry import get_task, load_tasks
 
 PR_SET_PDEATHSIG = 1
+MAX_RESULT_BYTES = 8 * 1024 * 1024  # half of MongoDB's 16 MiB document limit
+
+
+class ResultTooLarge(Exception):
+    """A task returned more than a job document can hold."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,7 +96,12 @@ async def run_one(msg: RunJob, settings: Settings) -> JobDone:
                 )
                 args.append(ctx)
             result = await spec.fn(*args) if spec.is_async else spec.fn(*args)
-            bson.encode({"result": result})  # fail here, not at the store, if it can't be stored
+            # Fail here, with a clear error, not at the store, if it can't be stored.
+            size = len(bson.encode({"result": result}))
+            if size > MAX_RESULT_BYTES:
+                raise ResultTooLarge(
+                    f"result is {size} bytes as BSON; the limit is {MAX_RESULT_BYTES}"
+                )
         except Retry as exc:
             emit(Event.TASK_FINISHED, ok=False, error_type="Retry", delay=exc.delay)
             return JobDone(

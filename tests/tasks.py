@@ -32,3 +32,8 @@ def flaky(payload: dict[str, Any], ctx: TaskContext) -> int:
     if ctx.attempt < int(payload.get("succeed_on", 2)):
         raise RuntimeError(f"attempt {ctx.attempt} fails")
     return ctx.attempt
+
+
+@task("huge_result")
+def huge_result(payload: dict[str, Any]) -> str:
+    return "x" * (9 * 1024 * 1024)

@@ -169,6 +169,18 @@ async def wait_until_status(store: JobStore, job_id: str, status: str, timeout: 
         await asyncio.sleep(0.05)
 
 
+async def test_a_result_too_large_to_store_fails_the_attempt_with_a_clear_error(
+    cluster: Cluster, store: JobStore
+) -> None:
+    disp = cluster.dispatcher()
+    [job_id] = await submit(store, "huge_result", max_attempts=1)
+    await wait_all_terminal(store, 1)
+    job = await store.get(job_id)
+    assert job.status == "failed" and job.error is not None
+    assert job.error["type"] == "ResultTooLarge" and "limit" in job.error["message"]
+    await assert_clean(store, [job_id], disp)
+
+
 # -- cancellation ------------------------------------------------------------------------------
 
 

@@ -60,3 +60,25 @@ def test_parse_submit_applies_defaults_and_normalises_run_at_to_utc() -> None:
     assert job.run_at is not None and job.run_at.isoformat() == "2030-01-01T10:00:00.123000+00:00"
     with pytest.raises(InvalidInput):
         parse_submit(b'{"task": "noop", "max_attempts": "3"}')
+
+
+def test_failures_are_classified_transient_or_permanent_in_one_place() -> None:
+    from pymongo.errors import (
+        AutoReconnect,
+        DocumentTooLarge,
+        DuplicateKeyError,
+        NotPrimaryError,
+        OperationFailure,
+        ServerSelectionTimeoutError,
+    )
+
+    from common.db import is_transient
+
+    assert is_transient(ServerSelectionTimeoutError("no primary"))
+    assert is_transient(AutoReconnect("connection reset"))
+    assert is_transient(NotPrimaryError("not primary"))
+    assert is_transient(OperationFailure("stepped down", code=189))
+    assert is_transient(OperationFailure("x", code=1, details={"errorLabels": ["RetryableWriteError"]}))
+    assert not is_transient(DuplicateKeyError("dup", code=11000))
+    assert not is_transient(DocumentTooLarge("too big"))
+    assert not is_transient(OperationFailure("bad query", code=2))
