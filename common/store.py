@@ -17,7 +17,7 @@ from bson import ObjectId
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from common.errors import JobConflict, JobNotFound, LeaseLost
 from common.models import Doc, Job, JobSpec
@@ -36,7 +36,9 @@ CLAIM_SORT: list[tuple[str, int]] = [
 ]
 
 INDEXES = [
-    # Claim: status = pending, run_at <= now, best priority then earliest due (IXSCAN + bounds).
+    # The queue indexes are partial: they hold only pending (or running) jobs, so they stay
+    # small however many finished jobs the collection keeps, and a finished job costs them
+    # nothing. Claim: pending, run_at <= now, best priority then earliest due (IXSCAN + bounds).
     IndexModel(
         [
             ("status", ASCENDING),
@@ -45,11 +47,20 @@ INDEXES = [
             ("_id", ASCENDING),
         ],
         name="claim_order",
+        partialFilterExpression={"status": P},
     ),
-    # Next due time (the dispatcher's timer) and backlog counts.
-    IndexModel([("status", ASCENDING), ("run_at", ASCENDING)], name="due"),
+    # Next due time (the dispatcher's timer).
+    IndexModel(
+        [("status", ASCENDING), ("run_at", ASCENDING)],
+        name="due",
+        partialFilterExpression={"status": P},
+    ),
     # Watchdog: running jobs whose lease expired.
-    IndexModel([("status", ASCENDING), ("lease_expires_at", ASCENDING)], name="lease_expiry"),
+    IndexModel(
+        [("status", ASCENDING), ("lease_expires_at", ASCENDING)],
+        name="lease_expiry",
+        partialFilterExpression={"status": R},
+    ),
     # Listing, newest first, by status or task.
     IndexModel([("status", ASCENDING), ("_id", DESCENDING)], name="list_status"),
     IndexModel([("task", ASCENDING), ("_id", DESCENDING)], name="list_task"),
@@ -106,8 +117,21 @@ class JobStore:
         self.state: AsyncCollection[Doc] = db[STATE]
 
     async def ensure_indexes(self) -> None:
-        """Idempotent: creating an index that exists with the same spec is a no-op."""
-        await self.jobs.create_indexes(INDEXES)
+        """Idempotent: an index that exists with the same spec is a no-op; one that exists
+        under the same name with another spec (an older Brook) is rebuilt."""
+        try:
+            await self.jobs.create_indexes(INDEXES)
+        except OperationFailure as exc:
+            if exc.code not in (85, 86):  # IndexOptionsConflict, IndexKeySpecsConflict
+                raise
+            for model in INDEXES:
+                try:
+                    await self.jobs.create_indexes([model])
+                except OperationFailure as again:
+                    if again.code not in (85, 86):
+                        raise
+                    await self.jobs.drop_index(model.document["name"])
+                    await self.jobs.create_indexes([model])
 
     # -- submit / read ---------------------------------------------------------------------
 

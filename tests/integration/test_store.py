@@ -218,3 +218,15 @@ async def test_every_transition_the_store_performs_is_in_the_table(store: JobSto
         assert pairs <= TRANSITIONS, (doc["_id"], statuses)
         seen |= pairs
     assert seen == TRANSITIONS  # and every transition in the table is exercised
+
+
+async def test_ensure_indexes_is_idempotent_and_rebuilds_an_index_with_an_old_spec(
+    store: JobStore,
+) -> None:
+    await store.jobs.drop_index("due")
+    await store.jobs.create_index([("status", 1), ("run_at", 1)], name="due")  # not partial
+    await store.ensure_indexes()
+    await store.ensure_indexes()
+    info = await store.jobs.index_information()
+    assert info["due"]["partialFilterExpression"] == {"status": "pending"}
+    assert {"claim_order", "due", "lease_expiry", "list_status", "list_task"} <= set(info)

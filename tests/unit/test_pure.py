@@ -78,7 +78,9 @@ def test_failures_are_classified_transient_or_permanent_in_one_place() -> None:
     assert is_transient(AutoReconnect("connection reset"))
     assert is_transient(NotPrimaryError("not primary"))
     assert is_transient(OperationFailure("stepped down", code=189))
-    assert is_transient(OperationFailure("x", code=1, details={"errorLabels": ["RetryableWriteError"]}))
+    assert is_transient(
+        OperationFailure("x", code=1, details={"errorLabels": ["RetryableWriteError"]})
+    )
     assert not is_transient(DuplicateKeyError("dup", code=11000))
     assert not is_transient(DocumentTooLarge("too big"))
     assert not is_transient(OperationFailure("bad query", code=2))
