@@ -24,7 +24,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy common ingest dispatcher executor brook
+	$(BIN)/mypy common ingest dispatcher executor brook tests bench
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run

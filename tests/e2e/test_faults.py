@@ -36,9 +36,8 @@ async def wait_all_terminal(store: JobStore, n: int, timeout: float = 60) -> Non
     deadline = time.monotonic() + timeout
     while await count_terminal(store) < n:
         if time.monotonic() > deadline:
-            states = await store.jobs.aggregate(
-                [{"$group": {"_id": "$status", "n": {"$sum": 1}}}]
-            ).to_list()
+            cursor = await store.jobs.aggregate([{"$group": {"_id": "$status", "n": {"$sum": 1}}}])
+            states = await cursor.to_list()
             raise AssertionError(f"not all {n} jobs terminal after {timeout}s: {states}")
         await asyncio.sleep(0.1)
 
@@ -382,10 +381,16 @@ async def test_a_dispatcher_whose_token_fell_off_the_oplog_sweeps_and_runs_every
             first.wait_for_event("job.completed")
             assert first.stop() == 0
             ids = await submit(store, "noop", 20)
-            mark = (await oplog.find_one({}, sort=[("$natural", -1)]))["ts"]
+
+            async def oplog_ts(direction: int) -> Any:
+                entry = await oplog.find_one({}, sort=[("$natural", direction)])
+                assert entry is not None
+                return entry["ts"]
+
+            mark = await oplog_ts(-1)
             junk = store.db["junk"]
             deadline = time.monotonic() + 60
-            while (await oplog.find_one({}, sort=[("$natural", 1)]))["ts"] <= mark:
+            while await oplog_ts(1) <= mark:
                 assert time.monotonic() < deadline, "the oplog was never truncated"
                 await junk.insert_many([{"blob": "x" * 500_000} for _ in range(4)])
                 await asyncio.sleep(0.3)

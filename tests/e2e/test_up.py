@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -43,7 +44,7 @@ def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans
     )
     rs = ReplicaSet(home=tmp_path / "home", base_port=27827)
 
-    def events(name: str) -> list[dict[str, object]]:
+    def events(name: str) -> list[dict[str, Any]]:
         lines = (tmp_path / "up.log").read_text(errors="replace").splitlines()
         return [
             e for e in (json.loads(x) for x in lines if x.startswith("{")) if e.get("event") == name
@@ -65,16 +66,16 @@ def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans
         done = cli("submit", "echo", "--payload", '{"x": 1}', "--wait", "--wait-timeout", "60")
         assert done.returncode == 0 and json.loads(done.stdout) == {"x": 1}, done.stderr
 
-        dispatcher = int(events("up.started")[0]["pids"]["dispatcher"])  # type: ignore[index]
+        dispatcher = int(events("up.started")[0]["pids"]["dispatcher"])
         os.kill(dispatcher, signal.SIGKILL)
         wait_until(lambda: events("up.child_restarted"), timeout=30)
         again = cli("submit", "echo", "--payload", '{"y": 2}', "--wait", "--wait-timeout", "60")
         assert again.returncode == 0 and json.loads(again.stdout) == {"y": 2}, again.stderr
 
         mongods = [rs.pid(i) for i in range(3)]
-        roles = [int(e["pid"]) for e in events("up.child_restarted")]  # type: ignore[arg-type]
-        roles += [int(p) for p in events("up.started")[0]["pids"].values()]  # type: ignore[attr-defined]
-        workers = [int(e["pid"]) for e in events("worker.started")]  # type: ignore[arg-type]
+        roles = [int(e["pid"]) for e in events("up.child_restarted")]
+        roles += [int(p) for p in events("up.started")[0]["pids"].values()]
+        workers = [int(e["pid"]) for e in events("worker.started")]
         assert len(workers) >= 4  # two per dispatcher, both generations
         up.send_signal(signal.SIGINT)  # Ctrl-C
         assert up.wait(90) == 0

@@ -83,7 +83,8 @@ async def test_a_zombie_completion_from_a_stale_attempt_is_rejected(store: JobSt
     await expire_now(store, first.id)
     [doc] = await store.expired()
     requeued = await store.requeue_expired(doc, retry_delay_s=0)
-    assert requeued.status == JobStatus.PENDING and requeued.error["type"] == "LeaseExpired"
+    assert requeued.status == JobStatus.PENDING and requeued.error is not None
+    assert requeued.error["type"] == "LeaseExpired"
     second = await store.claim("other-owner", 30)
     assert second is not None and second.attempts == 2
     with pytest.raises(LeaseLost):
