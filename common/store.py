@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import Any
 
 from bson import ObjectId
-from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
+from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError, OperationFailure
+from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
 
 from common.errors import JobConflict, JobNotFound, LeaseLost
 from common.models import Doc, Job, JobSpec
@@ -93,6 +93,21 @@ def _history(entry: dict[str, Any]) -> dict[str, Any]:
             {"$concatArrays": [{"$ifNull": ["$history", []]}, [entry]]},
             -HISTORY_CAP,
         ]
+    }
+
+
+def _completed(lease: Lease, result: Any) -> dict[str, Any]:
+    return {
+        "status": JobStatus.COMPLETED.value,
+        "result": _lit(result),
+        "error": None,
+        "finished_at": NOW,
+        "updated_at": NOW,
+        "owner": None,
+        "lease_expires_at": None,
+        "history": _history(
+            {"status": JobStatus.COMPLETED.value, "at": NOW, "attempt": lease.attempt}
+        ),
     }
 
 
@@ -268,22 +283,44 @@ class JobStore:
 
     async def complete(self, lease: Lease, owner: str, result: Any) -> Job:
         """Fenced completion: only the attempt that holds the lease can complete the job."""
-        return await self._fenced(
-            lease,
-            owner,
-            {
-                "status": JobStatus.COMPLETED.value,
-                "result": _lit(result),
-                "error": None,
-                "finished_at": NOW,
-                "updated_at": NOW,
-                "owner": None,
-                "lease_expires_at": None,
-                "history": _history(
-                    {"status": JobStatus.COMPLETED.value, "at": NOW, "attempt": lease.attempt}
-                ),
-            },
-        )
+        return await self._fenced(lease, owner, _completed(lease, result))
+
+    async def complete_many(
+        self, owner: str, items: Sequence[tuple[Lease, Any]]
+    ) -> tuple[set[str], dict[str, str]]:
+        """Fenced completions in one round trip (one `bulk_write`, one majority wait).
+
+        Returns the job ids this call (or an earlier try of it, cut off by a failover)
+        completed, and the ids MongoDB refused with the reason (e.g. a document too large).
+        A job in neither set had lost its lease: another attempt or owner holds it.
+        """
+        ops = [
+            UpdateOne(
+                {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
+                [{"$set": _completed(lease, result)}],
+            )
+            for lease, result in items
+        ]
+        refused: dict[str, str] = {}
+        try:
+            res = await self.jobs.bulk_write(ops, ordered=False)
+            if res.matched_count == len(ops):
+                return {lease.job_id for lease, _ in items}, refused
+        except BulkWriteError as exc:
+            for err in exc.details.get("writeErrors", []):
+                refused[items[err["index"]][0].job_id] = str(err.get("errmsg", ""))[:2000]
+        # Which ones are ours? A completed job with our attempt number can only be ours:
+        # every claim takes a new attempt number.
+        wanted = {lease.job_id: lease.attempt for lease, _ in items}
+        docs = await self.jobs.find(
+            {"_id": {"$in": list(wanted)}}, projection={"status": 1, "attempts": 1}
+        ).to_list()
+        done = {
+            d["_id"]
+            for d in docs
+            if d["status"] == JobStatus.COMPLETED.value and d["attempts"] == wanted[d["_id"]]
+        }
+        return done, {k: v for k, v in refused.items() if k not in done}
 
     async def fail_attempt(
         self,

@@ -33,6 +33,7 @@ from common.runner import Outcome, RunJob, Runner, backoff_delay
 from common.settings import Settings
 from common.status import JobStatus
 from common.store import JobStore, Lease
+from dispatcher.completer import Completer
 from dispatcher.stream import StreamFollower
 
 # How long a cancel request seen on the stream is remembered, for a job whose claim
@@ -49,6 +50,7 @@ class Dispatcher:
         # Unique per process run: a restarted dispatcher never matches its old leases.
         self.owner = f"{self.name}:{os.getpid()}:{secrets.token_hex(3)}"
         self.stream = StreamFollower(store, self.name, self._on_change, self._on_reset)
+        self.completer = Completer(store, self.owner, self._retrying, settings.lease_seconds * 2)
         self._wake = asyncio.Event()
         self._stopping = False
         self._held: dict[str, Lease] = {}
@@ -244,6 +246,9 @@ class Dispatcher:
             return
         if outcome.kind == "timeout":
             emit(Event.JOB_TIMED_OUT, level="warning", **fields, timeout_s=job.timeout_s)
+        if outcome.kind == "ok":
+            await self._record_completion(job, lease, outcome, fields)
+            return
         try:
             done = await self._retrying(
                 "record",
@@ -251,7 +256,7 @@ class Dispatcher:
                 deadline=self.settings.lease_seconds * 2,
             )
         except PyMongoError as exc:  # not transient: retrying would fail the same way
-            done = await self._store_refused(job, lease, outcome, exc)
+            done = await self._store_refused(job, lease, str(exc))
             if done is None:
                 return
         except LeaseLost:
@@ -274,19 +279,47 @@ class Dispatcher:
             return
         self._log_outcome(done, outcome, fields)
 
-    async def _store_refused(
-        self, job: Job, lease: Lease, outcome: Outcome, exc: PyMongoError
-    ) -> Job | None:
+    async def _record_completion(
+        self, job: Job, lease: Lease, outcome: Outcome, fields: dict[str, Any]
+    ) -> None:
+        try:
+            verdict, detail = await self.completer.complete(lease, outcome.result)
+        except PyMongoError as exc:  # not transient
+            verdict, detail = "refused", str(exc)
+        if verdict == "applied":
+            emit(Event.JOB_COMPLETED, **fields)
+        elif verdict == "lost":
+            emit(
+                Event.JOB_RESULT_DISCARDED,
+                level="warning",
+                **fields,
+                outcome="ok",
+                reason="lease lost: another attempt or owner holds the job",
+            )
+        elif verdict == "deadline":
+            emit(
+                Event.JOB_RESULT_DISCARDED,
+                level="error",
+                **fields,
+                outcome="ok",
+                reason="could not record before the deadline; the watchdog will requeue it",
+            )
+        else:
+            done = await self._store_refused(job, lease, detail)
+            if done is not None:
+                self._log_outcome(done, Outcome(kind="error"), fields)
+
+    async def _store_refused(self, job: Job, lease: Lease, message: str) -> Job | None:
         """MongoDB refused the outcome itself (e.g. a result over the document size limit):
         fail the attempt with that error rather than leave the job to lease expiry."""
         emit(
             Event.MONGO_UNAVAILABLE,
             level="error",
             op="record",
-            error=str(exc)[:300],
+            error=message[:300],
             **job_fields(job),
         )
-        error = {"type": "ResultNotStored", "message": str(exc)[:2000]}
+        error = {"type": "ResultNotStored", "message": message[:2000]}
         try:
             return await self.store.fail_attempt(
                 lease,

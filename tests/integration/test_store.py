@@ -231,3 +231,30 @@ async def test_ensure_indexes_is_idempotent_and_rebuilds_an_index_with_an_old_sp
     info = await store.jobs.index_information()
     assert info["due"]["partialFilterExpression"] == {"status": "pending"}
     assert {"claim_order", "due", "lease_expiry", "list_status", "list_task"} <= set(info)
+
+
+async def test_complete_many_completes_held_leases_and_reports_lost_and_refused_ones(
+    store: JobStore,
+) -> None:
+    for _ in range(3):
+        await store.submit(spec(payload={"pad": "p" * (6 * 1024 * 1024)}))
+    a, b, c = [await store.claim(OWNER, 30) for _ in range(3)]
+    assert a and b and c
+    await expire_now(store, b.id)
+    [doc] = await store.expired()
+    await store.requeue_expired(doc, 0)  # b's lease is gone
+    big = "x" * (11 * 1024 * 1024)  # with the 6 MiB payload, over the 16 MiB document limit
+    done, refused = await store.complete_many(
+        OWNER,
+        [
+            (Lease(job_id=a.id, attempt=1), {"ok": 1}),
+            (Lease(job_id=b.id, attempt=1), "stale"),
+            (Lease(job_id=c.id, attempt=1), big),
+        ],
+    )
+    assert done == {a.id} and set(refused) == {c.id}
+    assert (await store.get(a.id)).result == {"ok": 1}
+    assert (await store.get(b.id)).status == JobStatus.PENDING
+    assert (await store.get(c.id)).status == JobStatus.RUNNING  # untouched; the caller fails it
+    again, _ = await store.complete_many(OWNER, [(Lease(job_id=a.id, attempt=1), {"ok": 1})])
+    assert again == {a.id}  # a retried batch recognises its own earlier write
