@@ -8,6 +8,7 @@ Times that matter for leases and due dates come from the server clock (`$$NOW`).
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -93,6 +94,19 @@ def _history(entry: dict[str, Any]) -> dict[str, Any]:
             {"$concatArrays": [{"$ifNull": ["$history", []]}, [entry]]},
             -HISTORY_CAP,
         ]
+    }
+
+
+def _claimed(owner: str, lease_seconds: float) -> dict[str, Any]:
+    attempt = {"$add": ["$attempts", 1]}
+    return {
+        "status": R,
+        "owner": _lit(owner),
+        "attempts": attempt,
+        "started_at": NOW,
+        "updated_at": NOW,
+        "lease_expires_at": _after(lease_seconds * 1000),
+        "history": _history({"status": R, "at": NOW, "attempt": attempt, "owner": _lit(owner)}),
     }
 
 
@@ -228,28 +242,41 @@ class JobStore:
 
     async def claim(self, owner: str, lease_seconds: float) -> Job | None:
         """Lease the best due pending job to `owner`; `attempts` + 1 is the new fencing token."""
-        attempt = {"$add": ["$attempts", 1]}
         doc = await self.jobs.find_one_and_update(
             CLAIM_FILTER,
-            [
-                {
-                    "$set": {
-                        "status": R,
-                        "owner": _lit(owner),
-                        "attempts": attempt,
-                        "started_at": NOW,
-                        "updated_at": NOW,
-                        "lease_expires_at": _after(lease_seconds * 1000),
-                        "history": _history(
-                            {"status": R, "at": NOW, "attempt": attempt, "owner": _lit(owner)}
-                        ),
-                    }
-                }
-            ],
+            [{"$set": _claimed(owner, lease_seconds)}],
             sort=CLAIM_SORT,
             return_document=ReturnDocument.AFTER,
         )
         return Job.from_doc(doc) if doc is not None else None
+
+    async def claim_many(
+        self, owner: str, lease_seconds: float, limit: int
+    ) -> tuple[list[Job], bool]:
+        """Lease up to `limit` of the best due pending jobs with one write; also say whether
+        fewer than `limit` were due (the queue ran dry, as opposed to losing races).
+
+        Concurrent `findOneAndUpdate`s all race for the same first job (write conflicts the
+        server retries); this picks the candidates, claims those still pending in a single
+        `update_many` tagged with a fresh token, and reads back exactly what it won. Another
+        dispatcher may win some of them; it never claims one twice.
+        """
+        candidates = await self.jobs.find(
+            CLAIM_FILTER, projection={"_id": 1}, sort=CLAIM_SORT, limit=limit
+        ).to_list()
+        if not candidates:
+            return [], True
+        ids = [d["_id"] for d in candidates]
+        tag = secrets.token_hex(8)
+        await self.jobs.update_many(
+            {"_id": {"$in": ids}, **CLAIM_FILTER},
+            [{"$set": {**_claimed(owner, lease_seconds), "claim_tag": tag}}],
+        )
+        won = await self.jobs.find(
+            {"_id": {"$in": ids}, "claim_tag": tag, "owner": owner, "status": R}
+        ).to_list()
+        won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
+        return [Job.from_doc(d) for d in won], len(candidates) < limit
 
     async def next_due(self) -> datetime | None:
         """The earliest `run_at` among pending jobs (the dispatcher's timer)."""

@@ -170,8 +170,10 @@ class Dispatcher:
                 # double while every claim finds a job (a backlog); one event then costs
                 # one claim, not one per free slot.
                 batch = min(room, self._batch)
-                got = await asyncio.gather(*(self._claim_one() for _ in range(batch)))
+                got = [await self._claim_one()] if batch == 1 else await self._claim_batch(batch)
                 self._batch = min(self._batch * 2, 64) if all(got) else 1
+                if False in got and None not in got:
+                    continue  # lost races to another dispatcher: there is more, look again
                 if None in got:
                     if self._signals == seen:
                         self._maybe_more = False  # nothing due, and no news meanwhile
@@ -182,6 +184,28 @@ class Dispatcher:
                         await asyncio.sleep(0)  # let the news that raced us land
                 else:
                     self._empty_claims = 0
+
+    async def _claim_batch(self, n: int) -> list[bool | None]:
+        """Claim up to `n` jobs in one write (a backlog); True per job started, None for a
+        slot the queue could not fill, False for one lost to another dispatcher's race."""
+        slots = [slot for slot in (self.runner.reserve() for _ in range(n)) if slot is not None]
+        try:
+            jobs, dry = await self.store.claim_many(
+                self.owner, self.settings.lease_seconds, len(slots)
+            )
+        except PyMongoError as exc:
+            for slot in slots:
+                self.runner.unreserve(slot, notify=False)
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="claim", error=str(exc)[:200])
+            await asyncio.sleep(0.5)
+            self._signal()
+            return [False]
+        for slot, job in zip(slots, jobs, strict=False):
+            self._start(slot, job)
+        for slot in slots[len(jobs) :]:
+            self.runner.unreserve(slot, notify=False)
+        unfilled: bool | None = None if dry else False
+        return [True] * len(jobs) + [unfilled] * (len(slots) - len(jobs))
 
     async def _claim_one(self) -> bool | None:
         """Claim and start one job; True if one started, None if nothing was due."""

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from common.errors import JobConflict, JobNotFound, LeaseLost
-from common.models import JobSpec
+from common.models import Job, JobSpec
 from common.status import TRANSITIONS, JobStatus
 from common.store import CLAIM_FILTER, CLAIM_SORT, JobStore, Lease
 
@@ -258,3 +258,27 @@ async def test_complete_many_completes_held_leases_and_reports_lost_and_refused_
     assert (await store.get(c.id)).status == JobStatus.RUNNING  # untouched; the caller fails it
     again, _ = await store.complete_many(OWNER, [(Lease(job_id=a.id, attempt=1), {"ok": 1})])
     assert again == {a.id}  # a retried batch recognises its own earlier write
+
+
+async def test_claim_many_leases_the_best_due_jobs_once_each_under_a_race(store: JobStore) -> None:
+    ids = [(await store.submit(spec(priority=i % 3))).job.id for i in range(30)]
+    await store.submit(spec(priority=9, run_at=datetime.now(UTC) + timedelta(hours=1)))
+    results: list[tuple[list[Job], bool]] = []
+
+    async def worker(owner: str) -> None:
+        while True:  # like a dispatcher: losing a race is not "the queue is dry"
+            jobs, dry = await store.claim_many(owner, 30, 8)
+            results.append((jobs, dry))
+            if dry:
+                return
+
+    await asyncio.gather(*[worker(f"owner-{i}") for i in range(5)])
+    won = [job for jobs, _ in results for job in jobs]
+    assert len(won) == len({j.id for j in won}) == 30  # every due job once, the future one not
+    assert {j.id for j in won} == set(ids)
+    assert all(j.attempts == 1 and j.status == JobStatus.RUNNING for j in won)
+    for jobs, _ in results:
+        assert [j.priority for j in jobs] == sorted((j.priority for j in jobs), reverse=True)
+        assert all(j.owner == jobs[0].owner for j in jobs)
+    empty, dry = await store.claim_many("late", 30, 8)
+    assert empty == [] and dry
