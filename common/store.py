@@ -97,6 +97,33 @@ def _history(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _new_job(spec: JobSpec) -> dict[str, Any]:
+    """A pending job's fields; the server stamps the times (`$$NOW`)."""
+    fields: dict[str, Any] = {
+        "task": _lit(spec.task),
+        "payload": _lit(spec.payload),
+        "status": P,
+        "priority": spec.priority,
+        "attempts": 0,
+        "max_attempts": spec.max_attempts,
+        "run_at": _lit(spec.run_at) if spec.run_at is not None else NOW,
+        "created_at": NOW,
+        "updated_at": NOW,
+        "started_at": None,
+        "finished_at": None,
+        "result": None,
+        "error": None,
+        "timeout_s": spec.timeout_s,
+        "owner": None,
+        "lease_expires_at": None,
+        "cancel_requested": False,
+        "history": [{"status": P, "at": NOW, "attempt": 0}],
+    }
+    if spec.idempotency_key is not None:
+        fields["idempotency_key"] = _lit(spec.idempotency_key)
+    return fields
+
+
 def _claimed(owner: str, lease_seconds: float) -> dict[str, Any]:
     attempt = {"$add": ["$attempts", 1]}
     return {
@@ -166,44 +193,54 @@ class JobStore:
 
     async def submit(self, spec: JobSpec) -> Submitted:
         """Insert a pending job, majority-acknowledged; a known idempotency key returns its job."""
-        job_id = str(ObjectId())
-        fields: dict[str, Any] = {
-            "task": _lit(spec.task),
-            "payload": _lit(spec.payload),
-            "status": P,
-            "priority": spec.priority,
-            "attempts": 0,
-            "max_attempts": spec.max_attempts,
-            "run_at": _lit(spec.run_at) if spec.run_at is not None else NOW,
-            "created_at": NOW,
-            "updated_at": NOW,
-            "started_at": None,
-            "finished_at": None,
-            "result": None,
-            "error": None,
-            "timeout_s": spec.timeout_s,
-            "owner": None,
-            "lease_expires_at": None,
-            "cancel_requested": False,
-            "history": [{"status": P, "at": NOW, "attempt": 0}],
-        }
-        if spec.idempotency_key is not None:
-            fields["idempotency_key"] = _lit(spec.idempotency_key)
         try:
             # An upsert on a fresh _id always inserts, and lets the server stamp the times.
             doc = await self.jobs.find_one_and_update(
-                {"_id": job_id},
-                [{"$set": fields}],
+                {"_id": str(ObjectId())},
+                [{"$set": _new_job(spec)}],
                 upsert=True,
                 return_document=ReturnDocument.AFTER,
             )
         except DuplicateKeyError:
-            existing = await self.jobs.find_one({"idempotency_key": spec.idempotency_key})
-            if existing is None:  # pragma: no cover - the key's index guarantees it exists
-                raise
-            return Submitted(job=Job.from_doc(existing), created=False)
+            return Submitted(job=await self._by_key(spec), created=False)
         assert doc is not None
         return Submitted(job=Job.from_doc(doc), created=True)
+
+    async def submit_many(self, specs: Sequence[JobSpec]) -> list[Submitted]:
+        """`submit` for many jobs in one write (one majority wait), in order. A job whose
+        idempotency key exists (or repeats within the batch) returns the existing job."""
+        ids = [str(ObjectId()) for _ in specs]
+        ops = [
+            UpdateOne({"_id": job_id}, [{"$set": _new_job(spec)}], upsert=True)
+            for job_id, spec in zip(ids, specs, strict=True)
+        ]
+        duplicates: set[int] = set()
+        try:
+            await self.jobs.bulk_write(ops, ordered=False)
+        except BulkWriteError as exc:
+            errors = exc.details.get("writeErrors", [])
+            if any(err.get("code") != 11000 for err in errors):
+                raise
+            duplicates = {err["index"] for err in errors}
+        docs = {
+            d["_id"]: d
+            for d in await self.jobs.find(
+                {"_id": {"$in": [ids[i] for i in range(len(ids)) if i not in duplicates]}}
+            ).to_list()
+        }
+        out: list[Submitted] = []
+        for i, spec in enumerate(specs):
+            if i in duplicates:
+                out.append(Submitted(job=await self._by_key(spec), created=False))
+            else:
+                out.append(Submitted(job=Job.from_doc(docs[ids[i]]), created=True))
+        return out
+
+    async def _by_key(self, spec: JobSpec) -> Job:
+        existing = await self.jobs.find_one({"idempotency_key": spec.idempotency_key})
+        if existing is None:  # pragma: no cover - the key's unique index guarantees it
+            raise JobNotFound(f"idempotency key {spec.idempotency_key!r}")
+        return Job.from_doc(existing)
 
     async def get(self, job_id: str) -> Job:
         doc = await self.jobs.find_one({"_id": job_id})

@@ -6,7 +6,7 @@ import asyncio
 import hmac
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,13 +18,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pymongo.errors import PyMongoError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from common.batching import GroupCommit
 from common.db import database, make_client
 from common.errors import JobConflict, JobNotFound
 from common.events import Event, emit, job_fields
 from common.models import Job, JobSpec
 from common.settings import Settings
 from common.status import JobStatus
-from common.store import JobStore
+from common.store import JobStore, Submitted
 from ingest.validation import InvalidInput, SubmitJob, parse_submit
 
 RETRY_AFTER_S = "2"
@@ -81,6 +82,12 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submitted]:
+    if len(specs) == 1:
+        return [await store.submit(specs[0])]  # one round trip: the upsert returns the job
+    return await store.submit_many(specs)
+
+
 def create_app(settings: Settings, known_tasks: set[str]) -> FastAPI:  # noqa: C901 - routes are closures over one app's state
     state: dict[str, Any] = {}
     requests: Counter[tuple[str, str, int]] = Counter()
@@ -95,6 +102,7 @@ def create_app(settings: Settings, known_tasks: set[str]) -> FastAPI:  # noqa: C
         store = JobStore(database(client, settings))
         state["client"] = client
         state["store"] = store
+        state["submits"] = GroupCommit(lambda specs: _submit_batch(store, specs))
         try:
             await asyncio.wait_for(store.ensure_indexes(), 30)
         except (PyMongoError, TimeoutError) as exc:
@@ -198,7 +206,8 @@ def create_app(settings: Settings, known_tasks: set[str]) -> FastAPI:  # noqa: C
             timeout_s=body.timeout_s,
             idempotency_key=body.idempotency_key,
         )
-        submitted = await store().submit(spec)
+        # Concurrent submits share one majority write (group commit).
+        submitted: Submitted = await state["submits"].submit(spec)
         job = submitted.job
         headers = {"Location": f"/jobs/{job.id}"}
         if not submitted.created:

@@ -282,3 +282,20 @@ async def test_claim_many_leases_the_best_due_jobs_once_each_under_a_race(store:
         assert all(j.owner == jobs[0].owner for j in jobs)
     empty, dry = await store.claim_many("late", 30, 8)
     assert empty == [] and dry
+
+
+async def test_submit_many_inserts_in_order_and_dedupes_idempotency_keys(store: JobStore) -> None:
+    first = await store.submit(spec(idempotency_key="k-known"))
+    specs = [
+        spec(payload={"n": 1}),
+        spec(idempotency_key="k-known"),
+        spec(idempotency_key="k-new"),
+        spec(idempotency_key="k-new"),
+        spec(payload={"n": 2}),
+    ]
+    out = await store.submit_many(specs)
+    assert [s.created for s in out] == [True, False, True, False, True]
+    assert out[1].job.id == first.job.id and out[2].job.id == out[3].job.id
+    assert out[0].job.payload == {"n": 1} and out[4].job.payload == {"n": 2}
+    assert all(s.job.status == JobStatus.PENDING for s in out)
+    assert await store.jobs.count_documents({}) == 4

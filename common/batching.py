@@ -1,0 +1,48 @@
+"""Group commit: many callers, few round trips.
+
+The first item is written at once; items that arrive while that write is in flight go
+together in the next one. At low load this adds no latency; under load one MongoDB
+command (and one majority wait) serves many callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+class GroupCommit(Generic[In, Out]):
+    def __init__(
+        self, write: Callable[[Sequence[In]], Awaitable[Sequence[Out]]], max_batch: int = 256
+    ) -> None:
+        self._write = write
+        self._max_batch = max_batch
+        self._queue: list[tuple[In, asyncio.Future[Out]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def submit(self, item: In) -> Out:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Out] = loop.create_future()
+        self._queue.append((item, fut))
+        if self._writer is None or self._writer.done():
+            self._writer = loop.create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch = self._queue[: self._max_batch]
+            del self._queue[: self._max_batch]
+            try:
+                results = await self._write([item for item, _ in batch])
+            except Exception as exc:  # every caller in the batch sees the same failure
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for (_, fut), result in zip(batch, results, strict=True):
+                if not fut.done():
+                    fut.set_result(result)
