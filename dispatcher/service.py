@@ -369,8 +369,6 @@ class Dispatcher:
         if last.get("attempt") != lease.attempt:
             return None
         expected_error = (outcome.error or {}).get("type")
-        if outcome.kind == "ok" and now.status == JobStatus.COMPLETED:
-            return now
         if outcome.kind == "cancelled" and now.status == JobStatus.CANCELLED:
             return now
         if (
@@ -381,8 +379,7 @@ class Dispatcher:
         return None
 
     async def _write_outcome(self, job: Job, lease: Lease, outcome: Outcome) -> Job:
-        if outcome.kind == "ok":
-            return await self.store.complete(lease, self.owner, outcome.result)
+        """Every outcome but success (completions go through the group-committing completer)."""
         if outcome.kind == "cancelled":
             return await self.store.cancel_running(lease, self.owner)
         if outcome.kind == "shutdown":
