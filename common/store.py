@@ -181,13 +181,24 @@ class JobStore:
             if exc.code not in (85, 86):  # IndexOptionsConflict, IndexKeySpecsConflict
                 raise
             for model in INDEXES:
-                try:
-                    await self.jobs.create_indexes([model])
-                except OperationFailure as again:
-                    if again.code not in (85, 86):
-                        raise
-                    await self.jobs.drop_index(model.document["name"])
-                    await self.jobs.create_indexes([model])
+                await self._rebuild_index(model)
+
+    async def _rebuild_index(self, model: IndexModel) -> None:
+        # Several processes (API, dispatchers) may do this at once: a peer may drop or
+        # recreate the index between our steps, so tolerate both and try again.
+        for _ in range(5):
+            try:
+                await self.jobs.create_indexes([model])
+                return
+            except OperationFailure as exc:
+                if exc.code not in (85, 86):
+                    raise
+            try:
+                await self.jobs.drop_index(model.document["name"])
+            except OperationFailure as exc:
+                if exc.code != 27:  # IndexNotFound: a peer dropped it first
+                    raise
+        await self.jobs.create_indexes([model])
 
     # -- submit / read ---------------------------------------------------------------------
 

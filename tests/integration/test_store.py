@@ -299,3 +299,11 @@ async def test_submit_many_inserts_in_order_and_dedupes_idempotency_keys(store: 
     assert out[0].job.payload == {"n": 1} and out[4].job.payload == {"n": 2}
     assert all(s.job.status == JobStatus.PENDING for s in out)
     assert await store.jobs.count_documents({}) == 4
+
+
+async def test_index_rebuild_is_safe_when_several_processes_start_at_once(store: JobStore) -> None:
+    await store.jobs.drop_index("due")
+    await store.jobs.create_index([("status", 1), ("run_at", 1)], name="due")  # an old spec
+    await asyncio.gather(*[store.ensure_indexes() for _ in range(4)])
+    info = await store.jobs.index_information()
+    assert info["due"]["partialFilterExpression"] == {"status": "pending"}
