@@ -12,7 +12,6 @@ class Event(StrEnum):
     JOB_SUBMITTED = "job.submitted"
     JOB_DEDUPLICATED = "job.deduplicated"
     JOB_CLAIMED = "job.claimed"
-    JOB_STARTED = "job.started"
     JOB_COMPLETED = "job.completed"
     JOB_RETRY_SCHEDULED = "job.retry_scheduled"
     JOB_FAILED = "job.failed"

@@ -67,7 +67,6 @@ class Dispatcher:
         self._maybe_more = True
         self._rearm_timer = True
         self._batch = 1
-        self.ready = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -91,7 +90,6 @@ class Dispatcher:
                 tg.create_task(self._heartbeat(), name="heartbeat"),
                 tg.create_task(self._watchdog(), name="watchdog"),
             ]
-            self.ready.set()
             emit(Event.DISPATCHER_READY, owner=self.owner)
             await stop.wait()
             await self._shutdown()
@@ -194,16 +192,12 @@ class Dispatcher:
                 self.owner, self.settings.lease_seconds, len(slots)
             )
         except PyMongoError as exc:
-            for slot in slots:
-                self.runner.unreserve(slot, notify=False)
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="claim", error=str(exc)[:200])
-            await asyncio.sleep(0.5)
-            self._signal()
+            await self._claim_failed(slots, exc)
             return [False]
         for slot, job in zip(slots, jobs, strict=False):
             self._start(slot, job)
         for slot in slots[len(jobs) :]:
-            self.runner.unreserve(slot, notify=False)
+            self.runner.unreserve(slot)
         unfilled: bool | None = None if dry else False
         return [True] * len(jobs) + [unfilled] * (len(slots) - len(jobs))
 
@@ -215,16 +209,21 @@ class Dispatcher:
         try:
             job = await self.store.claim(self.owner, self.settings.lease_seconds)
         except PyMongoError as exc:
-            self.runner.unreserve(slot, notify=False)
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="claim", error=str(exc)[:200])
-            await asyncio.sleep(0.5)
-            self._signal()
+            await self._claim_failed([slot], exc)
             return False
         if job is None:
-            self.runner.unreserve(slot, notify=False)
+            self.runner.unreserve(slot)
             return None
         self._start(slot, job)
         return True
+
+    async def _claim_failed(self, slots: list[Any], exc: PyMongoError) -> None:
+        """No primary (or similar): give the slots back, wait a little, look again."""
+        for slot in slots:
+            self.runner.unreserve(slot)
+        emit(Event.MONGO_UNAVAILABLE, level="warning", op="claim", error=str(exc)[:200])
+        await asyncio.sleep(0.5)
+        self._signal()
 
     def _start(self, slot: Any, job: Job) -> None:
         lease = Lease(job_id=job.id, attempt=job.attempts)

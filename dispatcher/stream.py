@@ -116,7 +116,6 @@ class StreamFollower:
         self.max_await_ms = max_await_ms
         self.saver = TokenSaver(store, name)
         self.opened = asyncio.Event()
-        self.opens = 0
 
     async def run(self) -> None:
         token = await self._load_token()
@@ -126,7 +125,6 @@ class StreamFollower:
                 async with await self.store.jobs.watch(
                     PIPELINE, resume_after=token, max_await_time_ms=self.max_await_ms
                 ) as stream:
-                    self.opens += 1
                     emit(
                         Event.STREAM_RESUMED if token is not None else Event.STREAM_OPENED,
                         version=PIPELINE_VERSION,
@@ -148,7 +146,7 @@ class StreamFollower:
                                     op=change["operationType"],
                                 )
                                 token = None
-                                await self.store.drop_token(self.name)
+                                await self._drop_token()
                                 await self.on_reset()
                                 break
                             self.on_change(change)

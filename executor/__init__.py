@@ -1,6 +1,6 @@
 """Worker processes and the task registry. Task modules need only this::
 
-    from executor import Retry, TaskContext, task
+from executor import Retry, TaskContext, task
 """
 
 from common.errors import Retry

@@ -128,37 +128,24 @@ class WorkerPool:
 
     # -- slots -----------------------------------------------------------------------------
 
-    def free_slots(self) -> int:
-        return sum(
-            1
-            for w in self._workers.values()
-            if w.ready and not w.reserved and w.job is None and w.kill_reason is None
-        )
+    @staticmethod
+    def _idle(w: _Worker) -> bool:
+        return w.ready and not w.reserved and w.job is None and w.kill_reason is None
 
-    def busy(self) -> int:
-        return sum(1 for w in self._workers.values() if w.job is not None)
+    def free_slots(self) -> int:
+        return sum(1 for w in self._workers.values() if self._idle(w))
 
     def reserve(self) -> Slot | None:
         if self._closing:
             return None
         for w in self._workers.values():
-            if w.ready and not w.reserved and w.job is None and w.kill_reason is None:
+            if self._idle(w):
                 w.reserved = True
                 return Slot(w)
         return None
 
-    def unreserve(self, slot: Slot, *, notify: bool = True) -> None:
+    def unreserve(self, slot: Slot) -> None:
         slot.worker.reserved = False
-        if notify:
-            self.on_free()
-
-    def holding(self) -> dict[str, tuple[int, int | None]]:
-        """job id -> (attempt, worker pid) for every job a worker holds right now."""
-        return {
-            w.job.job_id: (w.job.attempt, w.pid)
-            for w in self._workers.values()
-            if w.job is not None
-        }
 
     # -- running ---------------------------------------------------------------------------
 

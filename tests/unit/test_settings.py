@@ -67,36 +67,30 @@ def test_a_bad_value_raises_one_line_naming_the_variable(
     assert message.startswith(f"{var}:") and "\n" not in message
 
 
-def test_the_cli_exits_non_zero_with_a_one_line_error_on_bad_config() -> None:
+def run_dispatcher(**brook_env: str) -> subprocess.CompletedProcess[str]:
+    """`brook dispatcher` with only these BROOK_* variables set."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
-    env.update({"BROOK_CONCURRENCY": "lots", "PYTHONPATH": str(ROOT)})
-    proc = subprocess.run(
+    env.update(brook_env, PYTHONPATH=str(ROOT))
+    return subprocess.run(
         [sys.executable, "-m", "brook.cli", "dispatcher"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_the_cli_exits_non_zero_with_a_one_line_error_on_bad_config() -> None:
+    proc = run_dispatcher(BROOK_CONCURRENCY="lots")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith("brook: error: BROOK_CONCURRENCY:")
 
 
 def test_an_unimportable_task_module_fails_at_start_naming_brook_tasks() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
-    env.update(
-        {
-            "BROOK_TASKS": "no.such.module",
-            "PYTHONPATH": str(ROOT),
-            "BROOK_MONGO_URI": "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=100",
-        }
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "brook.cli", "dispatcher"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_dispatcher(
+        BROOK_TASKS="no.such.module",
+        BROOK_MONGO_URI="mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=100",
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("brook: error: BROOK_TASKS: cannot import 'no.such.module'")
