@@ -12,7 +12,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from common.backoff import exponential
 from common.errors import BrookError
+from common.events import Event, emit
 from common.settings import Settings, load_settings
 
 TERMINAL = {"completed", "failed", "cancelled"}
@@ -61,10 +63,9 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
     the dispatcher first (it hands running jobs back), then the API, then the replica set.
     """
     from brook.replset import ReplicaSet
-    from common.log import configure_logging, get_logger
+    from common.log import configure_logging
 
     configure_logging(settings.log_level, role="up")
-    log = get_logger()
     stop = {"signal": 0}
 
     def on_signal(signum: int, _: Any) -> None:
@@ -85,8 +86,8 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
                 started_rs = rs
             t0 = time.monotonic()
             uri = rs.up()
-            log.info(
-                "mongo.up",
+            emit(
+                Event.MONGO_UP,
                 uri=uri,
                 seconds=round(time.monotonic() - t0, 2),
                 members=rs.member_states(),
@@ -102,19 +103,19 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
                 break
             children[role] = spawn(role)
         if not stop["signal"]:
-            log.info(
-                "up.started",
+            emit(
+                Event.UP_STARTED,
                 api=f"http://{settings.api_host}:{settings.api_port}",
                 pids={r: p.pid for r, p in children.items()},
             )
-            code = _supervise(children, spawn, stop, log)
+            code = _supervise(children, spawn, stop)
     finally:
-        log.info("up.stopping", signal=stop["signal"] or None)
-        _stop_children(children, settings.shutdown_grace_seconds + 30, log)
+        emit(Event.UP_STOPPING, signal=stop["signal"] or None)
+        _stop_children(children, settings.shutdown_grace_seconds + 30)
         if started_rs is not None:
             started_rs.down()
-            log.info("mongo.down")
-        log.info("up.stopped")
+            emit(Event.MONGO_DOWN)
+        emit(Event.UP_STOPPED)
     return code
 
 
@@ -126,7 +127,6 @@ def _supervise(
     children: dict[str, subprocess.Popen[bytes]],
     spawn: Any,
     stop: dict[str, int],
-    log: Any,
 ) -> int:
     """Restart a role that dies (a killed dispatcher's jobs come back after lease expiry);
     give up, stopping everything, if one keeps dying."""
@@ -138,17 +138,19 @@ def _supervise(
             now = time.monotonic()
             recent = [t for t in restarts[role] if now - t < RESTART_WINDOW_S]
             if len(recent) >= RESTART_LIMIT:
-                log.error(
-                    "up.giving_up",
+                emit(
+                    Event.UP_GIVING_UP,
+                    level="error",
                     role=role,
                     exitcode=proc.returncode,
                     restarts=len(recent),
                     window_s=RESTART_WINDOW_S,
                 )
                 return 1
-            delay = min(2.0 ** len(recent) * 0.5, 10.0)
-            log.warning(
-                "up.child_exited",
+            delay = exponential(len(recent), 0.5, 10.0)
+            emit(
+                Event.UP_CHILD_EXITED,
+                level="warning",
                 role=role,
                 pid=proc.pid,
                 exitcode=proc.returncode,
@@ -161,12 +163,12 @@ def _supervise(
                 break
             restarts[role] = [*recent, time.monotonic()]
             children[role] = spawn(role)
-            log.info("up.child_restarted", role=role, pid=children[role].pid)
+            emit(Event.UP_CHILD_RESTARTED, role=role, pid=children[role].pid)
         time.sleep(0.2)
     return 0
 
 
-def _stop_children(children: dict[str, subprocess.Popen[bytes]], timeout: float, log: Any) -> None:
+def _stop_children(children: dict[str, subprocess.Popen[bytes]], timeout: float) -> None:
     for proc in children.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -175,7 +177,7 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]], timeout: float,
         try:
             proc.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            log.error("up.kill", role=role, pid=proc.pid)
+            emit(Event.UP_KILL, level="error", role=role, pid=proc.pid)
             proc.kill()
             proc.wait()
 

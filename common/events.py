@@ -40,6 +40,16 @@ class Event(StrEnum):
     DISPATCHER_STOPPED = "dispatcher.stopped"
     API_STARTED = "api.started"
     MONGO_UNAVAILABLE = "mongo.unavailable"
+    MONGO_REFUSED = "mongo.refused"  # MongoDB rejected a write itself (e.g. too large)
+    MONGO_UP = "mongo.up"
+    MONGO_DOWN = "mongo.down"
+    UP_STARTED = "up.started"
+    UP_CHILD_EXITED = "up.child_exited"
+    UP_CHILD_RESTARTED = "up.child_restarted"
+    UP_GIVING_UP = "up.giving_up"
+    UP_KILL = "up.kill"
+    UP_STOPPING = "up.stopping"
+    UP_STOPPED = "up.stopped"
 
 
 _log = get_logger()

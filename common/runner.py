@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -51,9 +50,3 @@ class Runner(Protocol):
 
     def kill(self, job_id: str, reason: KillReason) -> bool: ...
 
-
-def backoff_delay(attempt: int, base: float, cap: float, rand: float | None = None) -> float:
-    """Exponential backoff with jitter: a delay in [d/2, d], d = min(cap, base * 2**(attempt-1))."""
-    full = min(cap, base * 2.0 ** max(attempt - 1, 0))
-    r = random.random() if rand is None else rand
-    return float(full * (0.5 + r / 2.0))

@@ -25,11 +25,12 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
+from common.backoff import backoff_delay
 from common.db import is_transient
 from common.errors import LeaseLost
 from common.events import Event, emit, job_fields
 from common.models import Job
-from common.runner import Outcome, RunJob, Runner, backoff_delay
+from common.runner import Outcome, RunJob, Runner
 from common.settings import Settings
 from common.status import JobStatus
 from common.store import JobStore, Lease

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.runner import backoff_delay
+from common.backoff import Backoff, backoff_delay
 from common.status import ACTIVE, TERMINAL, TRANSITIONS, JobStatus
 from ingest.validation import InvalidInput, body_depth, check_document, parse_submit
 
@@ -84,3 +84,10 @@ def test_failures_are_classified_transient_or_permanent_in_one_place() -> None:
     assert not is_transient(DuplicateKeyError("dup", code=11000))
     assert not is_transient(DocumentTooLarge("too big"))
     assert not is_transient(OperationFailure("bad query", code=2))
+
+
+def test_a_loop_backoff_doubles_to_its_cap_and_resets_after_a_success() -> None:
+    b = Backoff(0.1, 0.5)
+    assert [b.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+    b.reset()
+    assert b.next() == 0.1
