@@ -51,7 +51,7 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def cmd_dispatcher(settings: Settings, _: argparse.Namespace) -> int:
-    from dispatcher.main import run_dispatcher
+    from brook.roles import run_dispatcher
 
     return run_dispatcher(settings)
 

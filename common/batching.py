@@ -11,25 +11,31 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from common.supervision import Spawn, spawn_logged
+
 In = TypeVar("In")
 Out = TypeVar("Out")
 
 
 class GroupCommit(Generic[In, Out]):
     def __init__(
-        self, write: Callable[[Sequence[In]], Awaitable[Sequence[Out]]], max_batch: int = 256
+        self,
+        write: Callable[[Sequence[In]], Awaitable[Sequence[Out]]],
+        max_batch: int = 256,
+        *,
+        spawn: Spawn = spawn_logged,
     ) -> None:
         self._write = write
         self._max_batch = max_batch
+        self._spawn = spawn
         self._queue: list[tuple[In, asyncio.Future[Out]]] = []
         self._writer: asyncio.Task[None] | None = None
 
     async def submit(self, item: In) -> Out:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Out] = loop.create_future()
+        fut: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
         self._queue.append((item, fut))
         if self._writer is None or self._writer.done():
-            self._writer = loop.create_task(self._drain())
+            self._writer = self._spawn(self._drain(), "group-commit")
         return await fut
 
     async def _drain(self) -> None:

@@ -16,13 +16,12 @@ from pymongo.errors import ConnectionFailure, OperationFailure, WTimeoutError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
+from common.models import Doc
 from common.settings import Settings
 
 REPLSET_NAME = "brook"
 MAJORITY = WriteConcern(w="majority")
 MAJORITY_READ = ReadConcern("majority")
-
-Doc = dict[str, Any]
 
 
 def embedded_ports(base_port: int) -> list[int]:
@@ -67,6 +66,19 @@ _TRANSIENT_CODES = frozenset(
 )
 
 
+# Change-stream errors after which a saved resume token is useless: start a fresh stream
+# and sweep. 286 ChangeStreamHistoryLost, 280 ChangeStreamFatalError, 260 InvalidResumeToken,
+# 136 CappedPositionLost.
+_HISTORY_LOST_CODES = frozenset({286, 280, 260, 136})
+
+
+def is_history_lost(exc: BaseException) -> bool:
+    """The change stream cannot resume from its token (the oplog no longer holds it)."""
+    return isinstance(exc, OperationFailure) and (
+        exc.code in _HISTORY_LOST_CODES or exc.has_error_label("NonResumableChangeStreamError")
+    )
+
+
 def is_transient(exc: BaseException) -> bool:
     """Failures classified in one place: worth retrying (no primary, network, failover),
     as opposed to errors that will fail the same way again (bad document, bad query)."""
@@ -76,3 +88,9 @@ def is_transient(exc: BaseException) -> bool:
         labels = ("RetryableWriteError", "TransientTransactionError", "ResumableChangeStreamError")
         return exc.code in _TRANSIENT_CODES or any(exc.has_error_label(lb) for lb in labels)
     return False
+
+
+async def ping(client: AsyncMongoClient[Doc]) -> bool:
+    """True while a member answers (the API's readiness)."""
+    reply = await client.admin.command("ping")
+    return bool(reply.get("ok"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from common.log import get_logger
 
@@ -18,6 +18,7 @@ class Event(StrEnum):
     JOB_CANCELLED = "job.cancelled"
     JOB_CANCEL_REQUESTED = "job.cancel_requested"
     JOB_RELEASED = "job.released"
+    JOB_RELEASE_FAILED = "job.release_failed"  # shutdown could not hand it back: lease expiry will
     JOB_TIMED_OUT = "job.timed_out"
     JOB_RESULT_DISCARDED = "job.result_discarded"
     LEASE_EXPIRED = "lease.expired"
@@ -34,6 +35,7 @@ class Event(StrEnum):
     STREAM_INVALIDATED = "stream.invalidated"
     STREAM_ERROR = "stream.error"
     SWEEP_DONE = "sweep.done"
+    BACKGROUND_CRASHED = "background.crashed"
     DISPATCHER_STARTED = "dispatcher.started"
     DISPATCHER_READY = "dispatcher.ready"
     DISPATCHER_STOPPING = "dispatcher.stopping"
@@ -60,8 +62,19 @@ def emit(event: Event, *, level: str = "info", **fields: Any) -> None:
     getattr(_log, level)(event.value, **fields)
 
 
-def job_fields(job: Any) -> dict[str, Any]:
-    """`job_id`, `attempt` and `task` for a job document or `Job`."""
-    if isinstance(job, dict):
-        return {"job_id": str(job["_id"]), "attempt": job.get("attempts"), "task": job.get("task")}
-    return {"job_id": job.id, "attempt": job.attempts, "task": job.task}
+class JobRef(Protocol):
+    """Anything that names one attempt of one job (`Job`, `RunJob`, `ExpiredLease`)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def task(self) -> str: ...
+
+
+def job_fields(job: JobRef) -> dict[str, Any]:
+    """`job_id`, `attempt` and `task`: the fields every job-scoped log line carries."""
+    return {"job_id": job.job_id, "attempt": job.attempt, "task": job.task}

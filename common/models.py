@@ -46,6 +46,15 @@ class Job:
     cancel_requested: bool
     history: list[dict[str, Any]]
 
+    @property
+    def job_id(self) -> str:
+        return self.id
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt: the fencing token of the lease that holds the job."""
+        return self.attempts
+
     @classmethod
     def from_doc(cls, doc: Doc) -> Job:
         return cls(

@@ -29,7 +29,3 @@ TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
         (JobStatus.RUNNING, JobStatus.CANCELLED),  # worker stopped after a cancel request
     }
 )
-
-
-def is_allowed(src: JobStatus, dst: JobStatus) -> bool:
-    return (src, dst) in TRANSITIONS

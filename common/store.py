@@ -9,13 +9,14 @@ Times that matter for leases and due dates come from the server clock (`$$NOW`).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from bson import ObjectId
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument, UpdateOne
+from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
@@ -166,6 +167,16 @@ class Lease:
     attempt: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExpiredLease:
+    """A running job whose lease is over by the server's clock (the watchdog's find)."""
+
+    job_id: str
+    attempt: int
+    task: str
+    owner: str
+
+
 class JobStore:
     def __init__(self, db: AsyncDatabase[Doc]) -> None:
         self.db = db
@@ -281,9 +292,12 @@ class JobStore:
         return jobs, nxt
 
     async def count_by_status(self) -> dict[str, int]:
+        """Jobs per status, in one aggregation."""
         counts = {s.value: 0 for s in JobStatus}
-        for status in JobStatus:
-            counts[status.value] = await self.jobs.count_documents({"status": status.value})
+        async for row in await self.jobs.aggregate(
+            [{"$group": {"_id": "$status", "n": {"$sum": 1}}}]
+        ):
+            counts[str(row["_id"])] = int(row["n"])
         return counts
 
     # -- dispatcher operations -------------------------------------------------------------
@@ -355,10 +369,6 @@ class JobStore:
         still = await self.jobs.find(held, projection={"_id": 1}).to_list()
         kept = {d["_id"] for d in still}
         return {lease.job_id for lease in leases} - kept
-
-    async def complete(self, lease: Lease, owner: str, result: Any) -> Job:
-        """Fenced completion: only the attempt that holds the lease can complete the job."""
-        return await self._fenced(lease, owner, _completed(lease, result))
 
     async def complete_many(
         self, owner: str, items: Sequence[tuple[Lease, Any]]
@@ -455,27 +465,43 @@ class JobStore:
             },
         )
 
-    async def expired(self, limit: int = 100) -> list[Doc]:
+    async def expired(self, limit: int = 100) -> list[ExpiredLease]:
         """Running jobs whose lease is over by the server's clock."""
-        return await self.jobs.find(
+        docs = await self.jobs.find(
             {"status": R, "$expr": {"$lt": ["$lease_expires_at", NOW]}},
-            projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1, "max_attempts": 1},
+            projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1},
             limit=limit,
         ).to_list()
+        return [
+            ExpiredLease(
+                job_id=str(d["_id"]), attempt=d["attempts"], task=d["task"], owner=d["owner"]
+            )
+            for d in docs
+        ]
 
-    async def requeue_expired(self, doc: Doc, retry_delay_s: float) -> Job:
+    async def requeue_expired(self, lease: ExpiredLease, retry_delay_s: float) -> Job:
         """Watchdog: the holder of this lease died or froze; count the attempt and retry or fail."""
         return await self._end_attempt(
             {
-                "_id": doc["_id"],
-                "attempts": doc["attempts"],
-                "owner": doc["owner"],
+                "_id": lease.job_id,
+                "attempts": lease.attempt,
+                "owner": lease.owner,
                 "status": R,
                 "$expr": {"$lt": ["$lease_expires_at", NOW]},
             },
-            {"type": "LeaseExpired", "message": f"lease of {doc['owner']} expired"},
+            {"type": "LeaseExpired", "message": f"lease of {lease.owner} expired"},
             retry_delay_s,
         )
+
+    async def cancel_requested(self, owner: str, job_ids: Sequence[str]) -> list[str]:
+        """Which of these jobs `owner` holds have a cancel request (a missed event's backup)."""
+        if not job_ids:
+            return []
+        docs = await self.jobs.find(
+            {"_id": {"$in": list(job_ids)}, "owner": owner, "cancel_requested": True},
+            projection={"_id": 1},
+        ).to_list()
+        return [str(d["_id"]) for d in docs]
 
     async def cancel(self, job_id: str) -> Job:
         """Pending → cancelled at once; running → `cancel_requested` (its holder stops it)."""
@@ -515,6 +541,24 @@ class JobStore:
             if JobStatus(current["status"]) in TERMINAL:
                 raise JobConflict(f"job {job_id} is already {current['status']}")
         raise JobConflict(f"job {job_id} kept changing state; try again")  # pragma: no cover
+
+    # -- change stream -------------------------------------------------------------------------
+
+    async def watch(
+        self,
+        pipeline: Sequence[Mapping[str, Any]],
+        *,
+        resume_after: Mapping[str, Any] | None,
+        max_await_ms: int,
+        full_document: str | None = None,
+    ) -> AsyncChangeStream[Doc]:
+        """A change stream on the jobs collection (open it with `async with`)."""
+        return await self.jobs.watch(
+            list(pipeline),
+            resume_after=resume_after,
+            max_await_time_ms=max_await_ms,
+            full_document=full_document,
+        )
 
     # -- resume tokens -----------------------------------------------------------------------
 
@@ -605,7 +649,3 @@ class JobStore:
         if doc is None:
             raise LeaseLost(f"job {query['_id']} attempt {query['attempts']} is no longer held")
         return Job.from_doc(doc)
-
-
-def leases_of(jobs: Iterable[Job]) -> list[Lease]:
-    return [Lease(job_id=j.id, attempt=j.attempts) for j in jobs]

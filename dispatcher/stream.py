@@ -1,8 +1,9 @@
 """The change stream: a wake-up signal for new or requeued work and for cancel requests.
 
 It is the fast path, not the only path: the watchdog sweep claims anything an event
-never announced. The resume token is saved (majority write) after every `try_next`,
-empty or not, together with a version of the pipeline it belongs to.
+never announced. The newest resume token (offered after every `try_next`, empty or not)
+is saved by `TokenSaver` with a version of the pipeline it belongs to: a majority write,
+coalesced to at most one a second.
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ from typing import Any
 
 from pymongo.errors import OperationFailure, PyMongoError
 
+from common.backoff import Backoff
+from common.db import is_history_lost
 from common.events import Event, emit
 from common.store import JobStore
+
+# Events after which the stream is over: reopen fresh and sweep.
+INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")
 
 PIPELINE: list[dict[str, Any]] = [
     {
@@ -31,7 +37,7 @@ PIPELINE: list[dict[str, Any]] = [
                     "operationType": "update",
                     "updateDescription.updatedFields.cancel_requested": True,
                 },
-                {"operationType": {"$in": ["invalidate", "drop", "dropDatabase", "rename"]}},
+                {"operationType": {"$in": list(INVALIDATING)}},
             ]
         }
     },
@@ -48,11 +54,6 @@ PIPELINE: list[dict[str, Any]] = [
 ]
 
 PIPELINE_VERSION = hashlib.sha1(json.dumps(PIPELINE, sort_keys=True).encode()).hexdigest()[:12]
-
-# Errors after which the saved token is useless: start a fresh stream and sweep.
-#   286 ChangeStreamHistoryLost, 280 ChangeStreamFatalError, 260 InvalidResumeToken,
-#   136 CappedPositionLost
-HISTORY_LOST_CODES = frozenset({286, 280, 260, 136})
 
 OnChange = Callable[[Mapping[str, Any]], None]
 OnReset = Callable[[], Awaitable[None]]
@@ -95,8 +96,7 @@ class TokenSaver:
             self._saved = token
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="save_token", error=str(exc)[:200])
-            await asyncio.sleep(0.5)
-            self._dirty.set()
+            self._dirty.set()  # `run` tries again after its interval
 
 
 class StreamFollower:
@@ -104,6 +104,7 @@ class StreamFollower:
         self,
         store: JobStore,
         name: str,
+        saver: TokenSaver,
         on_change: OnChange,
         on_reset: OnReset,
         *,
@@ -111,66 +112,59 @@ class StreamFollower:
     ) -> None:
         self.store = store
         self.name = name
+        self.saver = saver
         self.on_change = on_change
         self.on_reset = on_reset
         self.max_await_ms = max_await_ms
-        self.saver = TokenSaver(store, name)
         self.opened = asyncio.Event()
 
     async def run(self) -> None:
         token = await self._load_token()
-        delay = 0.1
+        backoff = Backoff(0.1, 5.0)
         while True:
             try:
-                async with await self.store.jobs.watch(
-                    PIPELINE, resume_after=token, max_await_time_ms=self.max_await_ms
-                ) as stream:
-                    emit(
-                        Event.STREAM_RESUMED if token is not None else Event.STREAM_OPENED,
-                        version=PIPELINE_VERSION,
-                    )
-                    self.opened.set()
-                    delay = 0.1
-                    while stream.alive:
-                        change = await stream.try_next()
-                        if change is not None:
-                            if change["operationType"] in (
-                                "invalidate",
-                                "drop",
-                                "dropDatabase",
-                                "rename",
-                            ):
-                                emit(
-                                    Event.STREAM_INVALIDATED,
-                                    level="warning",
-                                    op=change["operationType"],
-                                )
-                                token = None
-                                await self._drop_token()
-                                await self.on_reset()
-                                break
-                            self.on_change(change)
-                        token = stream.resume_token
-                        self.saver.offer(token)
+                token = await self._follow(token, backoff)
             except OperationFailure as exc:
-                if exc.code in HISTORY_LOST_CODES or "resume" in str(exc).lower():
-                    emit(
-                        Event.STREAM_HISTORY_LOST,
-                        level="warning",
-                        code=exc.code,
-                        error=str(exc)[:300],
-                    )
-                    token = None
-                    await self._drop_token()
-                    await self.on_reset()
+                if not is_history_lost(exc):
+                    emit(Event.STREAM_ERROR, level="warning", code=exc.code, error=str(exc)[:300])
+                    await asyncio.sleep(backoff.next())
                     continue
-                emit(Event.STREAM_ERROR, level="warning", code=exc.code, error=str(exc)[:300])
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                emit(
+                    Event.STREAM_HISTORY_LOST, level="warning", code=exc.code, error=str(exc)[:300]
+                )
+                token = None
+                await self._drop_token()
+                await self.on_reset()
             except PyMongoError as exc:
                 emit(Event.STREAM_ERROR, level="warning", error=str(exc)[:300])
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                await asyncio.sleep(backoff.next())
+
+    async def _follow(
+        self, token: Mapping[str, Any] | None, backoff: Backoff
+    ) -> Mapping[str, Any] | None:
+        """Open the stream (resuming after `token`) and follow it; return the token to
+        resume from next, None after an invalidation."""
+        async with await self.store.watch(
+            PIPELINE, resume_after=token, max_await_ms=self.max_await_ms
+        ) as stream:
+            emit(
+                Event.STREAM_RESUMED if token is not None else Event.STREAM_OPENED,
+                version=PIPELINE_VERSION,
+            )
+            self.opened.set()
+            backoff.reset()
+            while stream.alive:
+                change = await stream.try_next()
+                if change is not None and change["operationType"] in INVALIDATING:
+                    emit(Event.STREAM_INVALIDATED, level="warning", op=change["operationType"])
+                    await self._drop_token()
+                    await self.on_reset()
+                    return None
+                if change is not None:
+                    self.on_change(change)
+                token = stream.resume_token
+                self.saver.offer(token)
+        return token
 
     async def _load_token(self) -> Mapping[str, Any] | None:
         while True:

@@ -23,9 +23,11 @@ from typing import Any
 import aiomultiprocess
 import aiomultiprocess.core
 
-from common.events import Event, emit
-from common.runner import KillReason, Outcome, RunJob
+from common.backoff import exponential
+from common.events import Event, emit, job_fields
+from common.runner import KillReason, Outcome, RunJob, Slot
 from common.settings import Settings
+from common.supervision import Spawn, spawn_logged
 from executor.worker import READY, STOP, JobDone, worker_main
 
 
@@ -56,7 +58,7 @@ class _Worker:
         return pid
 
 
-class Slot:
+class PoolSlot(Slot):
     """A reserved idle worker; hand it a job with `WorkerPool.run`, or give it back."""
 
     def __init__(self, worker: _Worker) -> None:
@@ -65,15 +67,21 @@ class Slot:
 
 class WorkerPool:
     def __init__(
-        self, settings: Settings, size: int, on_free: Callable[[], None] = lambda: None
+        self,
+        settings: Settings,
+        size: int,
+        on_free: Callable[[], None] = lambda: None,
+        *,
+        spawn: Spawn = spawn_logged,
     ) -> None:
         self.settings = settings
         self.size = size
         self.on_free = on_free
+        self._spawn_task = spawn
         self._workers: dict[str, _Worker] = {}
         self._names = itertools.count(1)
         self._closing = False
-        self._spawn_failures = 0
+        self._spawn_failures = 0  # workers that died before they were ready, in a row
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -135,22 +143,22 @@ class WorkerPool:
     def free_slots(self) -> int:
         return sum(1 for w in self._workers.values() if self._idle(w))
 
-    def reserve(self) -> Slot | None:
+    def reserve(self) -> PoolSlot | None:
         if self._closing:
             return None
         for w in self._workers.values():
             if self._idle(w):
                 w.reserved = True
-                return Slot(w)
+                return PoolSlot(w)
         return None
 
     def unreserve(self, slot: Slot) -> None:
-        slot.worker.reserved = False
+        _worker_of(slot).reserved = False
 
     # -- running ---------------------------------------------------------------------------
 
     async def run(self, slot: Slot, job: RunJob, timeout: float | None) -> Outcome:
-        worker = slot.worker
+        worker = _worker_of(slot)
         worker.job = job
         waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         worker.waiter = waiter
@@ -284,26 +292,27 @@ class WorkerPool:
             self._respawn_later()
 
     def _respawn_later(self) -> None:
-        delay = (
-            min(0.5 * (2 ** max(self._spawn_failures - 1, 0)), 30.0)
-            if self._spawn_failures
-            else 0.0
-        )
+        # Workers that die before they are ready are respawned ever more slowly.
+        failures = self._spawn_failures
+        delay = exponential(failures - 1, 0.5, 30.0) if failures else 0.0
 
         async def respawn() -> None:
             await asyncio.sleep(delay)
             if not self._closing and len(self._workers) < self.size:
                 self._spawn()
 
-        task = asyncio.get_running_loop().create_task(respawn())
+        task = self._spawn_task(respawn(), "respawn-worker")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
 
+def _worker_of(slot: Slot) -> _Worker:
+    assert isinstance(slot, PoolSlot), f"not a slot of this pool: {slot!r}"
+    return slot.worker
+
+
 def _job_log(job: RunJob | None) -> dict[str, Any]:
-    if job is None:
-        return {}
-    return {"job_id": job.job_id, "attempt": job.attempt, "task": job.task}
+    return job_fields(job) if job is not None else {}
 
 
 def _signal_name(code: int | None) -> str | None:

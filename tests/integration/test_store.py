@@ -87,14 +87,21 @@ async def test_a_zombie_completion_from_a_stale_attempt_is_rejected(store: JobSt
     assert requeued.error["type"] == "LeaseExpired"
     second = await store.claim("other-owner", 30)
     assert second is not None and second.attempts == 2
-    with pytest.raises(LeaseLost):
-        await store.complete(Lease(job_id=sub.job.id, attempt=1), OWNER, "stale")
-    with pytest.raises(LeaseLost):  # right attempt, wrong owner
-        await store.complete(Lease(job_id=sub.job.id, attempt=2), OWNER, "stale")
-    done = await store.complete(Lease(job_id=sub.job.id, attempt=2), "other-owner", "fresh")
+
+    async def complete(attempt: int, owner: str, result: str) -> bool:
+        lease = Lease(job_id=sub.job.id, attempt=attempt)
+        done, refused = await store.complete_many(owner, [(lease, result)])
+        assert not refused
+        return sub.job.id in done
+
+    assert not await complete(1, OWNER, "stale")
+    with pytest.raises(LeaseLost):  # every other outcome write is fenced the same way
+        await store.fail_attempt(Lease(job_id=sub.job.id, attempt=1), OWNER, {"type": "E"}, 0)
+    assert not await complete(2, OWNER, "stale")  # right attempt, wrong owner
+    assert await complete(2, "other-owner", "fresh")
+    await complete(2, "other-owner", "again")  # a completed job cannot be completed again
+    done = await store.get(sub.job.id)
     assert done.status == JobStatus.COMPLETED and done.result == "fresh"
-    with pytest.raises(LeaseLost):  # a completed job cannot be completed again
-        await store.complete(Lease(job_id=sub.job.id, attempt=2), "other-owner", "again")
 
 
 async def test_failed_attempts_retry_then_fail_when_attempts_run_out(store: JobStore) -> None:
@@ -189,7 +196,7 @@ async def test_every_transition_the_store_performs_is_in_the_table(store: JobSto
     await store.fail_attempt(Lease(job_id=j.id, attempt=1), OWNER, err, 0)
     j = await store.claim(OWNER, 30)
     assert j
-    await store.complete(Lease(job_id=j.id, attempt=2), OWNER, 1)
+    await store.complete_many(OWNER, [(Lease(job_id=j.id, attempt=2), 1)])
     # fail for good
     await store.submit(spec(max_attempts=1))
     j = await store.claim(OWNER, 30)
@@ -200,8 +207,8 @@ async def test_every_transition_the_store_performs_is_in_the_table(store: JobSto
     j = await store.claim(OWNER, 30)
     assert j
     await expire_now(store, j.id)
-    for doc in await store.expired():
-        await store.requeue_expired(doc, 0)
+    for expired in await store.expired():
+        await store.requeue_expired(expired, 0)
     j = await store.claim(OWNER, 30)
     assert j
     await store.release(Lease(job_id=j.id, attempt=j.attempts), OWNER)

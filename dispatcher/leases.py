@@ -1,0 +1,132 @@
+"""Leases: the heartbeat that renews ours, and the watchdog that requeues anyone's expired.
+
+The heartbeat renews every lease this dispatcher holds in one write a third of the lease
+length apart; a lease it no longer holds (it froze past expiry, say) kills that worker.
+The watchdog is the slow path that makes no job depend on an event: it requeues expired
+leases (a dead or frozen holder), stops workers whose cancel request the stream missed,
+then asks the claimer to look for due work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from pymongo.errors import PyMongoError
+
+from common.backoff import backoff_delay
+from common.errors import LeaseLost
+from common.events import Event, emit, job_fields
+from common.runner import KillReason
+from common.settings import Settings
+from common.store import ExpiredLease, JobStore
+from dispatcher.claimer import ServerClock
+from dispatcher.holdings import Holdings
+
+Kill = Callable[[str, KillReason], bool]
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        owner: str,
+        holdings: Holdings,
+        clock: ServerClock,
+        kill: Kill,
+        swept: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.owner = owner
+        self.holdings = holdings
+        self.clock = clock
+        self.kill = kill
+        self.swept = swept
+
+    def cancel(self, job_id: str) -> None:
+        """Stop the worker of a held job whose cancel was requested."""
+        job = self.holdings.job(job_id)
+        emit(Event.JOB_CANCEL_REQUESTED, **(job_fields(job) if job else {"job_id": job_id}))
+        self.kill(job_id, "cancelled")
+
+    def cancel_requested(self, job_id: str) -> None:
+        """The stream saw a cancel request (possibly before our claim's answer)."""
+        self.holdings.note_cancel(job_id)
+        if self.holdings.is_running(job_id):
+            self.cancel(job_id)
+
+    # -- heartbeat -------------------------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            await self.renew()
+
+    async def renew(self) -> None:
+        leases = self.holdings.running()
+        if not leases:
+            return
+        try:
+            lost = await self.store.renew(self.owner, leases, self.settings.lease_seconds)
+        except PyMongoError as exc:
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="renew", error=str(exc)[:200])
+            return
+        for job_id in lost:
+            if self.holdings.is_running(job_id):
+                job = self.holdings.job(job_id)
+                emit(
+                    Event.LEASE_LOST,
+                    level="warning",
+                    **(job_fields(job) if job else {"job_id": job_id}),
+                    owner=self.owner,
+                )
+                self.kill(job_id, "lease_lost")
+
+    # -- watchdog --------------------------------------------------------------------------
+
+    async def watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sweep_seconds)
+            await self.try_sweep()
+
+    async def try_sweep(self) -> None:
+        """A sweep that rides over an unavailable MongoDB (the next one tries again)."""
+        try:
+            await self.sweep()
+        except PyMongoError as exc:
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="sweep", error=str(exc)[:200])
+
+    async def sweep(self) -> None:
+        """Requeue expired leases, stop workers of cancelled jobs, and claim due work."""
+        await self.clock.sync()
+        requeued = 0
+        for lease in await self.store.expired():
+            if await self._requeue(lease):
+                requeued += 1
+        held = [lease.job_id for lease in self.holdings.running()]
+        for job_id in await self.store.cancel_requested(self.owner, held):
+            self.cancel(job_id)
+        self.holdings.forget_old_cancels()
+        if requeued:
+            emit(Event.SWEEP_DONE, requeued=requeued)
+        self.swept()
+
+    async def _requeue(self, lease: ExpiredLease) -> bool:
+        s = self.settings
+        delay = backoff_delay(lease.attempt, s.retry_base_seconds, s.retry_cap_seconds)
+        try:
+            job = await self.store.requeue_expired(lease, delay)
+        except LeaseLost:
+            return False  # renewed or finished meanwhile
+        emit(
+            Event.LEASE_EXPIRED,
+            level="warning",
+            **job_fields(lease),
+            owner=lease.owner,
+            status=job.status.value,
+        )
+        if lease.owner == self.owner:
+            self.kill(lease.job_id, "lease_lost")
+        return True

@@ -1,0 +1,197 @@
+"""Recording how an attempt ended: one fenced write per outcome, one verdict type for all.
+
+Completions go by group commit (jobs that finish while a completion write is in flight
+are written together in the next one: one `bulk_write`, one majority wait), each still
+fenced by its own filter (`_id`, attempt, owner, running). Every other outcome (failure,
+retry, timeout, crash, cancel, release) is one conditional write of its own. Every write
+rides out a failover until a deadline; after it the job is left to lease expiry.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pymongo.errors import PyMongoError
+
+from common.backoff import backoff_delay
+from common.batching import GroupCommit
+from common.errors import LeaseLost
+from common.events import Event, emit, job_fields
+from common.models import Job
+from common.retrying import ride_out
+from common.runner import Outcome
+from common.settings import Settings
+from common.status import JobStatus
+from common.store import JobStore, Lease
+from common.supervision import Spawn
+
+VerdictKind = Literal["applied", "lost", "refused", "deadline"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """What became of an outcome write: `applied` (with the job as written), `lost` (another
+    attempt or owner holds the job), `refused` (MongoDB rejected the write itself, with its
+    reason) or `deadline` (no primary in time; the watchdog requeues the job)."""
+
+    kind: VerdictKind
+    job: Job | None = None
+    detail: str = ""
+
+
+_REASONS: dict[VerdictKind, tuple[str, str]] = {
+    "lost": ("warning", "lease lost: another attempt or owner holds the job"),
+    "deadline": ("error", "could not record before the deadline; the watchdog will requeue it"),
+}
+
+
+class Outcomes:
+    def __init__(self, settings: Settings, store: JobStore, owner: str, spawn: Spawn) -> None:
+        self.settings = settings
+        self.store = store
+        self.owner = owner
+        self._cutoff = math.inf
+        self._completions: GroupCommit[tuple[Lease, Any], Verdict] = GroupCommit(
+            self._complete_many, spawn=spawn
+        )
+
+    def cut_off(self, at: float) -> None:
+        """No write retries past the monotonic time `at` (shutdown's hard deadline)."""
+        self._cutoff = at
+
+    def _until(self) -> float:
+        return min(time.monotonic() + self.settings.lease_seconds * 2, self._cutoff)
+
+    async def record(self, job: Job, lease: Lease, outcome: Outcome, elapsed: float) -> Verdict:
+        """Write the outcome of one attempt and log the job's new state."""
+        fields = job_fields(job) | {"duration_ms": round(elapsed * 1000, 2)}
+        if outcome.kind == "lease_lost":
+            emit(Event.JOB_RESULT_DISCARDED, level="warning", **fields, reason="lease lost")
+            return Verdict(kind="lost")
+        if outcome.kind == "timeout":
+            emit(Event.JOB_TIMED_OUT, level="warning", **fields, timeout_s=job.timeout_s)
+        if outcome.kind == "ok":
+            verdict = await self._completions.submit((lease, outcome.result))
+        else:
+            verdict = await self._write(job, lease, outcome)
+        if verdict.kind == "refused":
+            emit(
+                Event.MONGO_REFUSED,
+                level="error",
+                op="record",
+                error=verdict.detail[:300],
+                **fields,
+            )
+            verdict = await self._fail_refused(job, lease, verdict.detail)
+            outcome = Outcome(kind="error")
+        self._log(verdict, outcome, fields)
+        return verdict
+
+    async def _write(self, job: Job, lease: Lease, outcome: Outcome) -> Verdict:
+        try:
+            done = await ride_out(
+                "record", lambda: self._write_other(job, lease, outcome), until=self._until()
+            )
+        except LeaseLost:
+            return Verdict(kind="lost")
+        except PyMongoError as exc:  # not transient: retrying would fail the same way
+            return Verdict(kind="refused", detail=str(exc))
+        return Verdict(kind="deadline") if done is None else Verdict(kind="applied", job=done)
+
+    async def _write_other(self, job: Job, lease: Lease, outcome: Outcome) -> Job:
+        if outcome.kind == "cancelled":
+            return await self.store.cancel_running(lease, self.owner)
+        if outcome.kind == "shutdown":
+            return await self.store.release(lease, self.owner)
+        delay = outcome.retry_delay
+        if delay is None:
+            delay = self._backoff(job)
+        error = outcome.error or {"type": "Error", "message": outcome.kind}
+        return await self.store.fail_attempt(lease, self.owner, error, max(delay, 0.0))
+
+    async def _complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Verdict]:
+        try:
+            written = await ride_out(
+                "complete",
+                lambda: self.store.complete_many(self.owner, items),
+                until=self._until(),
+            )
+        except PyMongoError as exc:  # not transient
+            return [Verdict(kind="refused", detail=str(exc))] * len(items)
+        if written is None:
+            return [Verdict(kind="deadline")] * len(items)
+        done, refused = written
+        verdicts: list[Verdict] = []
+        for lease, _ in items:
+            if lease.job_id in done:
+                verdicts.append(Verdict(kind="applied"))
+            elif lease.job_id in refused:
+                verdicts.append(Verdict(kind="refused", detail=refused[lease.job_id]))
+            else:
+                verdicts.append(Verdict(kind="lost"))
+        return verdicts
+
+    async def _fail_refused(self, job: Job, lease: Lease, message: str) -> Verdict:
+        """MongoDB refused the outcome itself (e.g. a result over the document size limit):
+        fail the attempt with that error rather than leave the job to lease expiry."""
+        error = {"type": "ResultNotStored", "message": message[:2000]}
+        try:
+            done = await self.store.fail_attempt(lease, self.owner, error, self._backoff(job))
+        except LeaseLost:
+            return Verdict(kind="lost")
+        except PyMongoError as exc:
+            return Verdict(kind="deadline", detail=str(exc))
+        return Verdict(kind="applied", job=done)
+
+    def _backoff(self, job: Job) -> float:
+        s = self.settings
+        return backoff_delay(job.attempts, s.retry_base_seconds, s.retry_cap_seconds)
+
+    def _log(self, verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -> None:
+        if verdict.kind != "applied":
+            level, reason = _REASONS.get(verdict.kind, _REASONS["deadline"])
+            if outcome.kind == "shutdown" and verdict.kind == "deadline":
+                emit(
+                    Event.JOB_RELEASE_FAILED,
+                    level="warning",
+                    **fields,
+                    reason="no primary before the shutdown deadline; the lease expires and the"
+                    " watchdog requeues it",
+                )
+                return
+            emit(
+                Event.JOB_RESULT_DISCARDED,
+                level=level,
+                **fields,
+                outcome=outcome.kind,
+                reason=reason,
+            )
+            return
+        done = verdict.job
+        if done is None or done.status == JobStatus.COMPLETED:
+            emit(Event.JOB_COMPLETED, **fields)
+        elif done.status == JobStatus.CANCELLED:
+            emit(Event.JOB_CANCELLED, **fields)
+        elif outcome.kind == "shutdown":
+            emit(Event.JOB_RELEASED, **fields, reason="dispatcher shutting down")
+        elif done.status == JobStatus.PENDING:
+            emit(
+                Event.JOB_RETRY_SCHEDULED,
+                level="warning",
+                **fields,
+                error_type=(done.error or {}).get("type"),
+                run_at=done.run_at.isoformat(),
+                max_attempts=done.max_attempts,
+            )
+        else:
+            emit(
+                Event.JOB_FAILED,
+                level="error",
+                **fields,
+                error_type=(done.error or {}).get("type"),
+                error_message=(done.error or {}).get("message"),
+            )
