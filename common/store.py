@@ -544,7 +544,7 @@ class JobStore:
 
     # -- change stream -------------------------------------------------------------------------
 
-    async def watch(
+    async def changes(
         self,
         pipeline: Sequence[Mapping[str, Any]],
         *,

@@ -2,7 +2,7 @@
 
 Every task a process starts outside its main `TaskGroup` (a per-job task, a group-commit
 writer, a worker respawn) goes through a `Spawn`. The default one logs a crash loudly; a
-`Supervisor` also fails its owner: `Supervisor.watch()`, run inside the owner's TaskGroup,
+`Supervisor` also fails its owner: `Supervisor.first_crash()`, run inside the owner's TaskGroup,
 raises the first crash, which stops the process.
 """
 
@@ -40,7 +40,7 @@ def spawn_logged(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[Non
 
 
 class Supervisor:
-    """Tracks background tasks; the first one that crashes fails `watch()`."""
+    """Tracks background tasks; the first one that crashes fails `first_crash()`."""
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task[None]] = set()
@@ -65,7 +65,7 @@ class Supervisor:
             self._crashed = asyncio.get_running_loop().create_future()
         return self._crashed
 
-    async def watch(self) -> None:
+    async def first_crash(self) -> None:
         """Raise the first crash of a supervised task (run it in the owner's TaskGroup)."""
         exc = await self._future()
         raise RuntimeError(f"background task crashed: {type(exc).__name__}: {exc}") from exc

@@ -79,7 +79,7 @@ class Dispatcher:
         )
         async with asyncio.TaskGroup() as tg:
             self._loops += [
-                tg.create_task(self.supervisor.watch(), name="supervisor"),
+                tg.create_task(self.supervisor.first_crash(), name="supervisor"),
                 tg.create_task(self._start_up(tg), name="start-up"),
             ]
             await stop.wait()  # a start-up that never ends (no MongoDB) does not delay this

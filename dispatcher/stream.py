@@ -144,7 +144,7 @@ class StreamFollower:
     ) -> Mapping[str, Any] | None:
         """Open the stream (resuming after `token`) and follow it; return the token to
         resume from next, None after an invalidation."""
-        async with await self.store.watch(
+        async with await self.store.changes(
             PIPELINE, resume_after=token, max_await_ms=self.max_await_ms
         ) as stream:
             emit(

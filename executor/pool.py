@@ -244,38 +244,7 @@ class WorkerPool:
         if not worker.exited.done():
             worker.exited.set_result(None)
         if worker.job is not None:
-            reason = worker.kill_reason
-            if reason is None:
-                emit(
-                    Event.WORKER_CRASHED,
-                    level="warning",
-                    worker=worker.name,
-                    pid=worker.pid,
-                    exitcode=code,
-                    signal=_signal_name(code),
-                    **_job_log(worker.job),
-                )
-                outcome = Outcome(
-                    kind="crashed",
-                    exitcode=code,
-                    error={
-                        "type": "WorkerCrashed",
-                        "message": f"worker process {worker.pid} exited with code {code}"
-                        + (f" ({_signal_name(code)})" if code is not None and code < 0 else ""),
-                    },
-                )
-            elif reason == "timeout":
-                outcome = Outcome(
-                    kind="timeout",
-                    exitcode=code,
-                    error={
-                        "type": "Timeout",
-                        "message": f"attempt exceeded its timeout; worker {worker.pid} was killed",
-                    },
-                )
-            else:
-                outcome = Outcome(kind=reason, exitcode=code)
-            self._settle(worker, outcome)
+            self._settle(worker, _death_outcome(worker, code))
         elif not worker.ready:
             self._spawn_failures += 1
             emit(
@@ -304,6 +273,30 @@ class WorkerPool:
         task = self._spawn_task(respawn(), "respawn-worker")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _death_outcome(worker: _Worker, code: int | None) -> Outcome:
+    """How the attempt of a worker that exited while holding a job ended."""
+    reason = worker.kill_reason
+    if reason == "timeout":
+        message = f"attempt exceeded its timeout; worker {worker.pid} was killed"
+        return Outcome(kind="timeout", exitcode=code, error={"type": "Timeout", "message": message})
+    if reason is not None:
+        return Outcome(kind=reason, exitcode=code)
+    sig = _signal_name(code)
+    emit(
+        Event.WORKER_CRASHED,
+        level="warning",
+        worker=worker.name,
+        pid=worker.pid,
+        exitcode=code,
+        signal=sig,
+        **_job_log(worker.job),
+    )
+    message = f"worker process {worker.pid} exited with code {code}" + (f" ({sig})" if sig else "")
+    return Outcome(
+        kind="crashed", exitcode=code, error={"type": "WorkerCrashed", "message": message}
+    )
 
 
 def _worker_of(slot: Slot) -> _Worker:
