@@ -74,6 +74,3 @@ def get_task(name: str) -> TaskDef:
     except KeyError:
         raise UnknownTask(name) from None
 
-
-def task_names() -> list[str]:
-    return sorted(_REGISTRY)
