@@ -7,8 +7,11 @@ chosen and handed to it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
+import sys
+from typing import NoReturn
 
 from common.db import database, make_client
 from common.events import Event, emit
@@ -47,6 +50,15 @@ async def serve_dispatcher(
             pass
 
 
+def exit_now(code: int) -> NoReturn:
+    """End the process at once, logs flushed: nothing left (say, a driver call stuck on an
+    unreachable server) may hold the exit past the shutdown deadline."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def run_dispatcher(settings: Settings) -> int:
     configure_logging(settings.log_level, role="dispatcher")
 
@@ -59,13 +71,23 @@ def run_dispatcher(settings: Settings) -> int:
                 # Second Ctrl-C: exit now. Running jobs come back at lease expiry; the
                 # workers die with this process (PR_SET_PDEATHSIG).
                 emit(Event.DISPATCHER_STOPPING, signal=sig.name, now=True)
-                os._exit(130)
+                exit_now(130)
             emit(Event.DISPATCHER_STOPPING, signal=sig.name)
             stop.set()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
-        await serve_dispatcher(settings, stop)
+        try:
+            await serve_dispatcher(settings, stop)
+        except Exception as exc:
+            emit(
+                Event.DISPATCHER_CRASHED,
+                level="error",
+                error=f"{type(exc).__name__}: {exc}",
+                exc_info=exc,
+            )
+            exit_now(1)
+        exit_now(0)
 
     asyncio.run(main())
     return 0

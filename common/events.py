@@ -40,6 +40,7 @@ class Event(StrEnum):
     DISPATCHER_READY = "dispatcher.ready"
     DISPATCHER_STOPPING = "dispatcher.stopping"
     DISPATCHER_STOPPED = "dispatcher.stopped"
+    DISPATCHER_CRASHED = "dispatcher.crashed"
     API_STARTED = "api.started"
     MONGO_UNAVAILABLE = "mongo.unavailable"
     MONGO_REFUSED = "mongo.refused"  # MongoDB rejected a write itself (e.g. too large)

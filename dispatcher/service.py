@@ -1,6 +1,6 @@
 """The dispatcher: the seed article's listener and watchdog loops, event-driven and fenced.
 
-`Dispatcher.run()` wires the parts into one TaskGroup of named tasks:
+`Dispatcher.run()` wires the parts together and runs them as supervised, named tasks:
   stream     change stream → wake-ups (new/requeued work) and cancel requests (`stream.py`)
   tokens     saves the stream's resume token, coalesced majority writes (`stream.py`)
   claimer    while a worker slot is free: lease the best due jobs (`claimer.py`)
@@ -42,6 +42,7 @@ from dispatcher.stream import StreamFollower, TokenSaver
 # resume token to be saved, before the dispatcher exits anyway (MongoDB may be down).
 RELEASE_WINDOW_S = 2.0
 TOKEN_FLUSH_S = 0.5
+CANCEL_WAIT_S = 0.5
 
 
 class Dispatcher:
@@ -52,7 +53,8 @@ class Dispatcher:
         self.name = settings.dispatcher_name or socket.gethostname()
         # Unique per process run: a restarted dispatcher never matches its old leases.
         self.owner = f"{self.name}:{os.getpid()}:{secrets.token_hex(3)}"
-        self.supervisor = Supervisor()
+        self.loops = Supervisor()  # the named loops: stream, tokens, claimer, heartbeat, …
+        self.supervisor = Supervisor()  # one task per running job, and group-commit writers
         self.holdings = Holdings()
         clock = ServerClock(store)
         self.claimer = Claimer(
@@ -66,41 +68,46 @@ class Dispatcher:
         self.stream = StreamFollower(
             store, self.name, self.tokens, self._on_change, self.leases.try_sweep
         )
-        self._loops: list[asyncio.Task[None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set, then shut down by a hard deadline. A crash of any
+        loop or per-job task stops the dispatcher too, and is raised."""
         emit(
             Event.DISPATCHER_STARTED,
             owner=self.owner,
             concurrency=self.settings.concurrency,
             lease_seconds=self.settings.lease_seconds,
         )
-        async with asyncio.TaskGroup() as tg:
-            self._loops += [
-                tg.create_task(self.supervisor.first_crash(), name="supervisor"),
-                tg.create_task(self._start_up(tg), name="start-up"),
-            ]
-            await stop.wait()  # a start-up that never ends (no MongoDB) does not delay this
+        self.loops.spawn(self._start_up(), "start-up")
+        stopped = asyncio.ensure_future(stop.wait())
+        crashes = [asyncio.ensure_future(s.first_crash()) for s in (self.loops, self.supervisor)]
+        # A start-up that never ends (no MongoDB) does not delay a stop.
+        await asyncio.wait([stopped, *crashes], return_when=asyncio.FIRST_COMPLETED)
+        try:
             await self._shutdown()
-            for task in self._loops:
+        finally:
+            self.loops.cancel_all()
+            # A driver call stuck on an unreachable server may ignore its cancellation for
+            # a long time; it is abandoned rather than waited for.
+            await self.loops.wait(CANCEL_WAIT_S)
+            for task in (stopped, *crashes):
                 task.cancel()
+        for crash in crashes:
+            if crash.done() and not crash.cancelled() and (exc := crash.exception()) is not None:
+                raise exc
         emit(Event.DISPATCHER_STOPPED, owner=self.owner)
 
-    async def _start_up(self, tg: asyncio.TaskGroup) -> None:
+    async def _start_up(self) -> None:
         await ride_out("ensure_indexes", self.store.ensure_indexes)
-        self._loops += [
-            tg.create_task(self.stream.run(), name="stream"),
-            tg.create_task(self.tokens.run(), name="tokens"),
-        ]
+        self.loops.spawn(self.stream.run(), "stream")
+        self.loops.spawn(self.tokens.run(), "tokens")
         await self.stream.opened.wait()
-        await self.leases.sweep()  # the backlog, after the stream is open
-        self._loops += [
-            tg.create_task(self.claimer.run(), name="claimer"),
-            tg.create_task(self.leases.heartbeat(), name="heartbeat"),
-            tg.create_task(self.leases.watchdog(), name="watchdog"),
-        ]
+        await ride_out("sweep", self.leases.sweep)  # the backlog, after the stream is open
+        self.loops.spawn(self.claimer.run(), "claimer")
+        self.loops.spawn(self.leases.heartbeat(), "heartbeat")
+        self.loops.spawn(self.leases.watchdog(), "watchdog")
         emit(Event.DISPATCHER_READY, owner=self.owner)
 
     async def _shutdown(self) -> None:
