@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from common.models import Job
 
 # BSON values a stored payload or result may hold that JSON has no type for.
+# Typed as `jsonable_encoder` declares its `custom_encoder`.
 _BSON_ENCODERS: dict[Any, Callable[[Any], Any]] = {
     ObjectId: str,
     bytes: lambda b: b.hex(),

@@ -16,7 +16,7 @@ _BRACKET = re.compile(rb"[\[\]{}]")
 
 
 # What a 422 carries: one message, or pydantic's errors as {"loc", "msg", "type"}.
-ErrorDetail = str | list[dict[str, Any]]
+ErrorDetail = str | list[dict[str, object]]
 
 
 class InvalidInput(Exception):
