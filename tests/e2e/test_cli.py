@@ -39,14 +39,10 @@ def test_brook_ls_pages_with_limit_and_after(cluster: Cluster, http: httpx.Clien
     assert seen == [ids[4:2:-1], ids[2:0:-1], ids[:1]]  # newest first, 2 + 2 + 1
 
 
-def test_brook_ls_filters_by_status_and_refuses_an_unknown_one(
-    cluster: Cluster, http: httpx.Client
-) -> None:
+def test_brook_ls_filters_by_status(cluster: Cluster, http: httpx.Client) -> None:
     cluster.api()
     job = http.post("/jobs", json={"task": "noop"}).json()["id"]
     assert http.post(f"/jobs/{job}/cancel").status_code == 200
     cancelled = brook(cluster, "ls", "--status", "cancelled")
     assert cancelled.returncode == 0 and cancelled.stdout.split()[:2] == [job, "cancelled"]
     assert brook(cluster, "ls", "--status", "pending").stdout == ""
-    bogus = brook(cluster, "ls", "--status", "bogus")
-    assert bogus.returncode == 2 and "invalid choice" in bogus.stderr
