@@ -16,8 +16,9 @@ from common.backoff import exponential
 from common.errors import BrookError
 from common.events import Event, emit
 from common.settings import Settings, load_settings
+from common.status import TERMINAL, JobStatus
 
-TERMINAL = {"completed", "failed", "cancelled"}
+JsonObject = dict[str, Any]  # a JSON object as the API sends it
 
 
 def die(message: str, code: int = 1) -> NoReturn:
@@ -209,9 +210,10 @@ def _api(
     settings: Settings,
     method: str,
     path: str,
-    body: Any = None,
-    params: dict[str, Any] | None = None,
-) -> Any:
+    body: JsonObject | None = None,
+    params: dict[str, str | int] | None = None,
+) -> JsonObject:
+    """One API call; any failure exits with one line on stderr."""
     import httpx
 
     host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
@@ -231,10 +233,16 @@ def _api(
         if not isinstance(detail, str):
             detail = json.dumps(detail)
         die(f"{resp.status_code} {detail}")
-    return resp.json()
+    try:
+        doc = resp.json()
+    except ValueError:
+        die(f"the API at {url} did not answer with JSON")
+    if not isinstance(doc, dict):
+        die(f"the API at {url} answered {type(doc).__name__}, not a JSON object")
+    return doc
 
 
-def _print(doc: Any) -> None:
+def _print(doc: JsonObject) -> None:
     print(json.dumps(doc, indent=2, sort_keys=False))
 
 
@@ -243,7 +251,7 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
         payload = json.loads(args.payload)
     except ValueError as exc:
         die(f"--payload is not valid JSON: {exc}", 2)
-    body: dict[str, Any] = {
+    body: JsonObject = {
         "task": args.task,
         "payload": payload,
         "priority": args.priority,
@@ -264,7 +272,7 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
         time.sleep(delay)
         delay = min(delay * 1.5, 0.5)
         job = _api(settings, "GET", f"/jobs/{job['id']}")
-    if job["status"] != "completed":
+    if job["status"] != JobStatus.COMPLETED:
         err = job.get("error") or {}
         die(f"job {job['id']} {job['status']}: {err.get('type', '')}: {err.get('message', '')}")
     print(json.dumps(job["result"]))
@@ -277,11 +285,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
-    params = {
-        k: v
-        for k, v in {"status": args.status, "task": args.task, "limit": args.limit}.items()
-        if v is not None
-    }
+    given = {"status": args.status, "task": args.task, "limit": args.limit, "after": args.after}
+    params: dict[str, str | int] = {k: v for k, v in given.items() if v is not None}
     page = _api(settings, "GET", "/jobs", params=params)
     for job in page["jobs"]:
         print(
@@ -326,11 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("id")
     st.set_defaults(fn=cmd_status)
     ls = sub.add_parser("ls", help="list jobs, newest first")
-    ls.add_argument(
-        "--status", choices=sorted(["pending", "running", "completed", "failed", "cancelled"])
-    )
+    ls.add_argument("--status", choices=sorted(s.value for s in JobStatus))
     ls.add_argument("--task")
     ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--after", metavar="ID", help="the page after this job (the `# more:` hint)")
     ls.set_defaults(fn=cmd_ls)
     c = sub.add_parser("cancel", help="cancel a job")
     c.add_argument("id")

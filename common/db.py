@@ -6,13 +6,14 @@ Every Brook process (API, dispatcher, each worker that touches MongoDB) calls
 
 from __future__ import annotations
 
+import asyncio
 import os
 from datetime import UTC
 from typing import Any
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import ConnectionFailure, OperationFailure, WTimeoutError
+from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError, WTimeoutError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
@@ -60,6 +61,15 @@ def database(client: AsyncMongoClient[Doc], settings: Settings) -> AsyncDatabase
     return client.get_database(settings.db, write_concern=MAJORITY, read_concern=MAJORITY_READ)
 
 
+async def ping(client: AsyncMongoClient[Doc], timeout_s: float = 2.0) -> bool:
+    """Whether a primary answers `ping` within `timeout_s` (commands read from the primary)."""
+    try:
+        reply = await asyncio.wait_for(client.admin.command("ping"), timeout_s)
+    except (PyMongoError, TimeoutError):
+        return False
+    return bool(reply.get("ok"))
+
+
 # Server codes that mean "this member cannot serve you right now" (elections, shutdown).
 _TRANSIENT_CODES = frozenset(
     {6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13388, 13435, 13436, 64}
@@ -89,8 +99,3 @@ def is_transient(exc: BaseException) -> bool:
         return exc.code in _TRANSIENT_CODES or any(exc.has_error_label(lb) for lb in labels)
     return False
 
-
-async def ping(client: AsyncMongoClient[Doc]) -> bool:
-    """True while a member answers (the API's readiness)."""
-    reply = await client.admin.command("ping")
-    return bool(reply.get("ok"))

@@ -15,8 +15,12 @@ _STRING = re.compile(rb'"(?:\\.|[^"\\])*"')
 _BRACKET = re.compile(rb"[\[\]{}]")
 
 
+# What a 422 carries: one message, or pydantic's errors as {"loc", "msg", "type"}.
+ErrorDetail = str | list[dict[str, object]]
+
+
 class InvalidInput(Exception):
-    def __init__(self, detail: Any) -> None:
+    def __init__(self, detail: ErrorDetail) -> None:
         super().__init__(str(detail))
         self.detail = detail
 
@@ -57,7 +61,7 @@ def body_depth(raw: bytes) -> int:
     return max(itertools.accumulate(steps, initial=0))
 
 
-def check_document(value: Any, path: str = "payload", depth: int = 1) -> None:
+def check_document(value: object, path: str = "payload", depth: int = 1) -> None:
     """MongoDB-safe: no key starting with `$`, no NUL in keys, nesting at most 32."""
     if depth > MAX_DEPTH:
         raise ValueError(f"{path}: nesting deeper than {MAX_DEPTH}")

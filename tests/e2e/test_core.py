@@ -114,14 +114,20 @@ def test_a_bearer_token_guards_every_endpoint_but_health(cluster: Cluster) -> No
         ("GET", "/jobs/x"),
         ("POST", "/jobs/x/cancel"),
         ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+        ("GET", "/docs"),
+        ("GET", "/redoc"),
     ]:
         assert httpx.request(method, f"{url}{path}").status_code == 401
         wrong = httpx.request(method, f"{url}{path}", headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and wrong.json()["detail"]
-    ok = httpx.post(
-        f"{url}/jobs", json={"task": "noop"}, headers={"Authorization": "Bearer s3cret"}
-    )
+    assert httpx.get(f"{url}/readyz").status_code == 200
+    token = {"Authorization": "Bearer s3cret"}
+    ok = httpx.post(f"{url}/jobs", json={"task": "noop"}, headers=token)
     assert ok.status_code == 202
+    assert "/jobs" in httpx.get(f"{url}/openapi.json", headers=token).json()["paths"]
+    for page in ("/docs", "/redoc"):
+        assert "/openapi.json" in httpx.get(f"{url}{page}", headers=token).text
 
 
 def test_a_resubmitted_idempotency_key_returns_the_existing_job(

@@ -1,0 +1,78 @@
+"""FastAPI dependencies: the typed state, the bearer-token check, and the submit body."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+
+from common.store import JobStore
+from ingest.state import ApiState
+from ingest.validation import InvalidInput, SubmitJob, parse_submit
+
+# Dependencies are `async def`: FastAPI runs plain `def` ones in a thread pool.
+
+
+async def get_state(request: Request) -> ApiState:
+    state = request.app.state.brook
+    if not isinstance(state, ApiState):
+        raise RuntimeError("the API's state is missing: was the app started with its lifespan?")
+    return state
+
+
+State = Annotated[ApiState, Depends(get_state)]
+
+
+async def get_store(state: State) -> JobStore:
+    return state.store
+
+
+Store = Annotated[JobStore, Depends(get_store)]
+
+
+async def require_token(request: Request, state: State) -> None:
+    """With `BROOK_API_TOKEN` set, demand `Authorization: Bearer <token>`; else let all in."""
+    secret = state.settings.api_token
+    if secret is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    expected = secret.get_secret_value().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+        raise HTTPException(
+            401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused as soon as it is known to exceed `limit` bytes (declared or read)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def submit_body(request: Request, state: State) -> SubmitJob:
+    """A valid `POST /jobs` body naming a known task: `413` if too large, else `422`."""
+    limit = state.settings.max_body_bytes
+    try:
+        body = parse_submit(await read_body(request, limit))
+    except BodyTooLarge:
+        raise HTTPException(413, f"body larger than {limit} bytes") from None
+    except InvalidInput as exc:
+        raise HTTPException(422, exc.detail) from None
+    if body.task not in state.known_tasks:
+        known = ", ".join(sorted(state.known_tasks)) or "(none)"
+        raise HTTPException(422, f"unknown task {body.task!r}; known tasks: {known}")
+    return body

@@ -1,0 +1,36 @@
+"""How the API answers failures: `{"detail": ...}`, and `503` + `Retry-After`, never `500`,
+while MongoDB has no primary."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pymongo.errors import PyMongoError
+
+from common.events import Event, emit
+
+RETRY_AFTER_S = "2"
+
+
+async def _mongo_down(_: Request, exc: Exception) -> JSONResponse:
+    emit(Event.MONGO_UNAVAILABLE, level="warning", op="api", error=str(exc)[:200])
+    return JSONResponse(
+        {"detail": "database unavailable (no primary); retry shortly"},
+        status_code=503,
+        headers={"Retry-After": RETRY_AFTER_S},
+    )
+
+
+async def _invalid(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
+        for e in exc.errors()
+    ]
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(PyMongoError, _mongo_down)
+    app.add_exception_handler(RequestValidationError, _invalid)

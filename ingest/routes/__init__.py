@@ -1,0 +1,1 @@
+"""The API's routers: `jobs` (the job resource), `ops` (health, readiness, metrics), `docs`."""

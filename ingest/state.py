@@ -1,0 +1,79 @@
+"""The API's state, typed: built once by the app's lifespan, reached through `ingest.deps`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pymongo import AsyncMongoClient
+from pymongo.errors import PyMongoError
+
+from common.batching import GroupCommit
+from common.db import database, make_client
+from common.events import Event, emit
+from common.models import Doc, JobSpec
+from common.settings import Settings
+from common.store import JobStore, Submitted
+
+# Responses served, by (method, route, status code); shared by the middleware and /metrics.
+RequestCounts = Counter[tuple[str, str, int]]
+
+API_SERVER_SELECTION_CAP_MS = 5000  # the API answers 503 quickly rather than hang a client
+INDEX_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiState:
+    settings: Settings
+    known_tasks: frozenset[str]
+    client: AsyncMongoClient[Doc]
+    store: JobStore
+    submits: GroupCommit[JobSpec, Submitted]  # concurrent submits share one majority write
+    requests: RequestCounts
+    started: float  # time.monotonic() at start, for brook_api_up_seconds
+
+
+async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submitted]:
+    if len(specs) == 1:
+        return [await store.submit(specs[0])]  # one round trip: the upsert returns the job
+    return await store.submit_many(specs)
+
+
+async def open_state(
+    settings: Settings, known_tasks: frozenset[str], requests: RequestCounts
+) -> ApiState:
+    """Connect, make sure the indexes exist, and log `api.started`.
+
+    The API starts even when no primary is reachable: `/readyz` says 503 until one is.
+    """
+    client = make_client(
+        settings,
+        appname="brook-api",
+        serverSelectionTimeoutMS=min(
+            settings.server_selection_timeout_ms, API_SERVER_SELECTION_CAP_MS
+        ),
+    )
+    store = JobStore(database(client, settings))
+    try:
+        await asyncio.wait_for(store.ensure_indexes(), INDEX_TIMEOUT_S)
+    except (PyMongoError, TimeoutError) as exc:
+        emit(Event.MONGO_UNAVAILABLE, level="warning", op="ensure_indexes", error=str(exc)[:200])
+    emit(
+        Event.API_STARTED,
+        host=settings.api_host,
+        port=settings.api_port,
+        tasks=sorted(known_tasks),
+        auth=settings.api_token is not None,
+    )
+    return ApiState(
+        settings=settings,
+        known_tasks=known_tasks,
+        client=client,
+        store=store,
+        submits=GroupCommit(lambda specs: _submit_batch(store, specs)),
+        requests=requests,
+        started=time.monotonic(),
+    )

@@ -1,0 +1,48 @@
+"""The client commands of `brook` against a real API."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+
+from tests.conftest import brook_env
+from tests.e2e.conftest import Cluster
+
+
+def brook(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port))
+    return subprocess.run(
+        [sys.executable, "-m", "brook.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_brook_ls_pages_with_limit_and_after(cluster: Cluster, http: httpx.Client) -> None:
+    cluster.api()  # no dispatcher: the jobs stay pending
+    ids = [http.post("/jobs", json={"task": "noop"}).json()["id"] for _ in range(5)]
+    seen: list[list[str]] = []
+    after: list[str] = []
+    while True:
+        out = brook(cluster, "ls", "--limit", "2", *after)
+        assert out.returncode == 0, out.stderr
+        seen.append([line.split()[0] for line in out.stdout.splitlines()])
+        hint = out.stderr.strip()
+        if not hint:
+            break
+        assert hint.startswith("# more: --after ")
+        after = hint.removeprefix("# more: ").split()
+    assert seen == [ids[4:2:-1], ids[2:0:-1], ids[:1]]  # newest first, 2 + 2 + 1
+
+
+def test_brook_ls_filters_by_status(cluster: Cluster, http: httpx.Client) -> None:
+    cluster.api()
+    job = http.post("/jobs", json={"task": "noop"}).json()["id"]
+    assert http.post(f"/jobs/{job}/cancel").status_code == 200
+    cancelled = brook(cluster, "ls", "--status", "cancelled")
+    assert cancelled.returncode == 0 and cancelled.stdout.split()[:2] == [job, "cancelled"]
+    assert brook(cluster, "ls", "--status", "pending").stdout == ""
