@@ -40,9 +40,13 @@ T = TypeVar("T")
 
 async def _persist(op: str, fn: Callable[[], Awaitable[T]]) -> T:
     """Retry through a failover for as long as it takes (ride_out without a deadline)."""
-    result = await ride_out(op, fn)
+
+    async def boxed() -> tuple[T]:  # tells "returned None" from "gave up"
+        return (await fn(),)
+
+    result = await ride_out(op, boxed)
     assert result is not None, "ride_out without a deadline returns only on success"
-    return result
+    return result[0]
 
 
 class ScheduleRunner:

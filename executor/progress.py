@@ -71,9 +71,6 @@ class ProgressReporter:
     def close(self) -> None:
         """Send what is pending and stop; later reports are ignored."""
         with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
             self._send_pending()
             self._closed = True
 
@@ -84,7 +81,10 @@ class ProgressReporter:
                 self._send_pending()
 
     def _send_pending(self) -> None:
-        """With the lock held."""
+        """With the lock held. A send resets the interval: an armed timer is not needed."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._pending is None:
             return
         report, self._pending = self._pending, None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -65,6 +66,18 @@ def test_the_first_report_goes_at_once_and_a_burst_is_coalesced_to_the_newest() 
     )
     reporter.close()
     assert len(sent.fractions()) == 2  # nothing was pending
+
+
+def test_reporting_nonstop_sends_one_report_per_interval() -> None:
+    sent = Sent()
+    reporter = ProgressReporter(sent, JOB, interval=0.1)
+    deadline = time.monotonic() + 1.0
+    calls = 0
+    while time.monotonic() < deadline:
+        calls += 1
+        reporter.report(0.5, f"call {calls}")
+    reporter.close()
+    assert calls > 1000 and 5 <= len(sent.fractions()) <= 12
 
 
 def test_closing_sends_what_is_pending_and_later_reports_are_ignored() -> None:
