@@ -86,7 +86,7 @@ async def test_a_task_reporting_nonstop_costs_a_few_writes_a_second(
             if fields.get("status") == "completed":
                 break
     job = await store.get(job_id)
-    assert job.result > 1000  # the task called ctx.progress that many times
+    assert job.result > writes  # the task called ctx.progress that many times (cost: bench/)
     # ~4 a second for 3 s, plus the claim (which clears it) and the last report.
     assert 3 <= writes <= 3 * 4 + 3, writes
 

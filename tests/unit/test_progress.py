@@ -77,7 +77,7 @@ def test_reporting_nonstop_sends_one_report_per_interval() -> None:
         calls += 1
         reporter.report(0.5, f"call {calls}")
     reporter.close()
-    assert calls > 1000 and 5 <= len(sent.fractions()) <= 12
+    assert 5 <= len(sent.fractions()) <= 12  # however many calls: one per 0.1 s, plus the last
 
 
 def test_closing_sends_what_is_pending_and_later_reports_are_ignored() -> None:
