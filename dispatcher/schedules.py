@@ -129,10 +129,12 @@ class ScheduleRunner:
     async def _tick(self, now: datetime) -> None:
         due = [name for name, at in self._next.items() if at <= now]
         states = await _persist("schedules.read", lambda: self.store.states(due))
+        now = max(now, self._now())  # the read may have waited out a failover
         ticks: list[tuple[Schedule, datetime]] = []
         for name in due:
             s = self.schedules[name]
-            tick = s.latest_tick(now) or self._next[name]  # several passed: only the latest
+            # Several ticks passed (a long failover, say): only the latest is submitted.
+            tick = max(s.latest_tick(now) or self._next[name], self._next[name])
             self._next[name] = s.next_tick(tick)
             state = states.get(name)
             if state is None or not state.paused:
