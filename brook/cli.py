@@ -264,19 +264,33 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
     if not args.wait:
         _print(job)
         return 0
-    deadline = time.monotonic() + args.wait_timeout
-    delay = 0.01
-    while job["status"] not in TERMINAL:
-        if time.monotonic() > deadline:
-            die(f"job {job['id']} still {job['status']} after {args.wait_timeout}s")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
-        job = _api(settings, "GET", f"/jobs/{job['id']}")
+    job = _wait(settings, job, args.wait_timeout)
     if job["status"] != JobStatus.COMPLETED:
         err = job.get("error") or {}
         die(f"job {job['id']} {job['status']}: {err.get('type', '')}: {err.get('message', '')}")
     print(json.dumps(job["result"]))
     return 0
+
+
+def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
+    """Follow the job until it is terminal, showing its status and progress on stderr."""
+    from brook.job_view import job_view
+
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    view = job_view()
+    try:
+        view.update(job)
+        while job["status"] not in TERMINAL:
+            if time.monotonic() > deadline:
+                die(f"job {job['id']} still {job['status']} after {timeout}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)  # progress is written up to ~4 times a second
+            job = _api(settings, "GET", f"/jobs/{job['id']}")
+            view.update(job)
+    finally:
+        view.close()
+    return job
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
@@ -303,6 +317,26 @@ def cmd_cancel(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
+    if args.action != "ls":
+        if not args.name:
+            die(f"brook schedules {args.action} needs a schedule NAME", 2)
+        _print(_api(settings, "POST", f"/schedules/{quote(args.name, safe='')}/{args.action}"))
+        return 0
+    schedules = _api(settings, "GET", "/schedules")["schedules"]
+    if not schedules:
+        print("# no schedules (a dispatcher declares them when it starts)", file=sys.stderr)
+    for s in schedules:
+        print(
+            f"{s['name']:<20}  {s['cron']:<16}  {s['tz']:<16}  {s['task']:<12}  "
+            f"{'paused' if s['paused'] else 'active':<6}  next={s['next_run'] or '-'}  "
+            f"last_job={s['last_job_id'] or '-'}"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="brook", description="Event-driven job engine on MongoDB.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -324,7 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run-at", dest="run_at", help="ISO-8601 datetime")
     s.add_argument("--timeout", dest="timeout_s", type=float)
     s.add_argument("--idempotency-key", dest="idempotency_key")
-    s.add_argument("--wait", action="store_true", help="wait and print the result")
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait and print the result (status and progress on stderr: a bar on a terminal)",
+    )
     s.add_argument("--wait-timeout", dest="wait_timeout", type=float, default=300.0)
     s.set_defaults(fn=cmd_submit)
     st = sub.add_parser("status", help="show a job")
@@ -339,6 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("cancel", help="cancel a job")
     c.add_argument("id")
     c.set_defaults(fn=cmd_cancel)
+    sc = sub.add_parser("schedules", help="list cron schedules, or pause / resume one")
+    sc.add_argument("action", nargs="?", choices=["ls", "pause", "resume"], default="ls")
+    sc.add_argument("name", nargs="?", metavar="NAME")
+    sc.set_defaults(fn=cmd_schedules)
     return p
 
 

@@ -37,3 +37,7 @@ class Retry(BrookError):
 
 class EmbeddedMongoError(BrookError):
     """The embedded replica set could not be started, stopped or reached."""
+
+
+class ScheduleNotFound(BrookError):
+    """No schedule has that name (no dispatcher has declared it)."""

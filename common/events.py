@@ -29,6 +29,11 @@ class Event(StrEnum):
     WORKER_STOPPED = "worker.stopped"
     TASK_STARTED = "task.started"
     TASK_FINISHED = "task.finished"
+    PROGRESS_DISCARDED = "progress.discarded"  # a stale attempt's progress: fenced out
+    SCHEDULE_DECLARED = "schedule.declared"
+    SCHEDULE_MISSED = "schedule.missed"  # ticks passed while no dispatcher ran (catch_up)
+    SCHEDULE_PAUSED = "schedule.paused"
+    SCHEDULE_RESUMED = "schedule.resumed"
     STREAM_OPENED = "stream.opened"
     STREAM_RESUMED = "stream.resumed"
     STREAM_HISTORY_LOST = "stream.history_lost"

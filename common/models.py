@@ -22,6 +22,8 @@ class JobSpec:
     max_attempts: int = 3
     timeout_s: float | None = None
     idempotency_key: str | None = None
+    # {"name", "tick"} for a job a cron schedule submitted (its key names both).
+    schedule: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +47,8 @@ class Job:
     lease_expires_at: datetime | None
     cancel_requested: bool
     history: list[dict[str, Any]]
+    schedule: dict[str, Any] | None = None  # {"name", "tick"}
+    progress: dict[str, Any] | None = None  # {"fraction", "message", "at", "attempt"}
 
     @property
     def job_id(self) -> str:
@@ -77,6 +81,8 @@ class Job:
             lease_expires_at=doc.get("lease_expires_at"),
             cancel_requested=bool(doc.get("cancel_requested", False)),
             history=list(doc.get("history") or []),
+            schedule=doc.get("schedule"),
+            progress=doc.get("progress"),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -101,4 +107,6 @@ class Job:
             "lease_owner": self.owner,
             "lease_expires_at": self.lease_expires_at,
             "history": self.history,
+            "schedule": self.schedule,
+            "progress": self.progress,
         }

@@ -119,9 +119,12 @@ def _new_job(spec: JobSpec) -> dict[str, Any]:
         "lease_expires_at": None,
         "cancel_requested": False,
         "history": [{"status": P, "at": NOW, "attempt": 0}],
+        "progress": None,
     }
     if spec.idempotency_key is not None:
         fields["idempotency_key"] = _lit(spec.idempotency_key)
+    if spec.schedule is not None:
+        fields["schedule"] = _lit(spec.schedule)
     return fields
 
 
@@ -135,6 +138,7 @@ def _claimed(owner: str, lease_seconds: float) -> dict[str, Any]:
         "updated_at": NOW,
         "lease_expires_at": _after(lease_seconds * 1000),
         "history": _history({"status": R, "at": NOW, "attempt": attempt, "owner": _lit(owner)}),
+        "progress": None,  # a new attempt starts from nothing
     }
 
 
@@ -649,3 +653,41 @@ class JobStore:
         if doc is None:
             raise LeaseLost(f"job {query['_id']} attempt {query['attempts']} is no longer held")
         return Job.from_doc(doc)
+
+    # -- progress (a running attempt reports how far it got) ---------------------------------
+
+    async def set_progress_many(
+        self, owner: str, items: Sequence[tuple[Lease, float, str | None]]
+    ) -> set[str]:
+        """Write each attempt's latest progress in one round trip, fenced like every other
+        write of a running job (`_id`, attempt, owner, running): a stale attempt's progress
+        matches nothing. Returns the job ids written."""
+        ops = [
+            UpdateOne(
+                {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
+                [
+                    {
+                        "$set": {
+                            "progress": {
+                                "fraction": _lit(fraction),
+                                "message": _lit(message),
+                                "at": NOW,
+                                "attempt": lease.attempt,
+                            }
+                        }
+                    }
+                ],
+            )
+            for lease, fraction, message in items
+        ]
+        if not ops:
+            return set()
+        res = await self.jobs.bulk_write(ops, ordered=False)
+        if res.matched_count == len(ops):
+            return {lease.job_id for lease, _, _ in items}
+        wanted = {lease.job_id: lease.attempt for lease, _, _ in items}
+        held = await self.jobs.find(
+            {"_id": {"$in": list(wanted)}, "owner": owner, "status": R},
+            projection={"attempts": 1},
+        ).to_list()
+        return {d["_id"] for d in held if d["attempts"] == wanted[d["_id"]]}

@@ -6,8 +6,10 @@
   claimer    while a worker slot is free: lease the best due jobs (`claimer.py`)
   heartbeat  renews this dispatcher's leases in one write; kills workers of lost leases
   watchdog   slow sweep: requeue expired leases, claim what no event announced (`leases.py`)
-Each claimed job runs as a supervised task that ends with one fenced write (`outcomes.py`);
-a crash of any background task stops the dispatcher loudly.
+  schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
+Each claimed job runs as a supervised task that ends with one fenced write (`outcomes.py`),
+after its last progress report (`progress.py`) has landed; a crash of any background task
+stops the dispatcher loudly.
 
 Start-up order loses nothing: the stream is opened first, then the backlog is swept,
 then the stream is followed.
@@ -20,7 +22,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pymongo.errors import PyMongoError
@@ -28,7 +30,9 @@ from pymongo.errors import PyMongoError
 from common.events import Event, emit, job_fields
 from common.models import Job
 from common.retrying import ride_out
-from common.runner import RunJob, Runner, Slot
+from common.runner import ProgressReport, RunJob, Runner, Slot
+from common.schedules import Schedule
+from common.schedules_store import ScheduleStore
 from common.settings import Settings
 from common.store import JobStore, Lease
 from common.supervision import Supervisor
@@ -36,6 +40,8 @@ from dispatcher.claimer import Claimer, ServerClock
 from dispatcher.holdings import Holdings
 from dispatcher.leases import LeaseKeeper
 from dispatcher.outcomes import Outcomes
+from dispatcher.progress import ProgressKeeper
+from dispatcher.schedules import ScheduleRunner
 from dispatcher.stream import StreamFollower, TokenSaver
 
 # After the grace period: how long stopped jobs may take to be handed back, and the
@@ -46,7 +52,13 @@ CANCEL_WAIT_S = 0.5
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings, store: JobStore, runner: Runner) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        runner: Runner,
+        schedules: Sequence[Schedule] = (),
+    ) -> None:
         self.settings = settings
         self.store = store
         self.runner = runner
@@ -67,6 +79,10 @@ class Dispatcher:
         self.tokens = TokenSaver(store, self.name)
         self.stream = StreamFollower(
             store, self.name, self.tokens, self._on_change, self.leases.try_sweep
+        )
+        self.progress = ProgressKeeper(store, self.owner, self.supervisor.spawn)
+        self.schedules = ScheduleRunner(
+            schedules, store, ScheduleStore(store.db), clock, self.owner
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -108,6 +124,7 @@ class Dispatcher:
         self.loops.spawn(self.claimer.run(), "claimer")
         self.loops.spawn(self.leases.heartbeat(), "heartbeat")
         self.loops.spawn(self.leases.watchdog(), "watchdog")
+        self.loops.spawn(self.schedules.run(), "schedules")
         emit(Event.DISPATCHER_READY, owner=self.owner)
 
     async def _shutdown(self) -> None:
@@ -146,6 +163,10 @@ class Dispatcher:
         """A worker process became ready (called by the runner)."""
         self.claimer.signal()
 
+    def on_progress(self, report: ProgressReport) -> None:
+        """A running task reported progress (called by the runner)."""
+        self.progress.report(report)
+
     # -- events ----------------------------------------------------------------------------
 
     def _on_change(self, change: Mapping[str, Any]) -> None:
@@ -183,6 +204,7 @@ class Dispatcher:
                 outcome = await self.runner.run(slot, run, timeout)
             finally:
                 self.holdings.worker_done(job.id)
+            await self.progress.settle(job.id)
             await self.outcomes.record(job, lease, outcome, time.monotonic() - started)
         finally:
             self.holdings.drop(job.id)
