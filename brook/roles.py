@@ -76,7 +76,6 @@ def run_dispatcher(settings: Settings) -> int:
     # A configuration error is one line on stderr (exit 2), before any log or process.
     schedules = load_dispatcher_tasks(settings)
     configure_logging(settings.log_level, role="dispatcher")
-    load_tasks(settings)  # a bad BROOK_TASKS fails here, in one line, before any worker spawns
 
     async def main() -> None:
         stop = asyncio.Event()
