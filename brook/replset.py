@@ -141,7 +141,10 @@ class ReplicaSet:
         if self.oplog_mb is not None:
             args += ["--oplogSize", str(self.oplog_mb)]
         if self.test_commands:
+            # Fault injection (`configureFailPoint`), and a TTL monitor that runs every second
+            # instead of every minute, so retention can be tested without waiting.
             args += ["--setParameter", "enableTestCommands=1"]
+            args += ["--setParameter", "ttlMonitorSleepSecs=1"]
         args += list(self.extra_args)
         proc = subprocess.run(args, capture_output=True, text=True, start_new_session=True)
         if proc.returncode != 0:

@@ -28,14 +28,13 @@ CLOSE_S = 1.0
 
 
 async def serve_dispatcher(
-    settings: Settings, stop: asyncio.Event, runner: Runner | None = None
+    settings: Settings, stop: asyncio.Event, tasks: frozenset[str], runner: Runner | None = None
 ) -> None:
+    """`tasks`: what the workers run (they import the same modules); all it claims."""
     client = make_client(settings, appname="brook-dispatcher")
-    store = JobStore(database(client, settings))
-    if runner is None:
-        load_tasks(settings)  # fail fast on a bad BROOK_TASKS, before any worker spawns
-    pool = runner or WorkerPool(settings, settings.concurrency)
-    dispatcher = Dispatcher(settings, store, pool)
+    store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
+    pool = runner or WorkerPool(settings, settings.worker_slots)
+    dispatcher = Dispatcher(settings, store, pool, tasks)
     pool.on_free = dispatcher.wake
     await pool.start()
     try:
@@ -60,6 +59,8 @@ def exit_now(code: int) -> NoReturn:
 
 
 def run_dispatcher(settings: Settings) -> int:
+    # A bad BROOK_TASKS fails here, before anything starts: one line, exit code 2.
+    tasks = frozenset(load_tasks(settings))
     configure_logging(settings.log_level, role="dispatcher")
 
     async def main() -> None:
@@ -78,7 +79,7 @@ def run_dispatcher(settings: Settings) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
         try:
-            await serve_dispatcher(settings, stop)
+            await serve_dispatcher(settings, stop, tasks)
         except Exception as exc:
             emit(
                 Event.DISPATCHER_CRASHED,
