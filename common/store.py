@@ -401,18 +401,26 @@ class JobStore:
         released from that job here, by one conditional write on the server's clock (the
         old job keeps existing, under `released_key`)."""
         key = spec.idempotency_key
-        doc = await self.jobs.find_one({"idempotency_key": key})
-        if doc is None or doc.get("unique_until") is None:
-            return Job.from_doc(doc) if doc is not None else None
-        window_over = {"$expr": {"$lte": ["$unique_until", NOW]}}
-        released = await self.jobs.update_one(
-            {"_id": doc["_id"], "idempotency_key": key, **window_over},
-            [
-                {"$set": {"released_key": _lit(key), "updated_at": NOW}},
-                {"$unset": "idempotency_key"},
-            ],
-        )
-        return None if released.modified_count else Job.from_doc(doc)
+        for _ in range(KEY_TRIES):
+            doc = await self.jobs.find_one({"idempotency_key": key})
+            if doc is None or doc.get("unique_until") is None:
+                return Job.from_doc(doc) if doc is not None else None
+            window_over = {"$expr": {"$lte": ["$unique_until", NOW]}}
+            released = await self.jobs.update_one(
+                {"_id": doc["_id"], "idempotency_key": key, **window_over},
+                [
+                    {"$set": {"released_key": _lit(key), "updated_at": NOW}},
+                    {"$unset": "idempotency_key"},
+                ],
+            )
+            if released.modified_count:
+                return None
+            # Not released: its window is still open, or a peer released the key (and
+            # maybe took it) meanwhile. Whoever holds it now is the answer.
+            holder = await self.jobs.find_one({"idempotency_key": key})
+            if holder is None or holder["_id"] == doc["_id"]:
+                return Job.from_doc(holder) if holder is not None else None
+        raise JobConflict(f"idempotency key {key!r} keeps changing hands")
 
     async def get(self, job_id: str) -> Job:
         doc = await self.jobs.find_one({"_id": job_id})
