@@ -62,12 +62,12 @@ def _seconds(value: object) -> object:
     return value.total_seconds() if isinstance(value, timedelta) else value
 
 
-def _from_python(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The only liberty Python takes over JSON: `delay` may be a `timedelta`."""
-    out = dict(spec)
-    if "delay" in out:
-        out["delay"] = _seconds(out["delay"])
-    return out
+def _from_python(spec: object) -> object:
+    """The only liberty Python takes over JSON: `delay` may be a `timedelta`. Anything
+    else, a spec that is not a dict included, goes to the validator as it is."""
+    if not isinstance(spec, Mapping) or "delay" not in spec:
+        return spec
+    return {**spec, "delay": _seconds(spec["delay"])}
 
 
 class ClientCore:
