@@ -119,6 +119,12 @@ async def test_a_batch_of_1000_goes_in_over_http_and_a_bad_one_stores_nothing(
     assert queues["a"]["concurrency"] is None and queues["a"]["paused"] is False
     listed = http.get("/jobs", params={"queue": "b", "limit": 3}).json()["jobs"]
     assert [j["payload"]["i"] for j in listed] == [999, 997, 995]
+    paths = http.get("/openapi.json").json()["paths"]
+    batch = paths["/jobs/batch"]["post"]["requestBody"]["content"]["application/json"]
+    assert batch["schema"]["properties"]["jobs"]["maxItems"] == 1000
+    assert "queue" in batch["schema"]["properties"]["jobs"]["items"]["properties"]
+    assert "post" in paths["/jobs/{job_id}/retry"] and "get" in paths["/queues"]
+    assert "queue" in {p["name"] for p in paths["/jobs"]["get"]["parameters"]}
 
 
 async def test_each_dispatcher_runs_only_its_own_tasks_and_a_job_nobody_runs_stays_pending(
