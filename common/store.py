@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from bson import ObjectId
@@ -99,7 +99,12 @@ INDEXES = [
     ),
     # Retention: a finished job gets `expire_at` (its finish + its retention) at its terminal
     # write, and MongoDB's TTL monitor deletes it then. Active jobs have no `expire_at`.
-    IndexModel([("expire_at", ASCENDING)], name="retention", expireAfterSeconds=0),
+    IndexModel(
+        [("expire_at", ASCENDING)],
+        name="retention",
+        expireAfterSeconds=0,
+        partialFilterExpression={"expire_at": {"$exists": True}},
+    ),
 ]
 
 PRESENCE_INDEXES = [
@@ -175,25 +180,36 @@ def _expiry(default_retention_s: float) -> dict[str, Any]:
     return {"$add": [NOW, {"$toLong": {"$multiply": [seconds, 1000]}}]}
 
 
-def _new_job(spec: JobSpec) -> dict[str, Any]:
-    """A pending job's fields; the server stamps the times (`$$NOW`)."""
-    run_at: Any = NOW
+def _new_job(spec: JobSpec, now: datetime | None = None) -> dict[str, Any]:
+    """A pending job's fields. Without `now`: `$set` expressions for an update pipeline, the
+    server stamping the times (`$$NOW`) and user data wrapped in `$literal`. With `now` (the
+    server's time, read just before): the same fields as a document to insert as it is."""
+
+    def lit(value: Any) -> Any:
+        return _lit(value) if now is None else value
+
+    def at(ms: float = 0) -> Any:
+        if now is None:
+            return _after(ms) if ms else NOW
+        return now + timedelta(milliseconds=int(ms))
+
+    run_at: Any = at()
     if spec.run_at is not None:
-        run_at = _lit(spec.run_at)
+        run_at = lit(spec.run_at)
     elif spec.delay_s is not None:
-        run_at = _after(spec.delay_s * 1000)
+        run_at = at(spec.delay_s * 1000)
     fields: dict[str, Any] = {
-        "task": _lit(spec.task),
-        "payload": _lit(spec.payload),
+        "task": lit(spec.task),
+        "payload": lit(spec.payload),
         "status": P,
-        "queue": _lit(spec.queue),
+        "queue": lit(spec.queue),
         "priority": spec.priority,
         "attempts": 0,
         "max_attempts": spec.max_attempts,
         "attempt_budget": spec.max_attempts,  # what a `retry` grants again
         "run_at": run_at,
-        "created_at": NOW,
-        "updated_at": NOW,
+        "created_at": at(),
+        "updated_at": at(),
         "started_at": None,
         "finished_at": None,
         "result": None,
@@ -202,12 +218,12 @@ def _new_job(spec: JobSpec) -> dict[str, Any]:
         "owner": None,
         "lease_expires_at": None,
         "cancel_requested": False,
-        "history": [{"status": P, "at": NOW, "attempt": 0}],
+        "history": [{"status": P, "at": at(), "attempt": 0}],
     }
     if spec.idempotency_key is not None:
-        fields["idempotency_key"] = _lit(spec.idempotency_key)
+        fields["idempotency_key"] = lit(spec.idempotency_key)
     if spec.unique_for_s is not None:
-        fields["unique_until"] = _after(spec.unique_for_s * 1000)
+        fields["unique_until"] = at(spec.unique_for_s * 1000)
     if spec.retention_s is not None:
         fields["retention_s"] = spec.retention_s
     return fields
@@ -356,22 +372,19 @@ class JobStore:
         raise JobConflict(f"idempotency key {spec.idempotency_key!r} keeps changing hands")
 
     async def submit_many(self, specs: Sequence[JobSpec]) -> list[Submitted]:
-        """`submit` for many jobs in one write (one round trip, one majority wait), in order.
-        A job whose idempotency key exists (or repeats within the batch) returns the job
-        holding it; only a key whose unique window ended meanwhile costs more round trips."""
-        ids = [str(ObjectId()) for _ in specs]
-        duplicates = await self._upsert_new(ids, specs)
-        fresh = [job_id for i, job_id in enumerate(ids) if i not in duplicates]
-        docs = {
-            d["_id"]: d
-            for d in await self.jobs.find({"_id": {"$in": fresh}}, batch_size=len(fresh) + 1)
-            .limit(len(fresh))
-            .to_list()
-        }
+        """`submit` for many jobs in one write (one `insert_many`, one majority wait), in
+        order. A job whose idempotency key exists (or repeats within the batch) returns the
+        job holding it; only a key whose unique window ended meanwhile costs more round
+        trips."""
+        # One read of the server's clock stamps the whole batch: an insert cannot evaluate
+        # `$$NOW`, and an upsert per job costs the server several times more.
+        now = await self.server_now()
+        docs = [{"_id": str(ObjectId()), **_new_job(spec, now)} for spec in specs]
+        duplicates = await self._insert_new(docs)
         out: list[Submitted] = []
         for i, spec in enumerate(specs):
             if i not in duplicates:
-                out.append(Submitted(job=Job.from_doc(docs[ids[i]]), created=True))
+                out.append(Submitted(job=Job.from_doc(docs[i]), created=True))
                 continue
             holder = await self._key_holder(spec)
             out.append(
@@ -379,15 +392,11 @@ class JobStore:
             )
         return out
 
-    async def _upsert_new(self, ids: Sequence[str], specs: Sequence[JobSpec]) -> set[int]:
-        """Insert each spec under its fresh id (one unordered `bulk_write`); return the
-        indexes refused for an idempotency key that is already taken."""
-        ops = [
-            UpdateOne({"_id": job_id}, [{"$set": _new_job(spec)}], upsert=True)
-            for job_id, spec in zip(ids, specs, strict=True)
-        ]
+    async def _insert_new(self, docs: Sequence[Doc]) -> set[int]:
+        """Insert these new jobs (one unordered `insert_many`); return the indexes refused
+        for an idempotency key that is already taken."""
         try:
-            await self.jobs.bulk_write(ops, ordered=False)
+            await self.jobs.insert_many(docs, ordered=False)
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
             if any(err.get("code") != 11000 for err in errors):

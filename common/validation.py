@@ -7,6 +7,7 @@ API's `422` detail. Nothing invalid is ever stored.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +30,6 @@ MAX_DEPTH = 32
 MAX_BATCH = 1000
 INT64 = (-(2**63), 2**63 - 1)
 DAY_S = 86400.0
-_SCALARS = (str, float, bool, type(None))
 
 
 class SubmitJob(BaseModel):
@@ -109,25 +109,39 @@ class SubmitBatch(BaseModel):
 
 def check_document(value: object, path: str = "payload", depth: int = 1) -> None:
     """MongoDB-safe JSON: no key starting with `$`, no NUL in keys, nesting at most 32,
-    integers that fit in 64 bits (what BSON stores), and only JSON types."""
+    integers that fit in 64 bits (what BSON stores), finite numbers, only JSON types."""
     if depth > MAX_DEPTH:
         raise ValueError(f"{path}: nesting deeper than {MAX_DEPTH}")
     if isinstance(value, Mapping):
         for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError(f"{path}: key {key!r} is not a string")
-            if key.startswith("$"):
-                raise ValueError(f"{path}: key {key!r} starts with '$'")
-            if "\x00" in key:
-                raise ValueError(f"{path}: key {key!r} contains a NUL character")
+            _check_key(key, path)
             check_document(item, f"{path}.{key}", depth + 1)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
             check_document(item, f"{path}[{index}]", depth + 1)
-    elif isinstance(value, int) and not isinstance(value, bool):
+    else:
+        _check_scalar(value, path)
+
+
+def _check_key(key: object, path: str) -> None:
+    if not isinstance(key, str):
+        raise ValueError(f"{path}: key {key!r} is not a string")
+    if key.startswith("$"):
+        raise ValueError(f"{path}: key {key!r} starts with '$'")
+    if "\x00" in key:
+        raise ValueError(f"{path}: key {key!r} contains a NUL character")
+
+
+def _check_scalar(value: object, path: str) -> None:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, int):
         if not INT64[0] <= value <= INT64[1]:
             raise ValueError(f"{path}: integer does not fit in 64 bits")
-    elif not isinstance(value, _SCALARS):
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{path}: {value} is not a JSON number")
+    else:
         raise ValueError(f"{path}: a {type(value).__name__} is not a JSON value")
 
 

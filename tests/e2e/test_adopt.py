@@ -80,6 +80,11 @@ async def test_the_client_and_the_api_reject_the_same_inputs_with_the_same_detai
             with pytest.raises(InvalidInput) as info:
                 client.submit(**spec)
             assert info.value.detail == resp.json()["detail"], spec
+        # JSON has no NaN, but Python's parser reads one: both refuse it the same way.
+        resp = http.post("/jobs", content=b'{"task": "echo", "payload": {"x": NaN}}')
+        with pytest.raises(InvalidInput) as info:
+            client.submit("echo", {"x": float("nan")})
+        assert resp.status_code == 422 and info.value.detail == resp.json()["detail"]
         odd: list[Any] = [{"task": "echo", "surprise": 1}, {"payload": {}}, [1, 2]]
         for bad in [*BAD_SPECS, *odd]:
             jobs = [{"task": "noop"}, {"task": "echo"}, bad]

@@ -73,6 +73,7 @@ def test_depends_on_is_refused_until_workflows_exist() -> None:
         ({"when": datetime.now(UTC)}, "payload.when: a datetime is not a JSON value"),
         ({"s": {1, 2}}, "payload.s: a set is not a JSON value"),
         ({1: "x"}, "payload: key 1 is not a string"),
+        ({"x": float("nan")}, "payload.x: nan is not a JSON number"),
     ],
 )
 def test_python_payloads_must_be_json_that_bson_can_store(
