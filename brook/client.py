@@ -87,13 +87,6 @@ class Client:
         self._inner = AsyncClient(uri, db)
         self._thread = LoopThread("brook-client")
 
-    @classmethod
-    def _wrapping(cls, inner: AsyncClient) -> Client:
-        client = cls.__new__(cls)
-        client._inner = inner
-        client._thread = LoopThread("brook-client")
-        return client
-
     @property
     def settings(self) -> Settings:
         return self._inner.settings

@@ -300,7 +300,7 @@ class ExpiredLease:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Presence:
+class LiveDispatcher:
     """A live dispatcher as it published itself: the tasks it runs and the queues it serves
     (None: every queue)."""
 
@@ -883,14 +883,14 @@ class JobStore:
     async def retire(self, owner: str) -> None:
         await self.dispatchers.delete_one({"_id": owner})
 
-    async def live_dispatchers(self) -> list[Presence]:
+    async def live_dispatchers(self) -> list[LiveDispatcher]:
         """Dispatchers seen within LIVE_LEASES of their lease length, by the server's clock."""
         window = {"$multiply": ["$lease_seconds", LIVE_LEASES * 1000]}
         docs = await self.dispatchers.find(
             {"$expr": {"$gte": [{"$add": ["$seen_at", window]}, NOW]}}
         ).to_list()
         return [
-            Presence(
+            LiveDispatcher(
                 owner=str(d["_id"]),
                 name=str(d.get("name", "")),
                 tasks=frozenset(d.get("tasks") or ()),
