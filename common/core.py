@@ -87,7 +87,10 @@ class ClientCore:
     async def _ensure_indexes(self) -> None:
         """Before this client's first write: the unique index that makes idempotency keys
         race-free must exist even if no API or dispatcher ever started (once per client)."""
-        if self._indexed is None or (self._indexed.done() and self._indexed.exception()):
+        failed = self._indexed is not None and self._indexed.done() and (
+            self._indexed.cancelled() or self._indexed.exception() is not None
+        )
+        if self._indexed is None or failed:
             self._indexed = asyncio.ensure_future(self._store.ensure_indexes())
         await asyncio.shield(self._indexed)
 
