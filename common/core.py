@@ -113,7 +113,9 @@ class ClientCore:
         depends_on: Sequence[str] | None = None,
     ) -> Job:
         """Submit one job and return it (the existing job for a known `idempotency_key`).
-        Invalid input raises `InvalidInput`, whose `detail` is the API's `422` detail."""
+        `run_at` may be naive (read as UTC); `delay` (seconds or a `timedelta`) is counted
+        on the server's clock. Invalid input raises `InvalidInput`, whose `detail` is the
+        API's `422` detail."""
         spec = validate_spec(
             {
                 "task": task,
