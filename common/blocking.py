@@ -54,6 +54,14 @@ class LoopThread:
         self.loop.run_forever()
 
     def run(self, coro: Coro[T]) -> T:
+        if not self._thread.is_alive():
+            # Closed, or this is a forked child (threads do not survive a fork): waiting on
+            # the loop would block forever.
+            coro.close()
+            raise RuntimeError(
+                "the client's event-loop thread is not running: closed, or "
+                "the process forked; create the client in this process"
+            )
         return run_on(self.loop, coro)
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -114,9 +122,7 @@ class delegating(Generic[C, P, T]):
     @overload
     def __get__(self, obj: DelegatingHost[C], owner: type) -> Callable[P, Coro[T]]: ...
 
-    def __get__(
-        self, obj: DelegatingHost[C] | None, owner: type
-    ) -> Self | Callable[P, Coro[T]]:
+    def __get__(self, obj: DelegatingHost[C] | None, owner: type) -> Self | Callable[P, Coro[T]]:
         if obj is None:
             return self
         fn = self.fn

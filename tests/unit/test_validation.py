@@ -180,6 +180,8 @@ def test_a_blocking_form_runs_the_coroutine_on_its_loop_thread_with_the_same_sig
         assert Blocking.double.fn is Core.double and host.double.__doc__ == "Twice `n`, plus `plus`."
     finally:
         host.thread.stop()
+    with pytest.raises(RuntimeError, match="not running"):
+        host.double(1)  # after close: an error, never a hang
 
 
 async def test_a_delegating_form_awaits_the_target_and_a_blocking_call_on_its_own_loop_fails() -> None:
