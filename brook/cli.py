@@ -17,6 +17,7 @@ from common.errors import BrookError
 from common.events import Event, emit
 from common.settings import Settings, load_settings
 from common.status import TERMINAL, JobStatus
+from common.validation import MAX_BATCH
 
 JsonObject = dict[str, Any]  # a JSON object as the API sends it
 
@@ -246,7 +247,7 @@ def _print(doc: JsonObject) -> None:
     print(json.dumps(doc, indent=2, sort_keys=False))
 
 
-def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
+def _spec(args: argparse.Namespace) -> JsonObject:
     try:
         payload = json.loads(args.payload)
     except ValueError as exc:
@@ -254,13 +255,25 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
     body: JsonObject = {
         "task": args.task,
         "payload": payload,
+        "queue": args.queue,
         "priority": args.priority,
         "max_attempts": args.max_attempts,
     }
     for key in ("run_at", "timeout_s", "idempotency_key"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
-    job = _api(settings, "POST", "/jobs", body)
+    return body
+
+
+def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
+    if args.count < 1:
+        die("--count must be at least 1", 2)
+    if args.count > 1 and (args.wait or args.idempotency_key is not None):
+        die("--count submits many jobs: it cannot go with --wait or --idempotency-key", 2)
+    spec = _spec(args)
+    if args.count > 1:
+        return _submit_count(settings, spec, args.count)
+    job = _api(settings, "POST", "/jobs", spec)
     if not args.wait:
         _print(job)
         return 0
@@ -293,18 +306,39 @@ def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
     return job
 
 
+def _submit_count(settings: Settings, spec: JsonObject, count: int) -> int:
+    """`count` copies of `spec` through `POST /jobs/batch`, as few requests as the batch
+    size and the body limit allow; prints the new ids, one per line."""
+    per_spec = len(json.dumps(spec)) + 2
+    room = max((settings.max_body_bytes - 64) // per_spec, 1)
+    size = min(MAX_BATCH, room)
+    left = count
+    while left:
+        n = min(size, left)
+        out = _api(settings, "POST", "/jobs/batch", {"jobs": [spec] * n})
+        print("\n".join(job["id"] for job in out["jobs"]))
+        left -= n
+    return 0
+
+
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     _print(_api(settings, "GET", f"/jobs/{args.id}"))
     return 0
 
 
 def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
-    given = {"status": args.status, "task": args.task, "limit": args.limit, "after": args.after}
+    given = {
+        "status": args.status,
+        "task": args.task,
+        "queue": args.queue,
+        "limit": args.limit,
+        "after": args.after,
+    }
     params: dict[str, str | int] = {k: v for k, v in given.items() if v is not None}
     page = _api(settings, "GET", "/jobs", params=params)
     for job in page["jobs"]:
         print(
-            f"{job['id']}  {job['status']:<9}  {job['task']:<12}  "
+            f"{job['id']}  {job['status']:<9}  {job['task']:<12}  {job.get('queue', '-'):<10}  "
             f"attempts={job['attempts']}/{job['max_attempts']}  created={job['created_at']}"
         )
     if page.get("next"):
@@ -337,6 +371,26 @@ def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
+    _print(_api(settings, "POST", f"/jobs/{args.id}/retry"))
+    return 0
+
+
+def cmd_queue_ls(settings: Settings, _: argparse.Namespace) -> int:
+    queues = _api(settings, "GET", "/queues")["queues"]
+    statuses = [s.value for s in JobStatus]
+    print("  ".join([f"{'queue':<20}", *(f"{s:>9}" for s in statuses), "limits"]))
+    for q in queues:
+        limits = [
+            f"concurrency={q['concurrency']}" if q.get("concurrency") is not None else "",
+            f"rate={q['rate']['limit']}/{q['rate']['per_seconds']}s" if q.get("rate") else "",
+            "paused" if q.get("paused") else "",
+        ]
+        counts = [f"{q['counts'].get(s, 0):>9}" for s in statuses]
+        print("  ".join([f"{q['name']:<20}", *counts, " ".join(x for x in limits if x) or "-"]))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="brook", description="Event-driven job engine on MongoDB.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -353,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("submit", help="submit a job")
     s.add_argument("task")
     s.add_argument("--payload", default="{}", help="JSON object")
+    s.add_argument("--queue", default="default")
     s.add_argument("--priority", type=int, default=0)
     s.add_argument("--max-attempts", dest="max_attempts", type=int, default=3)
     s.add_argument("--run-at", dest="run_at", help="ISO-8601 datetime")
@@ -364,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait and print the result (status and progress on stderr: a bar on a terminal)",
     )
     s.add_argument("--wait-timeout", dest="wait_timeout", type=float, default=300.0)
+    s.add_argument(
+        "--count", type=int, default=1, help="submit N copies through the batch endpoint"
+    )
     s.set_defaults(fn=cmd_submit)
     st = sub.add_parser("status", help="show a job")
     st.add_argument("id")
@@ -371,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list jobs, newest first")
     ls.add_argument("--status", choices=sorted(s.value for s in JobStatus))
     ls.add_argument("--task")
+    ls.add_argument("--queue")
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--after", metavar="ID", help="the page after this job (the `# more:` hint)")
     ls.set_defaults(fn=cmd_ls)
@@ -381,6 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("action", nargs="?", choices=["ls", "pause", "resume"], default="ls")
     sc.add_argument("name", nargs="?", metavar="NAME")
     sc.set_defaults(fn=cmd_schedules)
+    r = sub.add_parser("retry", help="retry a failed or cancelled job")
+    r.add_argument("id")
+    r.set_defaults(fn=cmd_retry)
+    q = sub.add_parser("queue", help="the queues")
+    qs = q.add_subparsers(dest="queue_command", required=True)
+    qs.add_parser("ls", help="each queue with its jobs by status").set_defaults(fn=cmd_queue_ls)
     return p
 
 

@@ -30,24 +30,26 @@ from executor.schedules import declared_schedules
 CLOSE_S = 1.0
 
 
-def load_dispatcher_tasks(settings: Settings) -> tuple[Schedule, ...]:
-    """Import the task modules and return the schedules they declare; a bad BROOK_TASKS or
-    a schedule naming an unknown task raises `ConfigError` before anything starts."""
-    return declared_schedules(set(load_tasks(settings)))
+def load_dispatcher_tasks(settings: Settings) -> tuple[frozenset[str], tuple[Schedule, ...]]:
+    """Import the task modules: the task names this dispatcher runs (all it claims) and the
+    schedules they declare. A bad BROOK_TASKS or a schedule naming an unknown task raises
+    `ConfigError` before anything starts."""
+    tasks = frozenset(load_tasks(settings))
+    return tasks, declared_schedules(set(tasks))
 
 
 async def serve_dispatcher(
     settings: Settings,
     stop: asyncio.Event,
+    tasks: frozenset[str],
     runner: Runner | None = None,
-    schedules: Sequence[Schedule] | None = None,
+    schedules: Sequence[Schedule] = (),
 ) -> None:
-    if schedules is None:
-        schedules = load_dispatcher_tasks(settings)
+    """`tasks`: what the workers run (they import the same modules); all it claims."""
     client = make_client(settings, appname="brook-dispatcher")
-    store = JobStore(database(client, settings))
-    pool = runner or WorkerPool(settings, settings.concurrency)
-    dispatcher = Dispatcher(settings, store, pool, schedules)
+    store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
+    pool = runner or WorkerPool(settings, settings.worker_slots)
+    dispatcher = Dispatcher(settings, store, pool, tasks, schedules)
     pool.on_free = dispatcher.wake
     pool.on_progress = dispatcher.on_progress
     await pool.start()
@@ -74,7 +76,7 @@ def exit_now(code: int) -> NoReturn:
 
 def run_dispatcher(settings: Settings) -> int:
     # A configuration error is one line on stderr (exit 2), before any log or process.
-    schedules = load_dispatcher_tasks(settings)
+    tasks, schedules = load_dispatcher_tasks(settings)
     configure_logging(settings.log_level, role="dispatcher")
 
     async def main() -> None:
@@ -93,7 +95,7 @@ def run_dispatcher(settings: Settings) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
         try:
-            await serve_dispatcher(settings, stop, schedules=schedules)
+            await serve_dispatcher(settings, stop, tasks, schedules=schedules)
         except Exception as exc:
             emit(
                 Event.DISPATCHER_CRASHED,

@@ -17,6 +17,7 @@ class Event(StrEnum):
     JOB_FAILED = "job.failed"
     JOB_CANCELLED = "job.cancelled"
     JOB_CANCEL_REQUESTED = "job.cancel_requested"
+    JOB_RETRIED = "job.retried"  # a caller brought a failed or cancelled job back
     JOB_RELEASED = "job.released"
     JOB_RELEASE_FAILED = "job.release_failed"  # shutdown could not hand it back: lease expiry will
     JOB_TIMED_OUT = "job.timed_out"

@@ -24,9 +24,12 @@ CATCH_UP: tuple[CatchUp, ...] = ("latest", "none")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 
 
+TICK_KEY_PREFIX = "schedule:"
+
+
 def tick_key(name: str, tick: datetime) -> str:
     """The idempotency key of one tick's job: `schedule:{name}:{tick in UTC, ISO-8601}`."""
-    return f"schedule:{name}:{tick.astimezone(UTC).isoformat()}"
+    return f"{TICK_KEY_PREFIX}{name}:{tick.astimezone(UTC).isoformat()}"
 
 
 def _check_payload(payload: Any) -> dict[str, Any]:

@@ -146,6 +146,7 @@ class ScheduleRunner:
         spec = JobSpec(
             task=s.task,
             payload=s.payload,
+            queue=s.queue,
             run_at=tick,
             idempotency_key=s.key(tick),
             schedule={"name": s.name, "tick": tick},

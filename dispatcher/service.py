@@ -7,6 +7,7 @@
   heartbeat  renews this dispatcher's leases in one write; kills workers of lost leases
   watchdog   slow sweep: requeue expired leases, claim what no event announced (`leases.py`)
   schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
+  presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
 Each claimed job runs as a supervised task that ends with one fenced write (`outcomes.py`),
 after its last progress report (`progress.py`) has landed; a crash of any background task
 stops the dispatcher loudly.
@@ -25,8 +26,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pymongo.errors import PyMongoError
-
 from common.events import Event, emit, job_fields
 from common.models import Job
 from common.retrying import ride_out
@@ -40,6 +39,7 @@ from dispatcher.claimer import Claimer, ServerClock
 from dispatcher.holdings import Holdings
 from dispatcher.leases import LeaseKeeper
 from dispatcher.outcomes import Outcomes
+from dispatcher.presence import Presence
 from dispatcher.progress import ProgressKeeper
 from dispatcher.schedules import ScheduleRunner
 from dispatcher.stream import StreamFollower, TokenSaver
@@ -57,11 +57,14 @@ class Dispatcher:
         settings: Settings,
         store: JobStore,
         runner: Runner,
+        tasks: frozenset[str],
         schedules: Sequence[Schedule] = (),
     ) -> None:
+        """`tasks`: the task names this dispatcher's workers run; it claims only those."""
         self.settings = settings
         self.store = store
         self.runner = runner
+        self.tasks = tasks
         self.name = settings.dispatcher_name or socket.gethostname()
         # Unique per process run: a restarted dispatcher never matches its old leases.
         self.owner = f"{self.name}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -70,7 +73,7 @@ class Dispatcher:
         self.holdings = Holdings()
         clock = ServerClock(store)
         self.claimer = Claimer(
-            settings, store, self.owner, runner, self.holdings, clock, self._start
+            settings, store, self.owner, runner, self.holdings, clock, self._start, tasks
         )
         self.leases = LeaseKeeper(
             settings, store, self.owner, self.holdings, clock, runner.kill, self.claimer.sweep_done
@@ -84,6 +87,7 @@ class Dispatcher:
         self.schedules = ScheduleRunner(
             schedules, store, ScheduleStore(store.db), clock, self.owner
         )
+        self.presence = Presence(settings, store, self.owner, self.name, tasks, settings.queues)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -93,7 +97,9 @@ class Dispatcher:
         emit(
             Event.DISPATCHER_STARTED,
             owner=self.owner,
-            concurrency=self.settings.concurrency,
+            concurrency=self.settings.worker_slots,
+            queues=self.settings.queues,
+            tasks=sorted(self.tasks),
             lease_seconds=self.settings.lease_seconds,
         )
         self.loops.spawn(self._start_up(), "start-up")
@@ -117,6 +123,8 @@ class Dispatcher:
 
     async def _start_up(self) -> None:
         await ride_out("ensure_indexes", self.store.ensure_indexes)
+        await self.presence.announce()
+        self.loops.spawn(self.presence.run(), "presence")
         self.loops.spawn(self.stream.run(), "stream")
         self.loops.spawn(self.tokens.run(), "tokens")
         await self.stream.opened.wait()
@@ -155,8 +163,10 @@ class Dispatcher:
         self.supervisor.cancel_all()
         try:
             async with asyncio.timeout(TOKEN_FLUSH_S):
-                await self.tokens.flush()
-        except (PyMongoError, TimeoutError):
+                await asyncio.gather(
+                    self.tokens.flush(), self.presence.retire(), return_exceptions=True
+                )
+        except TimeoutError:
             pass
 
     def wake(self) -> None:
@@ -175,7 +185,12 @@ class Dispatcher:
         if fields.get("cancel_requested") is True:
             self.leases.cancel_requested(job_id)
             return
-        self.claimer.due_at(fields.get("run_at") or change.get("fullDocument", {}).get("run_at"))
+        inserted = change.get("fullDocument")
+        if inserted is not None and not self.claimer.runs(
+            inserted.get("task"), inserted.get("queue")
+        ):
+            return  # a new job this dispatcher would never claim
+        self.claimer.due_at(fields.get("run_at") or (inserted or {}).get("run_at"))
 
     # -- one attempt -----------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from common.events import Event, emit
 from common.log import configure_logging
 from common.runner import ProgressReport, RunJob
 from common.settings import Settings
-from executor.context import TaskContext
+from executor.context import SyncTaskContext, TaskContext
 from executor.progress import ProgressReporter
 from executor.registry import get_task, load_tasks
 
@@ -86,6 +86,27 @@ def error_doc(exc: BaseException) -> dict[str, Any]:
     }
 
 
+def _context(
+    msg: RunJob, settings: Settings, is_async: bool, reporter: ProgressReporter | None
+) -> TaskContext | SyncTaskContext:
+    if is_async:
+        return TaskContext(
+            job_id=msg.job_id,
+            attempt=msg.attempt,
+            task=msg.task,
+            settings=settings,
+            reporter=reporter,
+        )
+    return SyncTaskContext(
+        job_id=msg.job_id,
+        attempt=msg.attempt,
+        task=msg.task,
+        settings=settings,
+        reporter=reporter,
+        loop=asyncio.get_running_loop(),
+    )
+
+
 async def run_one(
     msg: RunJob, settings: Settings, send: Callable[[ProgressReport], None] | None = None
 ) -> JobDone:
@@ -98,15 +119,12 @@ async def run_one(
             spec = get_task(msg.task)
             args: list[Any] = [msg.payload]
             if spec.wants_context:
-                ctx = TaskContext(
-                    job_id=msg.job_id,
-                    attempt=msg.attempt,
-                    task=msg.task,
-                    settings=settings,
-                    reporter=reporter,
-                )
-                args.append(ctx)
-            result = await spec.fn(*args) if spec.is_async else spec.fn(*args)
+                args.append(_context(msg, settings, spec.is_async, reporter))
+            # A plain `def` runs on a thread, so this process's event loop stays free to
+            # serve its context (`ctx.submit` blocks on it).
+            result = await spec.fn(*args) if spec.is_async else await asyncio.to_thread(
+                spec.fn, *args
+            )
             # Fail here, with a clear error, not at the store, if it can't be stored.
             size = len(bson.encode({"result": result}))
             if size > MAX_RESULT_BYTES:

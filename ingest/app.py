@@ -1,4 +1,5 @@
-"""The HTTP API: submit, read, list and cancel jobs; schedules; health, readiness, metrics.
+"""The HTTP API: submit (one or a batch), read, list, cancel and retry jobs; queues;
+schedules; health, readiness and metrics.
 
 `create_app` only wires the parts together: the typed state (`ingest.state`, built by the
 lifespan), the dependencies that reach it (`ingest.deps`), the routers (`ingest.routes`),
@@ -17,7 +18,7 @@ from common.settings import Settings
 from ingest.deps import require_token
 from ingest.errors import install_error_handlers
 from ingest.metrics import RequestCounter
-from ingest.routes import docs, jobs, ops, schedules
+from ingest.routes import docs, jobs, ops, queues, schedules
 from ingest.state import RequestCounts, open_state
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -54,6 +55,7 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     install_error_handlers(app)
     protected = [Depends(require_token)]
     app.include_router(jobs.router, dependencies=protected)
+    app.include_router(queues.router, dependencies=protected)
     app.include_router(schedules.router, dependencies=protected)
     app.include_router(ops.probes)
     app.include_router(ops.router, dependencies=protected)

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from common.errors import Retry
-from executor.context import TaskContext
+from executor.context import SyncTaskContext, TaskContext
 from executor.registry import task
 
 
@@ -20,14 +20,14 @@ async def record(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
 
 
 @task("retry_once")
-def retry_once(payload: dict[str, Any], ctx: TaskContext) -> str:
+def retry_once(payload: dict[str, Any], ctx: SyncTaskContext) -> str:
     if ctx.attempt == 1:
         raise Retry(delay=float(payload.get("delay", 0.3)))
     return "second time lucky"
 
 
 @task("flaky")
-def flaky(payload: dict[str, Any], ctx: TaskContext) -> int:
+def flaky(payload: dict[str, Any], ctx: SyncTaskContext) -> int:
     """Fails until attempt `succeed_on`."""
     if ctx.attempt < int(payload.get("succeed_on", 2)):
         raise RuntimeError(f"attempt {ctx.attempt} fails")
