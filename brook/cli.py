@@ -376,19 +376,72 @@ def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _limits(q: JsonObject) -> str:
+    """`concurrency=3 (2 in use) rate=20/2s (7 in window) paused`, or `-` for none."""
+    parts = []
+    if q.get("concurrency") is not None:
+        parts.append(f"concurrency={q['concurrency']} ({q.get('slots_in_use', 0)} in use)")
+    if q.get("rate"):
+        rate = q["rate"]
+        window = f" ({q['starts_in_window']} in window)" if q.get("starts_in_window") else ""
+        parts.append(f"rate={rate['limit']}/{rate['per_seconds']:g}s{window}")
+    if q.get("paused"):
+        parts.append("paused")
+    return " ".join(parts) or "-"
+
+
 def cmd_queue_ls(settings: Settings, _: argparse.Namespace) -> int:
     queues = _api(settings, "GET", "/queues")["queues"]
     statuses = [s.value for s in JobStatus]
     print("  ".join([f"{'queue':<20}", *(f"{s:>9}" for s in statuses), "limits"]))
     for q in queues:
-        limits = [
-            f"concurrency={q['concurrency']}" if q.get("concurrency") is not None else "",
-            f"rate={q['rate']['limit']}/{q['rate']['per_seconds']}s" if q.get("rate") else "",
-            "paused" if q.get("paused") else "",
-        ]
         counts = [f"{q['counts'].get(s, 0):>9}" for s in statuses]
-        print("  ".join([f"{q['name']:<20}", *counts, " ".join(x for x in limits if x) or "-"]))
+        print("  ".join([f"{q['name']:<20}", *counts, _limits(q)]))
     return 0
+
+
+def parse_concurrency(text: str) -> int | None:
+    """`--concurrency N`, or `none` to clear the limit."""
+    if text.strip().lower() == "none":
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number >= 1, or none")
+    return int(text)
+
+
+def parse_rate(text: str) -> JsonObject | None:
+    """`--rate N/S` (N starts per S seconds: `20/2`, `100/60s`), or `none` to clear it."""
+    if text.strip().lower() == "none":
+        return None
+    limit, sep, per = text.strip().partition("/")
+    per = per.removesuffix("s")
+    try:
+        if not sep or not limit.isdigit():
+            raise ValueError
+        return {"limit": int(limit), "per_seconds": float(per)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write N/S, e.g. 20/2 (20 per 2 s), or none"
+        ) from None
+
+
+def cmd_queue_set(settings: Settings, args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
+    body: JsonObject = {}
+    if args.action == "set":
+        if args.concurrency is _UNSET and args.rate is _UNSET:
+            die("brook queue set needs --concurrency and/or --rate", 2)
+        for key in ("concurrency", "rate"):
+            if getattr(args, key) is not _UNSET:
+                body[key] = getattr(args, key)
+    else:
+        body["paused"] = args.action == "pause"
+    _print(_api(settings, "PUT", f"/queues/{quote(args.name, safe='')}", body))
+    return 0
+
+
+_UNSET: Any = object()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -445,7 +498,30 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_retry)
     q = sub.add_parser("queue", help="the queues")
     qs = q.add_subparsers(dest="queue_command", required=True)
-    qs.add_parser("ls", help="each queue with its jobs by status").set_defaults(fn=cmd_queue_ls)
+    qs.add_parser(
+        "ls", help="each queue: its jobs by status, limits and slots in use"
+    ).set_defaults(fn=cmd_queue_ls)
+    qset = qs.add_parser("set", help="set a queue's cluster-wide limits")
+    qset.add_argument("name", metavar="NAME")
+    qset.add_argument(
+        "--concurrency",
+        type=parse_concurrency,
+        default=_UNSET,
+        metavar="N",
+        help="running jobs at most, cluster-wide (none: no limit)",
+    )
+    qset.add_argument(
+        "--rate",
+        type=parse_rate,
+        default=_UNSET,
+        metavar="N/S",
+        help="starts per window of S seconds at most, e.g. 20/2 (none: no limit)",
+    )
+    qset.set_defaults(fn=cmd_queue_set, action="set")
+    for action, text in (("pause", "start nothing new"), ("resume", "start jobs again")):
+        qp = qs.add_parser(action, help=f"{text} in a queue, cluster-wide")
+        qp.add_argument("name", metavar="NAME")
+        qp.set_defaults(fn=cmd_queue_set, action=action)
     return p
 
 

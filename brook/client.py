@@ -102,6 +102,7 @@ class Client:
     get = blocking(ClientCore.get)
     list = blocking(ClientCore.list)
     queues = blocking(ClientCore.queues)
+    set_queue = blocking(ClientCore.set_queue)
     cancel = blocking(ClientCore.cancel)
     retry = blocking(ClientCore.retry)
     wait = blocking(ClientCore.wait)

@@ -23,6 +23,8 @@ from common.directory import TaskDirectory
 from common.errors import JobNotFound, WaitTimeout
 from common.events import Event, emit, job_fields
 from common.models import DEFAULT_QUEUE, Job, JobSpec
+from common.queues import validate_queue_update
+from common.queues_store import QueueStore, QueueUsage
 from common.status import TERMINAL, JobStatus
 from common.store import JobStore, Submitted
 from common.validation import validate_batch, validate_spec
@@ -40,13 +42,32 @@ SubmitOne = Callable[[JobSpec], Awaitable[Submitted]]
 @dataclass(frozen=True, kw_only=True)
 class QueueInfo:
     """A queue as `GET /queues` shows it. `concurrency`, `rate` and `paused` are set by
-    `PUT /queues/{name}` (cluster-wide limits); until then they are null and false."""
+    `PUT /queues/{name}` (cluster-wide limits); until then they are null and false.
+    `slots_in_use`: jobs holding one of the queue's slots now (null for a queue without
+    limits); `starts_in_window`: starts that count in the rate's current window."""
 
     name: str
     counts: dict[str, int]
     concurrency: int | None = None
     rate: dict[str, float] | None = None
     paused: bool = False
+    slots_in_use: int | None = None
+    starts_in_window: int | None = None
+
+    @classmethod
+    def of(cls, name: str, counts: dict[str, int], usage: QueueUsage | None) -> QueueInfo:
+        limits = usage.doc.limits if usage is not None else None
+        if usage is None or limits is None or not limits.limited:
+            return cls(name=name, counts=counts)
+        return cls(
+            name=name,
+            counts=counts,
+            concurrency=limits.concurrency,
+            rate=limits.rate.to_api() if limits.rate else None,
+            paused=limits.paused,
+            slots_in_use=usage.in_use,
+            starts_in_window=usage.in_window if limits.rate else None,
+        )
 
     def to_api(self) -> dict[str, Any]:
         return {
@@ -55,6 +76,8 @@ class QueueInfo:
             "concurrency": self.concurrency,
             "rate": self.rate,
             "paused": self.paused,
+            "slots_in_use": self.slots_in_use,
+            "starts_in_window": self.starts_in_window,
         }
 
 
@@ -79,6 +102,7 @@ class ClientCore:
         submit_one: SubmitOne | None = None,
     ) -> None:
         self._store = store
+        self._queues = QueueStore(store.db)
         self._directory = directory
         # The API passes its group commit here (concurrent submits share one write).
         self._submit_one: SubmitOne = submit_one or store.submit
@@ -183,9 +207,27 @@ class ClientCore:
         return jobs
 
     async def queues(self) -> Sequence[QueueInfo]:
-        """Every queue that holds jobs, with its job counts by status (one aggregation)."""
+        """Every queue that holds jobs or has limits, with its job counts by status (one
+        aggregation), its limits and the slots in use now (checked against the jobs)."""
         counts = await self._store.count_by_queue()
-        return [QueueInfo(name=name, counts=by_status) for name, by_status in counts.items()]
+        usage = await self._queues.usage()
+        empty = {s.value: 0 for s in JobStatus}
+        return [
+            QueueInfo.of(name, counts.get(name, dict(empty)), usage.get(name))
+            for name in sorted(set(counts) | set(usage))
+        ]
+
+    async def set_queue(self, name: str, changes: Mapping[str, Any]) -> QueueInfo:
+        """Set a queue's cluster-wide limits: `concurrency` (int or None), `rate` (`{"limit":
+        int, "per_seconds": number}` or None), `paused` (bool); what is left out keeps its
+        value. Invalid input raises `InvalidInput` (the API's 422 detail); nothing changes."""
+        fields = validate_queue_update(name, changes)
+        await self._queues.set_limits(name, fields)
+        if structlog.is_configured():
+            emit(Event.QUEUE_UPDATED, queue=name, **fields)
+            if "paused" in fields:
+                emit(Event.QUEUE_PAUSED if fields["paused"] else Event.QUEUE_RESUMED, queue=name)
+        return next(q for q in await self.queues() if q.name == name)
 
     # -- change one job ------------------------------------------------------------------------
 

@@ -35,6 +35,12 @@ class Event(StrEnum):
     SCHEDULE_MISSED = "schedule.missed"  # ticks passed while no dispatcher ran (catch_up)
     SCHEDULE_PAUSED = "schedule.paused"
     SCHEDULE_RESUMED = "schedule.resumed"
+    QUEUE_UPDATED = "queue.updated"  # a queue's limits were set (API, client)
+    QUEUE_PAUSED = "queue.paused"
+    QUEUE_RESUMED = "queue.resumed"
+    QUEUE_LIMITS_SEEN = "queue.limits_seen"  # a dispatcher applies a queue's new limits
+    SLOTS_RECLAIMED = "slots.reclaimed"  # slots a dead or lost attempt left, freed by a prune
+    SLOTS_ADOPTED = "slots.adopted"  # running jobs that held no slot of a limited queue
     STREAM_OPENED = "stream.opened"
     STREAM_RESUMED = "stream.resumed"
     STREAM_HISTORY_LOST = "stream.history_lost"

@@ -120,13 +120,18 @@ INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")
 CLAIM_FILTER: dict[str, Any] = {"status": P, "$expr": {"$lte": ["$run_at", NOW]}}
 
 
-def claim_filter(tasks: Collection[str] | None, queue: str | None) -> dict[str, Any]:
-    """Due pending jobs of these tasks (None: any) in this queue (None: any queue)."""
+def claim_filter(
+    tasks: Collection[str] | None, queue: str | None, exclude: Collection[str] = ()
+) -> dict[str, Any]:
+    """Due pending jobs of these tasks (None: any) in this queue (None: any queue but those
+    in `exclude`, the queues with limits, claimed through their slots instead)."""
     query = dict(CLAIM_FILTER)
     if tasks is not None:
         query["task"] = {"$in": sorted(tasks)}
     if queue is not None:
         query["queue"] = queue
+    elif exclude:
+        query["queue"] = {"$nin": sorted(exclude)}  # an index key of every claim index
     return query
 
 
@@ -507,11 +512,12 @@ class JobStore:
         *,
         tasks: Collection[str] | None = None,
         queue: str | None = None,
+        exclude: Collection[str] = (),
     ) -> Job | None:
         """Lease the best due pending job (of these tasks, in this queue) to `owner`;
         `attempts` + 1 is the new fencing token."""
         doc = await self.jobs.find_one_and_update(
-            claim_filter(tasks, queue),
+            claim_filter(tasks, queue, exclude),
             [{"$set": _claimed(owner, lease_seconds)}],
             sort=CLAIM_SORT,
             hint=claim_index(tasks, queue),
@@ -527,6 +533,7 @@ class JobStore:
         *,
         tasks: Collection[str] | None = None,
         queue: str | None = None,
+        exclude: Collection[str] = (),
     ) -> tuple[list[Job], bool]:
         """Lease up to `limit` of the best due pending jobs with one write; also say whether
         fewer than `limit` were due (the queue ran dry, as opposed to losing races).
@@ -537,7 +544,7 @@ class JobStore:
         dispatcher may win some of them; it never claims one twice.
         """
         candidates = await self.jobs.find(
-            claim_filter(tasks, queue),
+            claim_filter(tasks, queue, exclude),
             projection={"_id": 1},
             sort=CLAIM_SORT,
             limit=limit,
@@ -558,15 +565,22 @@ class JobStore:
         return [Job.from_doc(d) for d in won], len(candidates) < limit
 
     async def next_due(
-        self, *, tasks: Collection[str] | None = None, queues: Collection[str] | None = None
+        self,
+        *,
+        tasks: Collection[str] | None = None,
+        queues: Collection[str] | None = None,
+        exclude: Collection[str] = (),
     ) -> datetime | None:
         """The earliest `run_at` among pending jobs of these tasks and queues (the
-        dispatcher's timer; None: any)."""
+        dispatcher's timer; None: any), but not in `exclude` (queues that cannot start a
+        job now: paused, or waiting for a slot or their rate window)."""
         query: dict[str, Any] = {"status": P}
         if tasks is not None:
             query["task"] = {"$in": sorted(tasks)}
         if queues is not None:
-            query["queue"] = {"$in": sorted(queues)}
+            query["queue"] = {"$in": sorted(set(queues) - set(exclude))}
+        elif exclude:
+            query["queue"] = {"$nin": sorted(exclude)}
         doc = await self.jobs.find_one(
             query, projection={"run_at": 1}, sort=[("run_at", ASCENDING)]
         )
@@ -970,6 +984,42 @@ class JobStore:
         if doc is None:
             raise LeaseLost(f"job {query['_id']} attempt {query['attempts']} is no longer held")
         return Job.from_doc(doc)
+
+    # -- limited queues (the slots themselves: `common.queues_store`) ------------------------
+
+    async def candidates(
+        self, limit: int, *, tasks: Collection[str] | None, queue: str
+    ) -> list[str]:
+        """The ids of the best due pending jobs of these tasks in `queue`, at most `limit`:
+        what a claim in a limited queue takes its slots for."""
+        docs = await self.jobs.find(
+            claim_filter(tasks, queue),
+            projection={"_id": 1},
+            sort=CLAIM_SORT,
+            limit=limit,
+            hint=claim_index(tasks, queue),
+        ).to_list()
+        return [str(d["_id"]) for d in docs]
+
+    async def claim_tagged(
+        self, owner: str, lease_seconds: float, ids: Sequence[str], tag: str, before: datetime
+    ) -> list[Job]:
+        """Lease those of these jobs still due and pending, each marked with the slot ticket
+        `tag`, but only while the server's clock is before `before` (the ticket's
+        `claim_by`): after it the ticket may have been freed, and no claim may use it."""
+        if not ids:
+            return []
+        due = {"$lte": ["$run_at", NOW]}
+        in_time = {"$lt": [NOW, _lit(before)]}
+        await self.jobs.update_many(
+            {"_id": {"$in": list(ids)}, "status": P, "$expr": {"$and": [due, in_time]}},
+            [{"$set": {**_claimed(owner, lease_seconds), "claim_tag": _lit(tag)}}],
+        )
+        won = await self.jobs.find(
+            {"_id": {"$in": list(ids)}, "claim_tag": tag, "owner": owner, "status": R}
+        ).to_list()
+        won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
+        return [Job.from_doc(d) for d in won]
 
     # -- progress (a running attempt reports how far it got) ---------------------------------
 

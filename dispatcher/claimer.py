@@ -21,6 +21,7 @@ from common.runner import Runner, Slot
 from common.settings import Settings
 from common.store import JobStore
 from dispatcher.holdings import Holdings
+from dispatcher.limits import Limits
 
 MAX_BATCH = 64
 
@@ -101,7 +102,8 @@ class DueTimer:
 class Claimer:
     """Claims only jobs whose task this dispatcher runs, in the queues it serves: with
     `BROOK_QUEUES`, each queue up to its own slots; without, every queue within the
-    concurrency."""
+    concurrency. A queue with cluster-wide limits is its own target, claimed through its
+    slots (`dispatcher.limits`); the plain claims leave it out."""
 
     def __init__(
         self,
@@ -113,6 +115,7 @@ class Claimer:
         clock: ServerClock,
         start: StartJob,
         tasks: frozenset[str],
+        limits: Limits,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -122,7 +125,8 @@ class Claimer:
         self.start = start
         self.tasks = tasks
         self.queues: Mapping[str, int] | None = settings.queues
-        self._targets: set[Target] = set(self.queues) if self.queues else {None}
+        self.limits = limits
+        limits.on_open = self._limits_opened
         self.timer = DueTimer(self._next_due, clock, self.signal)
         self.clock = clock
         self._wake = asyncio.Event()
@@ -140,19 +144,37 @@ class Claimer:
         served = self.queues is None or queue in self.queues
         return task in self.tasks and served
 
-    def signal(self) -> None:
-        """There may be due work: look for it."""
+    @property
+    def _targets(self) -> set[Target]:
+        if self.queues:
+            return set(self.queues)
+        return {None, *self.limits.limited()}
+
+    def _target_of(self, queue: str) -> Target:
+        return queue if self.queues or self.limits.is_limited(queue) else None
+
+    def signal(self, queue: str | None = None) -> None:
+        """There may be due work (in `queue`, when known): look for it."""
         self._signals += 1
         self._maybe_more = True
-        self._dry.clear()
+        if queue is None:
+            self._dry.clear()
+        else:
+            self._dry.discard(self._target_of(queue))
         self._wake.set()
 
-    def due_at(self, run_at: datetime | None) -> None:
-        """A job became pending: look now, or when it is due."""
+    def due_at(self, run_at: datetime | None, queue: str | None = None) -> None:
+        """A job became pending (in `queue`, when known): look now, or when it is due."""
         if run_at is not None and run_at.timestamp() > self.clock.now() + 0.002:
             self.timer.at(run_at.timestamp())
         else:
-            self.signal()
+            self.signal(queue)
+
+    def _limits_opened(self, queue: str | None) -> None:
+        """A limited queue may start jobs again (None: the limits changed): its due jobs
+        count for the timer again, and it is looked at."""
+        self.timer.rearm = True
+        self.signal(queue)
 
     def sweep_done(self) -> None:
         """The slow path looked too: claim what no event announced, re-arm the timer."""
@@ -177,39 +199,55 @@ class Claimer:
                     break
 
     async def _next_due(self) -> datetime | None:
-        return await self.store.next_due(tasks=self.tasks, queues=self.queues)
+        return await self.store.next_due(
+            tasks=self.tasks, queues=self.queues, exclude=self.limits.closed()
+        )
 
-    def _rooms(self) -> dict[Target, int]:
-        """Free room per target. A lease counts against its slots until its final write is
-        done, so the jobs collection never shows more running jobs than there are slots."""
+    def _room(self, target: Target) -> int:
+        """Free room for a target. A lease counts against its slots until its final write
+        is done, so the jobs collection never shows more running jobs than there are slots.
+        Without `BROOK_QUEUES`, the limited queues share the one room."""
         free = self.runner.free_slots()
         if self.queues is None:
-            room = min(self.settings.worker_slots - self.holdings.count(), free)
-            return {None: room} if room > 0 else {}
-        rooms: dict[Target, int] = {}
-        for queue, slots in self.queues.items():
-            room = min(slots - self.holdings.count(queue), free)
-            if room > 0:
-                rooms[queue] = room
-        return rooms
+            return min(self.settings.worker_slots - self.holdings.count(), free)
+        assert target is not None
+        return min(self.queues[target] - self.holdings.count(target), free)
+
+    def _rooms(self) -> list[Target]:
+        """Targets to look at: room, news of work, and (a limited queue) a slot may be free."""
+        return [
+            t
+            for t in self._targets
+            if t not in self._dry and (t is None or self._may_claim(t)) and self._room(t) > 0
+        ]
+
+    def _may_claim(self, queue: str) -> bool:
+        return not self.limits.is_limited(queue) or self.limits.may_claim(queue)
 
     async def _look(self) -> bool:
         """Claim once for the free room; False when there is no room to fill."""
-        rooms = {t: room for t, room in self._rooms().items() if t not in self._dry}
-        if not rooms:
-            # No room, or room only in targets found empty: a finished job, a ready worker
-            # or news of work wakes us again.
+        targets = self._rooms()
+        if not targets:
+            # No room, or room only in targets found empty or closed: a finished job, a
+            # ready worker, news of work or an open limited queue wakes us again.
             return False
         seen = self._signals
-        results = {target: await self._claim_for(target, room) for target, room in rooms.items()}
+        results: dict[Target, list[bool | None]] = {}
+        for target in targets:
+            room = self._room(target)  # the claims before this one took some
+            if room > 0:
+                results[target] = await self._claim_for(target, room)
+        if not results:
+            return False
         filled = all(all(got) for got in results.values())
         self._batch = min(self._batch * 2, MAX_BATCH) if filled else 1
         if self._signals == seen:  # news while we claimed: a dry target may not be dry
             self._dry.update(t for t, got in results.items() if None in got)
         if any(None not in got for got in results.values()):
             return True  # a target filled its room or lost races: there may be more
-        if self._signals == seen and self._dry >= self._targets:
-            self._maybe_more = False  # nothing due anywhere, and no news meanwhile
+        closed = {t for t in self._targets if t is not None and not self._may_claim(t)}
+        if self._signals == seen and self._dry | closed >= self._targets:
+            self._maybe_more = False  # nothing due anywhere it may start, and no news meanwhile
         if self.timer.rearm:
             await self.timer.arm_for_next_due()
         if not any(True in got for got in results.values()) and self._maybe_more:
@@ -217,10 +255,33 @@ class Claimer:
         return True
 
     async def _claim_for(self, target: Target, room: int) -> list[bool | None]:
+        if target is not None and self.limits.is_limited(target):
+            return await self._claim_limited(target, min(room, MAX_BATCH))
         # Claims in flight together overlap their round trips. Start with one and double
         # while every claim finds a job (a backlog); one event then costs one claim.
         n = min(room, self._batch)
         return [await self._claim_one(target)] if n == 1 else await self._claim_batch(target, n)
+
+    async def _claim_limited(self, queue: str, n: int) -> list[bool | None]:
+        """Claim up to `n` jobs of a limited queue through its slots (one ticket for all)."""
+        slots = [slot for slot in (self.runner.reserve() for _ in range(n)) if slot is not None]
+        if not slots:
+            return [False]
+        try:
+            got = await self.limits.claim(queue, len(slots), self.tasks)
+        except PyMongoError as exc:
+            await self._claim_failed(slots, exc)
+            return [False]
+        for slot, job in zip(slots, got.jobs, strict=False):
+            self.start(slot, job)
+        for slot in slots[len(got.jobs) :]:
+            self.runner.unreserve(slot)
+        await self.limits.settle(got)
+        unfilled: bool | None = None if got.dry or got.blocked else False
+        return [True] * len(got.jobs) + [unfilled] * (len(slots) - len(got.jobs))
+
+    def _exclude(self, target: Target) -> frozenset[str]:
+        return self.limits.limited() if target is None else frozenset()
 
     async def _claim_batch(self, target: Target, n: int) -> list[bool | None]:
         """Claim up to `n` jobs in one write; True per job started, None for a slot the
@@ -228,11 +289,17 @@ class Claimer:
         slots = [slot for slot in (self.runner.reserve() for _ in range(n)) if slot is not None]
         try:
             jobs, dry = await self.store.claim_many(
-                self.owner, self.settings.lease_seconds, len(slots), tasks=self.tasks, queue=target
+                self.owner,
+                self.settings.lease_seconds,
+                len(slots),
+                tasks=self.tasks,
+                queue=target,
+                exclude=self._exclude(target),
             )
         except PyMongoError as exc:
             await self._claim_failed(slots, exc)
             return [False]
+        self.limits.adopt_strays(jobs)
         for slot, job in zip(slots, jobs, strict=False):
             self.start(slot, job)
         for slot in slots[len(jobs) :]:
@@ -247,7 +314,11 @@ class Claimer:
             return False
         try:
             job = await self.store.claim(
-                self.owner, self.settings.lease_seconds, tasks=self.tasks, queue=target
+                self.owner,
+                self.settings.lease_seconds,
+                tasks=self.tasks,
+                queue=target,
+                exclude=self._exclude(target),
             )
         except PyMongoError as exc:
             await self._claim_failed([slot], exc)
@@ -255,6 +326,7 @@ class Claimer:
         if job is None:
             self.runner.unreserve(slot)
             return None
+        self.limits.adopt_strays([job])
         self.start(slot, job)
         return True
 

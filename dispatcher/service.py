@@ -4,6 +4,8 @@
   stream     change stream → wake-ups (new/requeued work) and cancel requests (`stream.py`)
   tokens     saves the stream's resume token, coalesced majority writes (`stream.py`)
   claimer    while a worker slot is free: lease the best due jobs (`claimer.py`)
+  limits     the cluster-wide queue limits: a change stream on `brook_queues`, and a
+             re-read every sweep; a limited queue's claims take its slots (`limits.py`)
   heartbeat  renews this dispatcher's leases in one write; kills workers of lost leases
   watchdog   slow sweep: requeue expired leases, claim what no event announced (`leases.py`)
   schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
@@ -28,6 +30,7 @@ from typing import Any
 
 from common.events import Event, emit, job_fields
 from common.models import Job
+from common.queues_store import QueueStore
 from common.retrying import ride_out
 from common.runner import ProgressReport, RunJob, Runner, Slot
 from common.schedules import Schedule
@@ -38,6 +41,7 @@ from common.supervision import Supervisor
 from dispatcher.claimer import Claimer, ServerClock
 from dispatcher.holdings import Holdings
 from dispatcher.leases import LeaseKeeper
+from dispatcher.limits import Limits
 from dispatcher.outcomes import Outcomes
 from dispatcher.presence import Presence
 from dispatcher.progress import ProgressKeeper
@@ -72,8 +76,25 @@ class Dispatcher:
         self.supervisor = Supervisor()  # one task per running job, and group-commit writers
         self.holdings = Holdings()
         clock = ServerClock(store)
+        self.limits = Limits(
+            settings,
+            QueueStore(store.db),
+            store,
+            self.owner,
+            clock,
+            self.supervisor.spawn,
+            self.holdings.jobs,
+        )
         self.claimer = Claimer(
-            settings, store, self.owner, runner, self.holdings, clock, self._start, tasks
+            settings,
+            store,
+            self.owner,
+            runner,
+            self.holdings,
+            clock,
+            self._start,
+            tasks,
+            self.limits,
         )
         self.leases = LeaseKeeper(
             settings, store, self.owner, self.holdings, clock, runner.kill, self.claimer.sweep_done
@@ -127,7 +148,11 @@ class Dispatcher:
         self.loops.spawn(self.presence.run(), "presence")
         self.loops.spawn(self.stream.run(), "stream")
         self.loops.spawn(self.tokens.run(), "tokens")
+        self.loops.spawn(self.limits.watch(), "limits")
         await self.stream.opened.wait()
+        # The plain claim must know which queues have limits before it claims anything.
+        await self.limits.loaded.wait()
+        self.loops.spawn(self.limits.tick(), "limits-tick")
         await ride_out("sweep", self.leases.sweep)  # the backlog, after the stream is open
         self.loops.spawn(self.claimer.run(), "claimer")
         self.loops.spawn(self.leases.heartbeat(), "heartbeat")
@@ -190,7 +215,12 @@ class Dispatcher:
             inserted.get("task"), inserted.get("queue")
         ):
             return  # a new job this dispatcher would never claim
-        self.claimer.due_at(fields.get("run_at") or (inserted or {}).get("run_at"))
+        if inserted is None:
+            self.limits.requeued()
+        self.claimer.due_at(
+            fields.get("run_at") or (inserted or {}).get("run_at"),
+            (inserted or {}).get("queue"),
+        )
 
     # -- one attempt -----------------------------------------------------------------------
 
@@ -214,13 +244,18 @@ class Dispatcher:
         timeout = job.timeout_s or self.settings.default_timeout_s
         run = RunJob(job_id=job.id, attempt=job.attempts, task=job.task, payload=job.payload)
         started = time.monotonic()
+        over = False
         try:
             try:
                 outcome = await self.runner.run(slot, run, timeout)
             finally:
                 self.holdings.worker_done(job.id)
             await self.progress.settle(job.id)
-            await self.outcomes.record(job, lease, outcome, time.monotonic() - started)
+            verdict = await self.outcomes.record(job, lease, outcome, time.monotonic() - started)
+            # The job no longer runs under this attempt: its final write landed, or another
+            # attempt or owner holds it. Only then may its queue slot (if any) go.
+            over = verdict.kind in ("applied", "lost")
         finally:
             self.holdings.drop(job.id)
+            self.limits.finished(job.id, over=over)
             self.claimer.slot_freed()

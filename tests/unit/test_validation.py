@@ -16,9 +16,11 @@ from common.errors import InvalidInput
 from common.models import Job
 from common.settings import Settings, parse_queues
 from common.status import ALLOWED, RETRIES, TERMINAL, TRANSITIONS, JobStatus
+from common.supervision import spawn_logged
 from common.validation import check_document, validate_batch, validate_spec
 from dispatcher.claimer import Claimer, ServerClock
 from dispatcher.holdings import Holdings
+from dispatcher.limits import Limits
 from ingest.validation import parse_batch, parse_submit
 
 
@@ -215,14 +217,27 @@ class FakeStore:
         self.claims: list[str | None] = []
 
     async def claim(
-        self, owner: str, lease: float, *, tasks: Collection[str], queue: str | None
+        self,
+        owner: str,
+        lease: float,
+        *,
+        tasks: Collection[str],
+        queue: str | None,
+        exclude: Collection[str] = (),
     ) -> Job | None:
         self.claims.append(queue)
         ids = self.backlog.get(queue or "", [])
         return job(ids.pop(0), queue or "") if ids else None
 
     async def claim_many(
-        self, owner: str, lease: float, limit: int, *, tasks: Collection[str], queue: str | None
+        self,
+        owner: str,
+        lease: float,
+        limit: int,
+        *,
+        tasks: Collection[str],
+        queue: str | None,
+        exclude: Collection[str] = (),
     ) -> tuple[list[Job], bool]:
         got = [j for j in [await self.claim(owner, lease, tasks=tasks, queue=queue)] if j]
         return got, len(got) < limit
@@ -259,8 +274,10 @@ async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up(
         started.append(claimed.id)
 
     settings = Settings(queues="default:1,emails:2")  # type: ignore[arg-type]
+    clock = ServerClock(store)  # type: ignore[arg-type]
+    no_limits = Limits(settings, None, store, "me", clock, spawn_logged, holdings.jobs)  # type: ignore[arg-type]
     claimer = Claimer(
-        settings, store, "me", runner, holdings, ServerClock(store), start, frozenset({"noop"})  # type: ignore[arg-type]
+        settings, store, "me", runner, holdings, clock, start, frozenset({"noop"}), no_limits  # type: ignore[arg-type]
     )
     loop = asyncio.create_task(claimer.run())
     claimer.signal()

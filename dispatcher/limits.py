@@ -1,0 +1,371 @@
+"""Cluster-wide queue limits, as one dispatcher applies them.
+
+The dispatcher keeps a view of which queues have limits (concurrency, rate, pause), loaded
+when it starts and kept current by a change stream on `brook_queues` (and re-read every
+sweep, in case an event was missed). Queues without limits never appear in it and their
+claims never touch `brook_queues`: the plain claim merely leaves the limited queues out
+(`queue: {$nin: …}`, an index key), so an unlimited claim costs what it did before.
+
+A claim in a limited queue goes through its slots (`common.queues_store`): the candidate
+jobs, a ticket for their slots, the claim itself (only before the ticket's `claim_by`),
+then the ticket settled into one slot per job won. Each job's slot is given back after
+its final write has landed.
+
+A queue whose claim got no slot is *closed* here until something can change that, so a
+waiting queue never busy-loops: a full queue until a slot is released anywhere (the
+change stream), a job is requeued, or the next sweep (which also frees what a dead
+dispatcher left, see `QueueStore.prune`); a queue out of starts until its rate window
+moves (a timer on the server's clock); a paused one until it is resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pymongo.errors import PyMongoError
+
+from common.backoff import Backoff
+from common.events import Event, emit
+from common.models import Job
+from common.queues import BlockReason, QueueDoc, QueueLimits, Ticket
+from common.queues_store import CONFIG_FIELDS, Pruned, QueueStore, Won
+from common.settings import Settings
+from common.store import JobStore
+from common.supervision import Spawn
+
+# How long a ticket's claim may take: after it, no claim can use the ticket, and a prune
+# may free it. A claim is the very next round trip; a late one fails and is retried.
+CLAIM_WINDOW_S = 5.0
+MAX_RATE_BACKOFF_S = 1.0
+
+
+class Clock(Protocol):
+    """The server's clock as seen from here (`dispatcher.claimer.ServerClock`)."""
+
+    def now(self) -> float: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Held:
+    """The slot a job of this dispatcher holds."""
+
+    queue: str
+    tag: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class LimitedClaim:
+    """What one claim in a limited queue got: its jobs (and the ticket to settle), whether
+    the queue had fewer due jobs than asked (`dry`), or no slot at all (`blocked`: the queue
+    is closed until something changes)."""
+
+    queue: str
+    jobs: list[Job]
+    ticket: Ticket | None = None
+    dry: bool = False
+    blocked: bool = False
+
+
+class Gates:
+    """Which limited queues may be tried now. Every event that may free a slot bumps the
+    queue's generation; a claim that started before such an event does not close it."""
+
+    def __init__(self, clock: Clock, opened: Callable[[str], None]) -> None:
+        self.clock = clock
+        self.opened = opened
+        self._closed: dict[str, BlockReason] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._gen: Counter[str] = Counter()
+        self._misses: Counter[str] = Counter()
+
+    def generation(self, queue: str) -> int:
+        return self._gen[queue]
+
+    def is_open(self, queue: str) -> bool:
+        return queue not in self._closed
+
+    def closed(self) -> frozenset[str]:
+        return frozenset(self._closed)
+
+    def close(self, queue: str, reason: BlockReason, at: float | None, gen: int) -> bool:
+        """Close `queue` (for the rate, until the server time `at`); False if an event came
+        while the claim was looking, in which case the caller should look again."""
+        if gen != self._gen[queue]:
+            return False
+        self._closed[queue] = reason
+        if reason == "rate" and at is not None:
+            # A timer that fires early (the clock estimate is off) finds the window still
+            # full and waits a little longer each time: never a tight loop.
+            extra = min(0.002 * 2 ** self._misses[queue], MAX_RATE_BACKOFF_S)
+            self._misses[queue] += 1
+            delay = max(at - self.clock.now(), 0.0) + extra
+            self._cancel_timer(queue)
+            self._timers[queue] = asyncio.get_running_loop().call_later(delay, self.open, queue)
+        return True
+
+    def claimed(self, queue: str) -> None:
+        self._misses.pop(queue, None)
+
+    def open(self, queue: str) -> None:
+        """Something may have freed a slot of `queue` (or changed its limits)."""
+        self._gen[queue] += 1
+        self._cancel_timer(queue)
+        if self._closed.pop(queue, None) is not None:
+            self.opened(queue)
+
+    def open_waiting(self, reasons: Iterable[BlockReason] = ("full",)) -> None:
+        for queue, reason in list(self._closed.items()):
+            if reason in reasons:
+                self.open(queue)
+
+    def forget(self, queue: str) -> None:
+        self._closed.pop(queue, None)
+        self._cancel_timer(queue)
+
+    def _cancel_timer(self, queue: str) -> None:
+        timer = self._timers.pop(queue, None)
+        if timer is not None:
+            timer.cancel()
+
+
+class Limits:
+    def __init__(
+        self,
+        settings: Settings,
+        queues: QueueStore,
+        store: JobStore,
+        owner: str,
+        clock: Clock,
+        spawn: Spawn,
+        held_jobs: Callable[[], list[Job]],
+    ) -> None:
+        self.settings = settings
+        self.queues = queues
+        self.store = store
+        self.owner = owner
+        self.spawn = spawn
+        self.held_jobs = held_jobs
+        self.view: dict[str, QueueLimits] = {}
+        self._limited: frozenset[str] = frozenset()
+        self.held: dict[str, Held] = {}
+        self.gates = Gates(clock, lambda queue: self.on_open(queue))
+        # Set by the claimer: a queue may be claimed again (None: any queue may).
+        self.on_open: Callable[[str | None], None] = lambda _queue: None
+        self.loaded = asyncio.Event()
+
+    # -- the view ----------------------------------------------------------------------------
+
+    def limited(self) -> frozenset[str]:
+        """Queues claimed through their slots; the plain claim leaves them out."""
+        return self._limited
+
+    def is_limited(self, queue: str | None) -> bool:
+        return queue is not None and queue in self._limited
+
+    def may_claim(self, queue: str) -> bool:
+        limits = self.view.get(queue)
+        return limits is not None and not limits.paused and self.gates.is_open(queue)
+
+    def closed(self) -> frozenset[str]:
+        """Limited queues that cannot start a job now (their due jobs arm no timer)."""
+        return frozenset(q for q in self._limited if not self.may_claim(q))
+
+    def _apply(self, docs: Mapping[str, QueueDoc | None], *, complete: bool) -> None:
+        """Update the view from these documents (`complete`: they are all there is)."""
+        new = dict(self.view) if not complete else {}
+        for name, doc in docs.items():
+            if doc is not None and doc.limits.limited:
+                new[name] = doc.limits
+            else:
+                new.pop(name, None)
+        changed = {q for q in set(new) | set(self.view) if new.get(q) != self.view.get(q)}
+        if not changed:
+            return
+        became_limited = {q for q in changed if q in new and q not in self.view}
+        self.view = new
+        self._limited = frozenset(new)
+        for queue in sorted(changed):
+            limits = new.get(queue)
+            emit(
+                Event.QUEUE_LIMITS_SEEN,
+                queue=queue,
+                concurrency=limits.concurrency if limits else None,
+                rate=str(limits.rate) if limits and limits.rate else None,
+                paused=limits.paused if limits else False,
+            )
+            self.gates.forget(queue)
+            self.gates.open(queue)
+        self._adopt(j for j in self.held_jobs() if j.queue in became_limited)
+        self.on_open(None)
+
+    async def refresh(self) -> None:
+        self._apply(await self.queues.limits(), complete=True)
+        self.loaded.set()
+
+    async def _reload(self, queue: str) -> None:
+        self._apply({queue: await self.queues.read(queue)}, complete=False)
+
+    # -- claims ----------------------------------------------------------------------------
+
+    async def claim(self, queue: str, n: int, tasks: frozenset[str]) -> LimitedClaim:
+        """Claim up to `n` due jobs of `queue` within its limits."""
+        gen = self.gates.generation(queue)
+        ids = await self.store.candidates(n, tasks=tasks, queue=queue)
+        if not ids:
+            return LimitedClaim(queue=queue, jobs=[], dry=True)
+        tag = secrets.token_hex(8)
+        ticket = await self._acquire(queue, ids, tag)
+        if ticket is None:
+            ticket = await self._refused(queue, gen, ids, tag)
+        if ticket is None:
+            return LimitedClaim(queue=queue, jobs=[], blocked=not self.gates.is_open(queue))
+        self.gates.claimed(queue)
+        jobs = await self.store.claim_tagged(
+            self.owner, self.settings.lease_seconds, ids[: ticket.n], ticket.id, ticket.claim_by
+        )
+        for job in jobs:
+            self.held[job.id] = Held(queue=queue, tag=ticket.id)
+        return LimitedClaim(queue=queue, jobs=jobs, ticket=ticket, dry=len(ids) < n)
+
+    async def settle(self, claim: LimitedClaim) -> None:
+        """Turn the claim's ticket into the slots of the jobs it won (after they started)."""
+        if claim.ticket is None:
+            return
+        won = [
+            Won(job_id=j.id, attempt=j.attempts, started_at=j.started_at)
+            for j in claim.jobs
+            if j.started_at is not None
+        ]
+        try:
+            await self.queues.settle(claim.queue, claim.ticket, won, owner=self.owner)
+        except PyMongoError as exc:
+            # The ticket keeps its slots (and counts its starts late) until a prune, after
+            # its `claim_by`, settles it from the jobs.
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="settle", error=str(exc)[:200])
+
+    async def _acquire(self, queue: str, ids: list[str], tag: str) -> Ticket | None:
+        return await self.queues.acquire(
+            queue, owner=self.owner, tag=tag, jobs=ids, claim_window_s=CLAIM_WINDOW_S
+        )
+
+    async def _refused(self, queue: str, gen: int, ids: list[str], tag: str) -> Ticket | None:
+        """No slot: find out why. A full queue is pruned (what dead attempts left) and tried
+        once more; otherwise the queue is closed until what blocks it can change."""
+        doc = await self.queues.read(queue)
+        if doc is None or doc.limits != self.view.get(queue):
+            self._apply({queue: doc}, complete=False)  # our view was behind
+        if doc is None or not doc.limits.limited:
+            return None
+        reason, at = doc.blocked()
+        if reason == "full":
+            pruned = await self.queues.prune(queue, doc)
+            self._reclaimed(queue, pruned)
+            reason = "room" if pruned.freed else reason
+        if reason == "room":
+            ticket = await self._acquire(queue, ids, tag)
+            if ticket is not None:
+                return ticket
+            reason = "full"
+        self.gates.close(queue, reason, at.timestamp() if at else None, gen)
+        return None
+
+    def _reclaimed(self, queue: str, pruned: Pruned) -> None:
+        if not pruned.freed:
+            return
+        emit(
+            Event.SLOTS_RECLAIMED,
+            level="warning",
+            queue=queue,
+            freed=pruned.freed,
+            jobs=sorted({s.job for s in pruned.slots}),
+            owners=sorted({t.owner for t in pruned.tickets}),
+            reason="attempts no longer running, or claims that never used their ticket",
+        )
+
+    def adopt_strays(self, jobs: Iterable[Job]) -> None:
+        """Jobs the plain claim took from a queue that has limits by now (this dispatcher
+        had not heard of them yet when it claimed): give each a slot, so it counts."""
+        self._adopt(j for j in jobs if j.queue in self._limited and j.id not in self.held)
+
+    def _adopt(self, jobs: Iterable[Job]) -> None:
+        by_queue: dict[str, list[tuple[str, int, str]]] = {}
+        for job in jobs:
+            tag = secrets.token_hex(8)
+            self.held[job.id] = Held(queue=job.queue, tag=tag)
+            by_queue.setdefault(job.queue, []).append((job.id, job.attempts, tag))
+        for queue, entries in by_queue.items():
+            self.spawn(self._adopt_write(queue, entries), f"adopt:{queue}")
+
+    async def _adopt_write(self, queue: str, entries: list[tuple[str, int, str]]) -> None:
+        try:
+            await self.queues.adopt(queue, entries)
+        except PyMongoError as exc:
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="adopt", error=str(exc)[:200])
+            return
+        emit(Event.SLOTS_ADOPTED, queue=queue, jobs=[e[0] for e in entries])
+
+    def finished(self, job_id: str, *, over: bool) -> None:
+        """The job's attempt ended here. `over`: its final write landed (or another attempt
+        holds it), so its slot can go; otherwise it may still be running in MongoDB, and a
+        prune frees the slot once the job shows it is not."""
+        held = self.held.pop(job_id, None)
+        if held is not None and over:
+            self.spawn(self._release(held, job_id), f"release:{job_id}")
+
+    async def _release(self, held: Held, job_id: str) -> None:
+        try:
+            await self.queues.release(held.queue, job_id, held.tag)
+        except PyMongoError as exc:
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="release", error=str(exc)[:200])
+            return
+        self.gates.open(held.queue)
+
+    def requeued(self) -> None:
+        """A job went back to pending somewhere (a retry, a lease expiry): a full queue
+        may have a slot to reclaim."""
+        self.gates.open_waiting()
+
+    # -- loops -----------------------------------------------------------------------------
+
+    async def watch(self) -> None:
+        """Follow `brook_queues`: a change of limits updates the view, a released slot opens
+        its queue. The view is re-read each time the stream (re)opens: nothing is missed."""
+        backoff = Backoff(0.1, 5.0)
+        while True:
+            try:
+                async with await self.queues.changes(max_await_ms=1000) as stream:
+                    await self.refresh()
+                    backoff.reset()
+                    while stream.alive:
+                        change = await stream.try_next()
+                        if change is not None:
+                            await self._on_change(change)
+            except PyMongoError as exc:
+                emit(Event.STREAM_ERROR, level="warning", stream="queues", error=str(exc)[:300])
+                await asyncio.sleep(backoff.next())
+
+    async def _on_change(self, change: Mapping[str, Any]) -> None:
+        queue = str(change["documentKey"]["_id"])
+        keys = set(change.get("keys") or ())
+        update = change["operationType"] == "update"
+        if not update or keys & set(CONFIG_FIELDS):
+            await self._reload(queue)
+        if not update or "released_at" in keys:
+            self.gates.open(queue)
+
+    async def tick(self) -> None:
+        """Every sweep: re-read the limits (a missed event), and let full queues try again,
+        so a slot a dead dispatcher left is found and freed by the next claim's prune."""
+        while True:
+            await asyncio.sleep(self.settings.sweep_seconds)
+            try:
+                await self.refresh()
+            except PyMongoError as exc:
+                emit(Event.MONGO_UNAVAILABLE, level="warning", op="limits", error=str(exc)[:200])
+                continue
+            self.gates.open_waiting()
