@@ -1,0 +1,300 @@
+"""Cluster-wide queue limits with real dispatchers: concurrency, rate and pause hold across
+every dispatcher, measured from the server's own timestamps (each attempt's history), and
+nothing a dead dispatcher held is lost or counted twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import httpx
+
+from common.queues_store import QueueStore
+from common.store import JobStore
+from tests.e2e.conftest import Cluster
+from tests.e2e.test_faults import all_logs, submit, wait_all_terminal
+from tests.support.checker import check_history
+from tests.support.limits import attempts, max_overlap, max_starts_in_window
+from tests.support.procs import BrookProcess, wait_until
+
+
+async def queue_jobs(store: JobStore, queue: str) -> list[dict[str, Any]]:
+    return await store.jobs.find({"queue": queue}).to_list()
+
+
+async def wait_slots_free(store: JobStore, queue: str, timeout: float = 30) -> None:
+    """Every slot and ticket of the queue given back (releases follow the final writes)."""
+    queues = QueueStore(store.db)
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = await queues.read(queue)
+        assert doc is not None
+        if not doc.slots and not doc.tickets:
+            return
+        assert time.monotonic() < deadline, f"slots left in {queue}: {doc}"
+        await asyncio.sleep(0.1)
+
+
+def claims_by(*procs: BrookProcess) -> list[int]:
+    return [len(p.events("job.claimed")) for p in procs]
+
+
+# -- concurrency -------------------------------------------------------------------------------
+
+
+async def test_three_dispatchers_never_run_more_than_three_jobs_of_a_queue_limited_to_three(
+    cluster: Cluster, http: httpx.Client, store: JobStore
+) -> None:
+    cluster.api()
+    put = http.put("/queues/fragile", json={"concurrency": 3})
+    assert put.status_code == 200, put.text
+    assert put.json()["concurrency"] == 3 and put.json()["slots_in_use"] == 0
+    dispatchers = [cluster.dispatcher(BROOK_CONCURRENCY="4") for _ in range(3)]
+    ids = await submit(store, "sleep", 300, queue="fragile", payload={"seconds": 0.02})
+    others = await submit(store, "noop", 40)  # an unlimited queue, alongside
+    await wait_all_terminal(store, 340, timeout=150)
+    spans = attempts(await queue_jobs(store, "fragile"))
+    assert len(spans) >= 300
+    assert max_overlap(spans) == 3  # never more, and the limit was reached
+    assert all(n > 0 for n in claims_by(*dispatchers))  # every dispatcher took its share
+    await wait_slots_free(store, "fragile")
+    [fragile] = [q for q in http.get("/queues").json()["queues"] if q["name"] == "fragile"]
+    assert fragile["slots_in_use"] == 0 and fragile["counts"]["completed"] == 300
+    report = await check_history(store, ids + others, all_logs(*dispatchers))
+    assert report.problems == []
+
+
+# -- rate --------------------------------------------------------------------------------------
+
+
+async def test_a_rate_of_20_per_2_seconds_holds_in_every_window_without_busy_waiting(
+    cluster: Cluster, store: JobStore
+) -> None:
+    await QueueStore(store.db).set_limits("quota", {"rate": {"limit": 20, "per_seconds": 2}})
+    dispatchers = [cluster.dispatcher(BROOK_CONCURRENCY="4") for _ in range(2)]
+    before = await queue_ops(store)
+    ids = await submit(store, "noop", 80, queue="quota")
+    await wait_all_terminal(store, 80, timeout=90)
+    spans = attempts(await queue_jobs(store, "quota"))
+    starts = [a.start for a in spans]
+    assert len(starts) == 80
+    assert max_starts_in_window(starts, 2.0) == 20  # never more, and the limit was reached
+    # 80 starts at 20 per 2 s: the last of them at least 6 s after the first.
+    assert (max(starts) - min(starts)).total_seconds() >= 6.0
+    # Waiting for the next window costs a timer, not a loop: a few writes and reads of the
+    # queue's document per job (ticket, settle, release, a refused try), not thousands.
+    ops = await queue_ops(store) - before
+    assert ops < 80 * 6, ops
+    await wait_slots_free(store, "quota")
+    report = await check_history(store, ids, all_logs(*dispatchers))
+    assert report.problems == []
+
+
+async def queue_ops(store: JobStore) -> int:
+    """Operations the server ran on `brook_queues` so far (the `top` command's count)."""
+    top = await store.db.client.admin.command("top")
+    stats = top["totals"].get(f"{store.db.name}.brook_queues", {})
+    count = {k: int(v.get("count", 0)) for k, v in stats.items() if isinstance(v, dict)}
+    # Commands, queries and writes; not the change streams' getMores (one per event).
+    return count.get("total", 0) - count.get("getmore", 0)
+
+
+# -- pause -------------------------------------------------------------------------------------
+
+
+async def test_pause_starts_nothing_new_lets_running_jobs_finish_and_resume_restarts(
+    cluster: Cluster, store: JobStore
+) -> None:
+    cluster.api()
+    disp = cluster.dispatcher(BROOK_CONCURRENCY="4")
+    first = await submit(store, "sleep", 2, queue="batch", payload={"seconds": 2})
+    wait_until(lambda: len(disp.events("task.started")) == 2, timeout=20)
+    paused = brook_cli(cluster, "queue", "pause", "batch")
+    assert paused.returncode == 0, paused.stderr
+    queues = QueueStore(store.db)
+    paused_at = await updated_at(queues, "batch")
+    later = await submit(store, "sleep", 3, queue="batch", payload={"seconds": 0.1})
+    await wait_all_terminal(store, 2, timeout=20)  # the running jobs finish
+    await asyncio.sleep(1.5)  # and nothing new starts, though workers are free
+    assert [(await store.get(j)).status for j in later] == ["pending"] * 3
+    listed = brook_cli(cluster, "queue", "ls")
+    assert "paused" in listed.stdout and "batch" in listed.stdout
+    resumed = brook_cli(cluster, "queue", "resume", "batch")
+    assert resumed.returncode == 0, resumed.stderr
+    resumed_at = await updated_at(queues, "batch")
+    await wait_all_terminal(store, 5, timeout=20)  # resume wakes the dispatcher at once
+    spans = attempts(await queue_jobs(store, "batch"))
+    assert not [a for a in spans if paused_at <= a.start < resumed_at]
+    assert min(a.start for a in spans if a.job_id in later) >= resumed_at
+    report = await check_history(store, first + later, disp.logs())
+    assert report.problems == []
+
+
+async def updated_at(queues: QueueStore, name: str) -> Any:
+    doc = await queues.queues.find_one({"_id": name})
+    assert doc is not None
+    return doc["updated_at"]
+
+
+def brook_cli(cluster: Cluster, *args: str) -> Any:
+    from tests.e2e.test_cli import brook
+
+    return brook(cluster, *args)
+
+
+# -- dead dispatchers --------------------------------------------------------------------------
+
+
+def owner_of(proc: BrookProcess) -> str:
+    return str(proc.events("dispatcher.started")[0]["owner"])
+
+
+def reclaimed(proc: BrookProcess) -> list[dict[str, Any]]:
+    return proc.events("slots.reclaimed")
+
+
+async def test_a_sigkilled_dispatchers_slots_come_back_when_its_leases_expire(
+    cluster: Cluster, store: JobStore
+) -> None:
+    await QueueStore(store.db).set_limits("fragile", {"concurrency": 2})
+    a = cluster.dispatcher(BROOK_CONCURRENCY="4")
+    ids = await submit(store, "record", 6, queue="fragile", payload={"seconds": 1.5})
+    wait_until(lambda: len(a.events("task.started")) == 2, timeout=20)
+    b = cluster.dispatcher(BROOK_CONCURRENCY="4")  # free workers, but the queue is full
+    workers = a.children()
+    a.kill()  # SIGKILL while holding both slots: no final write, no release
+    await wait_all_terminal(store, 6, timeout=90)
+    expired = b.events("lease.expired")
+    assert len(expired) == 2 and {e["owner"] for e in expired} == {owner_of(a)}
+    assert reclaimed(b), "B freed the dead dispatcher's slots"
+    spans = attempts(await queue_jobs(store, "fragile"))
+    assert max_overlap(spans) == 2  # the killed attempts count until their lease expired
+    await wait_slots_free(store, "fragile")
+    report = await check_history(store, ids, all_logs(a, b), effects=True)
+    assert report.problems == [] and report.by_status() == {"completed": 6}
+    assert not any(p in workers for p in a.children())
+
+
+async def test_a_dispatcher_killed_between_taking_its_slot_and_claiming_leaks_nothing(
+    cluster: Cluster, store: JobStore
+) -> None:
+    queues = QueueStore(store.db)
+    await queues.set_limits("fragile", {"concurrency": 1})
+    a = cluster.dispatcher()
+    admin = store.db.client.admin
+    # A's next findAndModify (idle, it sends none: it is the slot ticket of its next claim)
+    # is held 3 s by the server, which then applies it: by then A is dead.
+    await admin.command(
+        "configureFailPoint",
+        "failCommand",
+        mode={"times": 1},
+        data={
+            "failCommands": ["findAndModify"],
+            "blockConnection": True,
+            "blockTimeMS": 3000,
+            "appName": f"brook-dispatcher:{a.pid}",
+        },
+    )
+    try:
+        [job_id] = await submit(store, "record", queue="fragile")
+        await asyncio.sleep(1.0)
+        a.kill()
+        doc = await wait_for_ticket(queues, "fragile")
+    finally:
+        await admin.command("configureFailPoint", "failCommand", mode="off")
+    [ticket] = doc.tickets
+    assert ticket.owner == owner_of(a) and ticket.jobs == (job_id,)
+    assert (await store.get(job_id)).status == "pending"  # the slot was taken, the job never
+    b = cluster.dispatcher()
+    await wait_all_terminal(store, 1, timeout=60)
+    job = await store.get(job_id)
+    assert job.status == "completed" and job.attempts == 1 and job.started_at is not None
+    assert job.started_at >= ticket.claim_by  # the stale ticket counted until it ran out
+    [freed] = reclaimed(b)
+    assert freed["owners"] == [owner_of(a)] and freed["freed"] == 1
+    await wait_slots_free(store, "fragile")
+    report = await check_history(store, [job_id], all_logs(a, b), effects=True)
+    assert report.problems == []
+
+
+async def wait_for_ticket(queues: QueueStore, name: str, timeout: float = 15) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = await queues.read(name)
+        if doc is not None and doc.tickets:
+            return doc
+        assert time.monotonic() < deadline, "the blocked ticket never landed"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_dispatcher_killed_after_claiming_before_its_worker_started_leaks_nothing(
+    cluster: Cluster, store: JobStore
+) -> None:
+    import os
+    import signal
+
+    await QueueStore(store.db).set_limits("fragile", {"concurrency": 1})
+    a = cluster.dispatcher(BROOK_CONCURRENCY="1")
+    workers = a.children()
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)  # the job is claimed and sent, but no task starts
+    try:
+        [job_id] = await submit(store, "record", queue="fragile")
+        await wait_status(store, job_id, "running")
+        await asyncio.sleep(0.5)
+        assert not a.events("task.started")
+        a.kill()
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    b = cluster.dispatcher()
+    await wait_all_terminal(store, 1, timeout=60)
+    job = await store.get(job_id)
+    assert job.status == "completed" and job.attempts == 2
+    assert [h["status"] for h in job.history] == ["pending", "running", "pending", "running", "completed"]
+    assert reclaimed(b)
+    assert max_overlap(attempts(await queue_jobs(store, "fragile"))) == 1
+    await wait_slots_free(store, "fragile")
+    report = await check_history(store, [job_id], all_logs(a, b), effects=True)
+    assert report.problems == []
+
+
+async def wait_status(store: JobStore, job_id: str, status: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while (await store.get(job_id)).status != status:
+        assert time.monotonic() < deadline, f"{job_id} never became {status}"
+        await asyncio.sleep(0.05)
+
+
+# -- failover ----------------------------------------------------------------------------------
+
+
+async def test_a_step_down_under_load_does_not_let_a_queue_exceed_its_concurrency(
+    cluster: Cluster, store: JobStore, mongo: Any
+) -> None:
+    from pymongo import MongoClient
+    from pymongo.errors import PyMongoError
+
+    rs = mongo.replset
+    assert rs is not None, "needs the embedded replica set"
+    await QueueStore(store.db).set_limits("fragile", {"concurrency": 3})
+    dispatchers = [cluster.dispatcher(BROOK_CONCURRENCY="3") for _ in range(3)]
+    ids = await submit(store, "record", 150, queue="fragile", payload={"seconds": 0.05})
+    wait_until(lambda: sum(claims_by(*dispatchers)) >= 40, timeout=60)
+    old = rs.primary_index()
+    direct: MongoClient[dict[str, Any]] = MongoClient(
+        f"mongodb://127.0.0.1:{rs.ports[old]}/?directConnection=true"
+    )
+    with contextlib.suppress(PyMongoError):  # the stepping-down primary hangs up
+        direct.admin.command("replSetStepDown", 10, secondaryCatchUpPeriodSecs=5)
+    direct.close()
+    wait_until(lambda: rs.primary_index() not in (None, old), timeout=60, interval=0.2)
+    await wait_all_terminal(store, 150, timeout=150)
+    spans = attempts(await queue_jobs(store, "fragile"))
+    assert max_overlap(spans) <= 3
+    await wait_slots_free(store, "fragile", timeout=60)
+    report = await check_history(store, ids, all_logs(*dispatchers), effects=True)
+    assert report.problems == []
