@@ -222,6 +222,7 @@ class ClientCore:
         int, "per_seconds": number}` or None), `paused` (bool); what is left out keeps its
         value. Invalid input raises `InvalidInput` (the API's 422 detail); nothing changes."""
         fields = validate_queue_update(name, changes)
+        await self._ensure_indexes()  # counting the queue's running jobs reads one
         await self._queues.set_limits(name, fields)
         if structlog.is_configured():
             emit(Event.QUEUE_UPDATED, queue=name, **fields)

@@ -1011,10 +1011,14 @@ class JobStore:
             return []
         due = {"$lte": ["$run_at", NOW]}
         in_time = {"$lt": [NOW, _lit(before)]}
-        await self.jobs.update_many(
-            {"_id": {"$in": list(ids)}, "status": P, "$expr": {"$and": [due, in_time]}},
-            [{"$set": {**_claimed(owner, lease_seconds), "claim_tag": _lit(tag)}}],
-        )
+        query = {"_id": {"$in": list(ids)}, "status": P, "$expr": {"$and": [due, in_time]}}
+        update = [{"$set": {**_claimed(owner, lease_seconds), "claim_tag": _lit(tag)}}]
+        if len(ids) == 1:  # one round trip, and a retryable write
+            doc = await self.jobs.find_one_and_update(
+                query, update, return_document=ReturnDocument.AFTER
+            )
+            return [Job.from_doc(doc)] if doc is not None else []
+        await self.jobs.update_many(query, update)
         won = await self.jobs.find(
             {"_id": {"$in": list(ids)}, "claim_tag": tag, "owner": owner, "status": R}
         ).to_list()

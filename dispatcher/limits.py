@@ -13,9 +13,11 @@ its final write has landed.
 
 A queue whose claim got no slot is *closed* here until something can change that, so a
 waiting queue never busy-loops: a full queue until a slot is released anywhere (the
-change stream), a job is requeued, or the next sweep (which also frees what a dead
-dispatcher left, see `QueueStore.prune`); a queue out of starts until its rate window
-moves (a timer on the server's clock); a paused one until it is resumed.
+change stream), a job is requeued, or the next sweep; a queue out of starts until its
+rate window moves (a timer on the server's clock); a paused one until it is resumed.
+After a requeue or a sweep, the first claim that finds a queue full prunes it
+(`QueueStore.prune`): that is how slots a dead dispatcher held come back, once the
+watchdog has requeued its jobs at lease expiry.
 """
 
 from __future__ import annotations
@@ -153,6 +155,9 @@ class Limits:
         self.view: dict[str, QueueLimits] = {}
         self._limited: frozenset[str] = frozenset()
         self.held: dict[str, Held] = {}
+        # Queues that may hold slots of attempts that are over (a job was requeued, or a
+        # sweep came): the next claim that finds one full prunes it first.
+        self._suspect: set[str] = set()
         self.gates = Gates(clock, lambda queue: self.on_open(queue))
         # Set by the claimer: a queue may be claimed again (None: any queue may).
         self.on_open: Callable[[str | None], None] = lambda _queue: None
@@ -262,7 +267,8 @@ class Limits:
         if doc is None or not doc.limits.limited:
             return None
         reason, at = doc.blocked()
-        if reason == "full":
+        if reason == "full" and queue in self._suspect:
+            self._suspect.discard(queue)
             pruned = await self.queues.prune(queue, doc)
             self._reclaimed(queue, pruned)
             reason = "room" if pruned.freed else reason
@@ -328,6 +334,7 @@ class Limits:
     def requeued(self) -> None:
         """A job went back to pending somewhere (a retry, a lease expiry): a full queue
         may have a slot to reclaim."""
+        self._suspect.update(self._limited)
         self.gates.open_waiting()
 
     # -- loops -----------------------------------------------------------------------------
@@ -368,4 +375,5 @@ class Limits:
             except PyMongoError as exc:
                 emit(Event.MONGO_UNAVAILABLE, level="warning", op="limits", error=str(exc)[:200])
                 continue
+            self._suspect.update(self._limited)
             self.gates.open_waiting()

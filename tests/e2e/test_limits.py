@@ -37,6 +37,9 @@ async def wait_slots_free(store: JobStore, queue: str, timeout: float = 30) -> N
         await asyncio.sleep(0.1)
 
 
+TASKS = "tests.tasks,tests.limits_tasks"
+
+
 def claims_by(*procs: BrookProcess) -> list[int]:
     return [len(p.events("job.claimed")) for p in procs]
 
@@ -80,7 +83,7 @@ async def test_a_rate_of_20_per_2_seconds_holds_in_every_window_without_busy_wai
     spans = attempts(await queue_jobs(store, "quota"))
     starts = [a.start for a in spans]
     assert len(starts) == 80
-    assert max_starts_in_window(starts, 2.0) == 20  # never more, and the limit was reached
+    assert max_starts_in_window(starts, 2.0) <= 20
     # 80 starts at 20 per 2 s: the last of them at least 6 s after the first.
     assert (max(starts) - min(starts)).total_seconds() >= 6.0
     # Waiting for the next window costs a timer, not a loop: a few writes and reads of the
@@ -159,20 +162,27 @@ async def test_a_sigkilled_dispatchers_slots_come_back_when_its_leases_expire(
     cluster: Cluster, store: JobStore
 ) -> None:
     await QueueStore(store.db).set_limits("fragile", {"concurrency": 2})
-    a = cluster.dispatcher(BROOK_CONCURRENCY="4")
-    ids = await submit(store, "record", 6, queue="fragile", payload={"seconds": 1.5})
+    a = cluster.dispatcher(BROOK_CONCURRENCY="4", BROOK_TASKS=TASKS)
+    held = await submit(store, "slow_first", 2, queue="fragile", payload={"first": 120})
     wait_until(lambda: len(a.events("task.started")) == 2, timeout=20)
-    b = cluster.dispatcher(BROOK_CONCURRENCY="4")  # free workers, but the queue is full
+    b = cluster.dispatcher(BROOK_CONCURRENCY="4", BROOK_TASKS=TASKS)
+    waiting = await submit(store, "record", 4, queue="fragile", payload={"seconds": 0.2})
+    await asyncio.sleep(1.0)
+    assert not b.events("job.claimed")  # free workers, but the queue is full
     workers = a.children()
     a.kill()  # SIGKILL while holding both slots: no final write, no release
     await wait_all_terminal(store, 6, timeout=90)
     expired = b.events("lease.expired")
-    assert len(expired) == 2 and {e["owner"] for e in expired} == {owner_of(a)}
+    assert sorted(e["job_id"] for e in expired) == sorted(held)
+    assert {e["owner"] for e in expired} == {owner_of(a)}
     assert reclaimed(b), "B freed the dead dispatcher's slots"
     spans = attempts(await queue_jobs(store, "fragile"))
     assert max_overlap(spans) == 2  # the killed attempts count until their lease expired
+    for job_id in held:  # each ran again, on B, only after A's attempt was requeued
+        first, second = sorted((a for a in spans if a.job_id == job_id), key=lambda a: a.start)
+        assert first.end is not None and second.start >= first.end
     await wait_slots_free(store, "fragile")
-    report = await check_history(store, ids, all_logs(a, b), effects=True)
+    report = await check_history(store, held + waiting, all_logs(a, b), effects=True)
     assert report.problems == [] and report.by_status() == {"completed": 6}
     assert not any(p in workers for p in a.children())
 
@@ -185,7 +195,8 @@ async def test_a_dispatcher_killed_between_taking_its_slot_and_claiming_leaks_no
     a = cluster.dispatcher()
     admin = store.db.client.admin
     # A's next findAndModify (idle, it sends none: it is the slot ticket of its next claim)
-    # is held 3 s by the server, which then applies it: by then A is dead.
+    # is held 3 s by the server, which then applies it: by then A is dead, and the ticket
+    # names a job nobody will claim under it.
     await admin.command(
         "configureFailPoint",
         "failCommand",
@@ -199,6 +210,9 @@ async def test_a_dispatcher_killed_between_taking_its_slot_and_claiming_leaks_no
     )
     try:
         [job_id] = await submit(store, "record", queue="fragile")
+        await wait_blocked(store, f"brook-dispatcher:{a.pid}")
+        # Killed at once, the server may drop the command with its client; a moment into
+        # the block, it applies it when the block ends (as after any crash mid-request).
         await asyncio.sleep(1.0)
         a.kill()
         doc = await wait_for_ticket(queues, "fragile")
@@ -217,6 +231,19 @@ async def test_a_dispatcher_killed_between_taking_its_slot_and_claiming_leaks_no
     await wait_slots_free(store, "fragile")
     report = await check_history(store, [job_id], all_logs(a, b), effects=True)
     assert report.problems == []
+
+
+async def wait_blocked(store: JobStore, app: str, timeout: float = 20) -> None:
+    """Until the server holds `app`'s findAndModify on `brook_queues` (the fail point)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ops = await store.db.client.admin.command(
+            "currentOp", {"appName": app, "command.findAndModify": "brook_queues"}
+        )
+        if ops["inprog"]:
+            return
+        assert time.monotonic() < deadline, f"{app} never sent its slot ticket"
+        await asyncio.sleep(0.05)
 
 
 async def wait_for_ticket(queues: QueueStore, name: str, timeout: float = 15) -> Any:
