@@ -121,24 +121,37 @@ CLAIM_FILTER: dict[str, Any] = {"status": P, "$expr": {"$lte": ["$run_at", NOW]}
 
 
 def claim_filter(
-    tasks: Collection[str] | None, queue: str | None, exclude: Collection[str] = ()
+    tasks: Collection[str] | None,
+    queue: str | None,
+    exclude: Collection[str] = (),
+    among: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """Due pending jobs of these tasks (None: any) in this queue (None: any queue but those
-    in `exclude`, the queues with limits, claimed through their slots instead)."""
+    """Due pending jobs of these tasks (None: any) in this queue (None: any queue, or any
+    of `among`, but none of `exclude`: the queues with limits, claimed through their
+    slots instead)."""
     query = dict(CLAIM_FILTER)
     if tasks is not None:
         query["task"] = {"$in": sorted(tasks)}
     if queue is not None:
         query["queue"] = queue
+    elif among is not None:
+        query["queue"] = {"$in": sorted(set(among) - set(exclude))}
     elif exclude:
         query["queue"] = {"$nin": sorted(exclude)}  # an index key of every claim index
     return query
 
 
-def claim_index(tasks: Collection[str] | None, queue: str | None) -> str:
-    """The index a claim reads, named (a hint) so the plan never depends on the cache."""
+def claim_index(
+    tasks: Collection[str] | None, queue: str | None, among: Collection[str] | None = None
+) -> str:
+    """The index a claim reads, named (a hint) so the plan never depends on the cache.
+    A claim `among` several queues reads one scan per (queue, task) of `claim_by_queue`,
+    merged: the jobs of other queues (a backlog waiting in a limited queue) cost nothing."""
     if tasks is None or len(tasks) > MAX_MERGED_SCANS:
         return "claim_order"
+    if queue is None and among is not None:
+        fits = len(tasks) * max(len(among), 1) <= MAX_MERGED_SCANS
+        return "claim_by_queue" if fits else "claim_order"
     return "claim_by_queue" if queue is not None else "claim_by_task"
 
 
@@ -513,14 +526,15 @@ class JobStore:
         tasks: Collection[str] | None = None,
         queue: str | None = None,
         exclude: Collection[str] = (),
+        among: Collection[str] | None = None,
     ) -> Job | None:
         """Lease the best due pending job (of these tasks, in this queue) to `owner`;
         `attempts` + 1 is the new fencing token."""
         doc = await self.jobs.find_one_and_update(
-            claim_filter(tasks, queue, exclude),
+            claim_filter(tasks, queue, exclude, among),
             [{"$set": _claimed(owner, lease_seconds)}],
             sort=CLAIM_SORT,
-            hint=claim_index(tasks, queue),
+            hint=claim_index(tasks, queue, among),
             return_document=ReturnDocument.AFTER,
         )
         return Job.from_doc(doc) if doc is not None else None
@@ -534,6 +548,7 @@ class JobStore:
         tasks: Collection[str] | None = None,
         queue: str | None = None,
         exclude: Collection[str] = (),
+        among: Collection[str] | None = None,
     ) -> tuple[list[Job], bool]:
         """Lease up to `limit` of the best due pending jobs with one write; also say whether
         fewer than `limit` were due (the queue ran dry, as opposed to losing races).
@@ -544,11 +559,11 @@ class JobStore:
         dispatcher may win some of them; it never claims one twice.
         """
         candidates = await self.jobs.find(
-            claim_filter(tasks, queue, exclude),
+            claim_filter(tasks, queue, exclude, among),
             projection={"_id": 1},
             sort=CLAIM_SORT,
             limit=limit,
-            hint=claim_index(tasks, queue),
+            hint=claim_index(tasks, queue, among),
         ).to_list()
         if not candidates:
             return [], True
@@ -570,10 +585,12 @@ class JobStore:
         tasks: Collection[str] | None = None,
         queues: Collection[str] | None = None,
         exclude: Collection[str] = (),
+        after: datetime | None = None,
     ) -> datetime | None:
         """The earliest `run_at` among pending jobs of these tasks and queues (the
         dispatcher's timer; None: any), but not in `exclude` (queues that cannot start a
-        job now: paused, or waiting for a slot or their rate window)."""
+        job now: paused, or waiting for a slot or their rate window) and, with `after`, not
+        before it (so a backlog already due in those queues is not even scanned)."""
         query: dict[str, Any] = {"status": P}
         if tasks is not None:
             query["task"] = {"$in": sorted(tasks)}
@@ -581,6 +598,8 @@ class JobStore:
             query["queue"] = {"$in": sorted(set(queues) - set(exclude))}
         elif exclude:
             query["queue"] = {"$nin": sorted(exclude)}
+        if after is not None:
+            query["run_at"] = {"$gt": after}
         doc = await self.jobs.find_one(
             query, projection={"run_at": 1}, sort=[("run_at", ASCENDING)]
         )
@@ -986,6 +1005,10 @@ class JobStore:
         return Job.from_doc(doc)
 
     # -- limited queues (the slots themselves: `common.queues_store`) ------------------------
+
+    async def pending_queues(self) -> set[str]:
+        """The queues that hold pending jobs (one distinct scan of `claim_by_queue`)."""
+        return {str(q) for q in await self.jobs.distinct("queue", {"status": P})}
 
     async def candidates(
         self, limit: int, *, tasks: Collection[str] | None, queue: str

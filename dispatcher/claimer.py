@@ -165,6 +165,8 @@ class Claimer:
 
     def due_at(self, run_at: datetime | None, queue: str | None = None) -> None:
         """A job became pending (in `queue`, when known): look now, or when it is due."""
+        if queue is not None:
+            self.limits.saw(queue)
         if run_at is not None and run_at.timestamp() > self.clock.now() + 0.002:
             self.timer.at(run_at.timestamp())
         else:
@@ -199,8 +201,12 @@ class Claimer:
                     break
 
     async def _next_due(self) -> datetime | None:
+        closed = self.limits.closed()
+        # Jobs already due in a closed queue wait for it to open, not for a timer: start
+        # the search just before now, so such a backlog is not even scanned.
+        after = datetime.fromtimestamp(self.clock.now() - 1.0, UTC) if closed else None
         return await self.store.next_due(
-            tasks=self.tasks, queues=self.queues, exclude=self.limits.closed()
+            tasks=self.tasks, queues=self.queues, exclude=closed, after=after
         )
 
     def _room(self, target: Target) -> int:
@@ -280,21 +286,27 @@ class Claimer:
         unfilled: bool | None = None if got.dry or got.blocked else False
         return [True] * len(got.jobs) + [unfilled] * (len(slots) - len(got.jobs))
 
-    def _exclude(self, target: Target) -> frozenset[str]:
-        return self.limits.limited() if target is None else frozenset()
+    async def _scope(self, target: Target) -> tuple[frozenset[str], frozenset[str] | None]:
+        """For a claim across every queue: the limited queues to leave out, and the queues
+        it may take from (None: any)."""
+        if target is not None:
+            return frozenset(), None
+        return self.limits.limited(), await self.limits.plain_queues()
 
     async def _claim_batch(self, target: Target, n: int) -> list[bool | None]:
         """Claim up to `n` jobs in one write; True per job started, None for a slot the
         queue could not fill, False for one lost to another dispatcher's race."""
         slots = [slot for slot in (self.runner.reserve() for _ in range(n)) if slot is not None]
         try:
+            exclude, among = await self._scope(target)
             jobs, dry = await self.store.claim_many(
                 self.owner,
                 self.settings.lease_seconds,
                 len(slots),
                 tasks=self.tasks,
                 queue=target,
-                exclude=self._exclude(target),
+                exclude=exclude,
+                among=among,
             )
         except PyMongoError as exc:
             await self._claim_failed(slots, exc)
@@ -313,12 +325,14 @@ class Claimer:
         if slot is None:
             return False
         try:
+            exclude, among = await self._scope(target)
             job = await self.store.claim(
                 self.owner,
                 self.settings.lease_seconds,
                 tasks=self.tasks,
                 queue=target,
-                exclude=self._exclude(target),
+                exclude=exclude,
+                among=among,
             )
         except PyMongoError as exc:
             await self._claim_failed([slot], exc)

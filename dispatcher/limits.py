@@ -158,6 +158,13 @@ class Limits:
         # Queues that may hold slots of attempts that are over (a job was requeued, or a
         # sweep came): the next claim that finds one full prunes it first.
         self._suspect: set[str] = set()
+        # The queues that hold pending jobs, for a claim across every queue while some have
+        # limits: it names the others (one index scan each) instead of skipping the limited
+        # queues' jobs one by one. Re-read every sweep and after a requeue; a new job's
+        # queue is added as its insert is seen.
+        self._pending_queues: set[str] = set()
+        self._seen_since: set[str] = set()
+        self._pending_stale = True
         self.gates = Gates(clock, lambda queue: self.on_open(queue))
         # Set by the claimer: a queue may be claimed again (None: any queue may).
         self.on_open: Callable[[str | None], None] = lambda _queue: None
@@ -175,6 +182,24 @@ class Limits:
     def may_claim(self, queue: str) -> bool:
         limits = self.view.get(queue)
         return limits is not None and not limits.paused and self.gates.is_open(queue)
+
+    def saw(self, queue: str) -> None:
+        """A job was inserted into `queue`."""
+        self._pending_queues.add(queue)
+        self._seen_since.add(queue)
+
+    async def plain_queues(self) -> frozenset[str] | None:
+        """What a claim across every queue may take: None without limits anywhere (any
+        queue, the claim as it always was), else the queues with pending jobs but no
+        limits."""
+        if not self._limited:
+            return None
+        if self._pending_stale:
+            self._seen_since = set()
+            fresh = await self.store.pending_queues()
+            self._pending_queues = fresh | self._seen_since
+            self._pending_stale = False
+        return frozenset(self._pending_queues - self._limited)
 
     def closed(self) -> frozenset[str]:
         """Limited queues that cannot start a job now (their due jobs arm no timer)."""
@@ -335,6 +360,7 @@ class Limits:
         """A job went back to pending somewhere (a retry, a lease expiry): a full queue
         may have a slot to reclaim."""
         self._suspect.update(self._limited)
+        self._pending_stale = True
         self.gates.open_waiting()
 
     # -- loops -----------------------------------------------------------------------------
@@ -376,4 +402,5 @@ class Limits:
                 emit(Event.MONGO_UNAVAILABLE, level="warning", op="limits", error=str(exc)[:200])
                 continue
             self._suspect.update(self._limited)
+            self._pending_stale = True
             self.gates.open_waiting()

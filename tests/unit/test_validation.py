@@ -223,7 +223,7 @@ class FakeStore:
         *,
         tasks: Collection[str],
         queue: str | None,
-        exclude: Collection[str] = (),
+        **_: Any,
     ) -> Job | None:
         self.claims.append(queue)
         ids = self.backlog.get(queue or "", [])
@@ -237,7 +237,7 @@ class FakeStore:
         *,
         tasks: Collection[str],
         queue: str | None,
-        exclude: Collection[str] = (),
+        **_: Any,
     ) -> tuple[list[Job], bool]:
         got = [j for j in [await self.claim(owner, lease, tasks=tasks, queue=queue)] if j]
         return got, len(got) < limit
