@@ -143,7 +143,8 @@ def validate_queue_update(name: str, body: Any) -> dict[str, Any]:
     if not isinstance(body, Mapping):
         raise InvalidInput("the body must be a JSON object")
     try:
-        update = QueueUpdate.model_validate(dict(body))
+        # As FastAPI validates the API's body (`from_attributes`): the same messages.
+        update = QueueUpdate.model_validate(dict(body), from_attributes=True)
     except ValidationError as exc:
         raise InvalidInput(
             [

@@ -325,3 +325,97 @@ async def test_a_step_down_under_load_does_not_let_a_queue_exceed_its_concurrenc
     await wait_slots_free(store, "fragile", timeout=60)
     report = await check_history(store, ids, all_logs(*dispatchers), effects=True)
     assert report.problems == []
+
+
+# -- the API, the CLI and the Python client ---------------------------------------------------
+
+BAD_BODIES: list[Any] = [
+    {"concurrency": 0},
+    {"concurrency": -1},
+    {"concurrency": "3"},
+    {"concurrency": True},
+    {"concurrency": 1.5},
+    {"concurrency": 10**9},
+    {"rate": {"limit": 0, "per_seconds": 1}},
+    {"rate": {"limit": 5}},
+    {"rate": {"limit": 5, "per_seconds": 0}},
+    {"rate": {"limit": 5, "per_seconds": -1}},
+    {"rate": {"limit": 5, "per_seconds": "2"}},
+    {"rate": {"limit": 5.5, "per_seconds": 2}},
+    {"rate": {"limit": 5, "per_seconds": 2, "burst": 3}},
+    {"rate": 20},
+    {"paused": "yes"},
+    {"paused": None},
+    {"paused": 1},
+    {"priority": 3},
+    [1, 2],
+]
+
+
+async def test_put_queue_refuses_bad_input_with_422_and_changes_nothing(
+    cluster: Cluster, http: httpx.Client, store: JobStore, settings: Any
+) -> None:
+    from brook import Client, InvalidInput
+
+    cluster.api()
+    assert http.put("/queues/q", json={"concurrency": 2}).status_code == 200
+    before = await QueueStore(store.db).queues.find_one({"_id": "q"})
+    with Client(settings.mongo_uri, settings.db) as client:
+        for body in BAD_BODIES:
+            resp = http.put("/queues/q", json=body)
+            assert resp.status_code == 422, (body, resp.text)
+            if isinstance(body, dict):
+                try:
+                    client.set_queue("q", body)
+                except InvalidInput as exc:
+                    assert exc.detail == resp.json()["detail"], body  # the same words
+                else:
+                    raise AssertionError(f"the client accepted {body}")
+    for name in ("no spaces", "a" * 65, "-dash-first"):
+        assert http.put(f"/queues/{name}", json={"paused": True}).status_code == 422
+    assert await QueueStore(store.db).queues.find_one({"_id": "q"}) == before
+    assert await QueueStore(store.db).queues.count_documents({}) == 1
+
+
+async def test_put_queue_changes_only_what_it_names_and_get_shows_it(
+    cluster: Cluster, http: httpx.Client
+) -> None:
+    cluster.api()
+    rate = {"limit": 20, "per_seconds": 2.0}
+    q = http.put("/queues/emails", json={"concurrency": 3, "rate": rate}).json()
+    assert (q["concurrency"], q["rate"], q["paused"]) == (3, rate, False)
+    assert q["slots_in_use"] == 0 and q["starts_in_window"] == 0
+    assert q["counts"] == {"pending": 0, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}
+    q = http.put("/queues/emails", json={"paused": True}).json()
+    assert (q["concurrency"], q["rate"], q["paused"]) == (3, rate, True)
+    q = http.put("/queues/emails", json={"concurrency": None}).json()
+    assert (q["concurrency"], q["rate"], q["paused"]) == (None, rate, True)
+    q = http.put("/queues/emails", json={}).json()
+    assert (q["concurrency"], q["rate"], q["paused"]) == (None, rate, True)
+    q = http.put("/queues/emails", json={"rate": None, "paused": False}).json()
+    assert (q["concurrency"], q["rate"], q["paused"]) == (None, None, False)
+    assert q["slots_in_use"] is None  # no limits: no slots
+    listed = {x["name"]: x for x in http.get("/queues").json()["queues"]}
+    assert listed["emails"] == q  # a queue with no job is listed once it was given limits
+
+
+async def test_the_cli_sets_shows_pauses_resumes_and_clears_limits(
+    cluster: Cluster, http: httpx.Client
+) -> None:
+    cluster.api()
+    out = brook_cli(cluster, "queue", "set", "emails", "--concurrency", "2", "--rate", "10/1s")
+    assert out.returncode == 0, out.stderr
+    listed = brook_cli(cluster, "queue", "ls").stdout
+    assert "concurrency=2 (0 in use) rate=10/1s" in listed
+    assert brook_cli(cluster, "queue", "pause", "emails").returncode == 0
+    assert "paused" in brook_cli(cluster, "queue", "ls").stdout
+    assert brook_cli(cluster, "queue", "resume", "emails").returncode == 0
+    out = brook_cli(cluster, "queue", "set", "emails", "--concurrency", "none", "--rate", "none")
+    assert out.returncode == 0, out.stderr
+    [emails] = [q for q in http.get("/queues").json()["queues"] if q["name"] == "emails"]
+    assert (emails["concurrency"], emails["rate"], emails["paused"]) == (None, None, False)
+    for bad in (["set", "emails"], ["set", "emails", "--rate", "ten"], ["set", "emails", "--concurrency", "0"]):
+        out = brook_cli(cluster, "queue", *bad)
+        assert out.returncode == 2 and out.stderr.count("\n") <= 2, out.stderr
+    out = brook_cli(cluster, "queue", "set", "bad name", "--concurrency", "1")
+    assert out.returncode == 1 and out.stderr.startswith("brook: error: 422")

@@ -1,0 +1,187 @@
+"""Queue limits without a database: validation, the slot arithmetic on a queue document,
+the gates that keep a waiting queue from busy-looping, the CLI's parsing, and the
+measurements the end-to-end tests rely on."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from brook.cli import parse_concurrency, parse_rate
+from common.errors import InvalidInput
+from common.queues import QueueDoc, SlotEntry, live_slots, validate_queue_update
+from dispatcher.limits import Gates
+from tests.support.limits import Attempt, attempts, max_overlap, max_starts_in_window
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def queue(now: float = 10.0, **fields: Any) -> QueueDoc:
+    return QueueDoc.from_doc({"_id": "q", "now": at(now), **fields})
+
+
+def test_a_queue_update_keeps_what_it_does_not_name() -> None:
+    assert validate_queue_update("q", {}) == {}
+    assert validate_queue_update("q", {"concurrency": 3}) == {"concurrency": 3}
+    assert validate_queue_update("q", {"concurrency": None, "paused": True}) == {
+        "concurrency": None,
+        "paused": True,
+    }
+    assert validate_queue_update("q", {"rate": {"limit": 20, "per_seconds": 2}}) == {
+        "rate": {"limit": 20, "per_seconds": 2.0}
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"concurrency": 0},
+        {"concurrency": True},
+        {"rate": {"limit": 1, "per_seconds": float("inf")}},
+        {"rate": {"limit": 1, "per_seconds": float("nan")}},
+        {"rate": {"limit": 10_001, "per_seconds": 1}},
+        {"paused": None},
+        {"unknown": 1},
+        "not an object",
+    ],
+)
+def test_a_bad_queue_update_is_refused(body: Any) -> None:
+    with pytest.raises(InvalidInput):
+        validate_queue_update("q", body)
+
+
+def test_a_bad_queue_name_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="not a queue name"):
+        validate_queue_update("has space", {"paused": True})
+
+
+def test_why_a_queue_gives_no_slot() -> None:
+    assert queue().blocked() == ("unlimited", None)
+    assert queue(paused=True, concurrency=1).blocked() == ("paused", None)
+    held = [{"job": "j1", "attempt": 1, "tag": "t"}]
+    ticket = {"id": "k", "owner": "d", "n": 2, "jobs": ["a", "b"], "claim_by": at(12)}
+    assert queue(concurrency=3, slots=held, tickets=[ticket]).blocked() == ("full", None)
+    assert queue(concurrency=4, slots=held, tickets=[ticket]).blocked() == ("room", at(10))
+
+
+def test_the_rate_window_counts_starts_and_tickets_in_flight_and_says_when_it_frees() -> None:
+    rate = {"limit": 3, "per_seconds": 2.0}
+    starts = [at(7.0), at(8.5), at(9.0)]  # 7.0 has left the window ending at 10
+    ticket = {"id": "k", "owner": "d", "n": 1, "jobs": ["a"], "claim_by": at(11)}
+    doc = queue(rate=rate, starts=starts, tickets=[ticket])
+    assert doc.window_starts(at(10)) == [at(8.5), at(9.0), at(11)]
+    # Full: the next start may come when the oldest counted one leaves, at 8.5 + 2.
+    assert doc.blocked() == ("rate", at(10.5))
+    assert queue(rate=rate, starts=starts).blocked() == ("room", at(10))
+
+
+def test_a_slot_is_live_only_while_its_job_runs_under_it() -> None:
+    tagged = SlotEntry(job="j", attempt=2, tag="t")
+    adopted = SlotEntry(job="j", attempt=2, tag="x", adopted=True)
+    running = {"status": "running", "attempts": 2, "claim_tag": "t"}
+    assert tagged.held_by(running) and adopted.held_by(running)
+    assert not tagged.held_by({**running, "claim_tag": "other"})  # a later claim's
+    assert adopted.held_by({**running, "claim_tag": "other"})
+    assert not tagged.held_by({**running, "attempts": 3})
+    assert not tagged.held_by({**running, "status": "pending"})
+    assert not tagged.held_by(None)
+
+
+def test_live_slots_count_fresh_tickets_whole_and_stale_ones_by_what_they_claimed() -> None:
+    doc = queue(
+        concurrency=10,
+        slots=[{"job": "a", "attempt": 1, "tag": "t1"}, {"job": "b", "attempt": 1, "tag": "t1"}],
+        tickets=[
+            {"id": "fresh", "owner": "d", "n": 2, "jobs": ["c", "d"], "claim_by": at(11)},
+            {"id": "stale", "owner": "x", "n": 2, "jobs": ["e", "f"], "claim_by": at(9)},
+        ],
+    )
+    jobs = {
+        "a": {"_id": "a", "status": "running", "attempts": 1, "claim_tag": "t1"},
+        "b": {"_id": "b", "status": "completed", "attempts": 1, "claim_tag": "t1"},
+        "e": {"_id": "e", "status": "running", "attempts": 1, "claim_tag": "stale"},
+        "f": {"_id": "f", "status": "pending", "attempts": 0},
+    }
+    in_use, dead, stale = live_slots(doc, jobs, at(10))
+    assert in_use == 1 + 2 + 1
+    assert [e.job for e in dead] == ["b"] and [t.id for t in stale] == ["stale"]
+
+
+async def test_a_closed_queue_opens_on_news_and_a_claim_that_raced_news_does_not_close_it() -> None:
+    class Clock:
+        def now(self) -> float:
+            return 1000.0
+
+    opened: list[str] = []
+    gates = Gates(Clock(), opened.append)
+    gen = gates.generation("q")
+    gates.open("q")  # a slot freed while the claim was looking
+    assert not gates.close("q", "full", None, gen) and gates.is_open("q")
+    assert gates.close("q", "full", None, gates.generation("q")) and not gates.is_open("q")
+    gates.open_waiting(("rate",))
+    assert not gates.is_open("q")  # only full queues were asked to try again
+    gates.open_waiting()
+    assert gates.is_open("q") and opened == ["q"]
+    assert gates.close("q", "rate", 1000.05, gates.generation("q"))
+    assert gates.closed() == {"q"}
+    await asyncio.sleep(0.2)  # the window moved: the timer opened it
+    assert gates.is_open("q") and opened == ["q", "q"]
+
+
+def test_the_cli_reads_concurrency_and_rate() -> None:
+    assert parse_concurrency("3") == 3 and parse_concurrency("none") is None
+    assert parse_rate("20/2") == {"limit": 20, "per_seconds": 2.0}
+    assert parse_rate("100/60s") == {"limit": 100, "per_seconds": 60.0}
+    assert parse_rate("None") is None
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_concurrency(bad)
+    for bad in ("20", "x/2", "20/x", "/2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_rate(bad)
+
+
+def test_attempts_and_overlap_come_from_the_history() -> None:
+    docs = [
+        {
+            "_id": "a",
+            "history": [
+                {"status": "pending", "at": at(0), "attempt": 0},
+                {"status": "running", "at": at(1), "attempt": 1},
+                {"status": "pending", "at": at(3), "attempt": 1},  # a lease expiry
+                {"status": "running", "at": at(4), "attempt": 2},
+                {"status": "completed", "at": at(5), "attempt": 2},
+            ],
+        },
+        {
+            "_id": "b",
+            "history": [
+                {"status": "pending", "at": at(0), "attempt": 0},
+                {"status": "running", "at": at(3), "attempt": 1},  # starts as a's first ends
+            ],
+        },
+    ]
+    spans = attempts(docs)
+    assert spans == [
+        Attempt("a", 1, at(1), at(3)),
+        Attempt("a", 2, at(4), at(5)),
+        Attempt("b", 1, at(3), None),
+    ]
+    assert max_overlap(spans) == 2  # b (still running) with a's second attempt
+    assert max_overlap(spans[:1] + spans[2:]) == 1  # half-open: 3 is not shared
+
+
+def test_starts_in_a_window_are_counted_half_open() -> None:
+    starts = [at(0), at(0.5), at(1.0), at(2.0), at(2.1)]
+    assert max_starts_in_window(starts, 2.0) == 4  # [0.5, 2.5); [0, 2) holds only 3
+    assert max_starts_in_window(starts[:4], 2.0) == 3  # 2.0 is not in [0, 2)
+    assert max_starts_in_window(starts, 2.2) == 5
+    assert max_starts_in_window([], 1.0) == 0
