@@ -33,6 +33,8 @@ from common.validation import validate_batch, validate_spec
 # again (a `getMore`, not a read of the job).
 WAIT_AWAIT_MS = 5000
 
+_KEEP: Any = object()  # a limit `set_queue` was not asked to change
+
 # `ClientCore.list` shadows the builtin in the class body: annotations there use these.
 JobList = list[Job]
 Submissions = list[Submitted]
@@ -217,11 +219,25 @@ class ClientCore:
             for name in sorted(set(counts) | set(usage))
         ]
 
-    async def set_queue(self, name: str, changes: Mapping[str, Any]) -> QueueInfo:
-        """Set a queue's cluster-wide limits: `concurrency` (int or None), `rate` (`{"limit":
-        int, "per_seconds": number}` or None), `paused` (bool); what is left out keeps its
-        value. Invalid input raises `InvalidInput` (the API's 422 detail); nothing changes."""
-        fields = validate_queue_update(name, changes)
+    async def set_queue(
+        self,
+        name: str,
+        changes: Mapping[str, Any] | None = None,
+        *,
+        concurrency: Any = _KEEP,
+        rate: Any = _KEEP,
+        paused: Any = _KEEP,
+    ) -> QueueInfo:
+        """Set a queue's cluster-wide limits, as a dict (the body of `PUT /queues/{name}`) or
+        as keywords: `concurrency` (int or None), `rate` (`{"limit": int, "per_seconds":
+        number}` or None), `paused` (bool); what is left out keeps its value. Invalid input
+        raises `InvalidInput` (the API's 422 detail) and changes nothing."""
+        body: Any = changes if changes is not None else {}
+        given = {"concurrency": concurrency, "rate": rate, "paused": paused}
+        keywords = {k: v for k, v in given.items() if v is not _KEEP}
+        if keywords and isinstance(body, Mapping):
+            body = {**body, **keywords}
+        fields = validate_queue_update(name, body)
         await self._ensure_indexes()  # counting the queue's running jobs reads one
         await self._queues.set_limits(name, fields)
         if structlog.is_configured():

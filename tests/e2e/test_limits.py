@@ -397,6 +397,9 @@ async def test_put_queue_changes_only_what_it_names_and_get_shows_it(
     assert q["slots_in_use"] is None  # no limits: no slots
     listed = {x["name"]: x for x in http.get("/queues").json()["queues"]}
     assert listed["emails"] == q  # a queue with no job is listed once it was given limits
+    put = http.get("/openapi.json").json()["paths"]["/queues/{name}"]["put"]
+    schema = put["requestBody"]["content"]["application/json"]["schema"]
+    assert schema == {"$ref": "#/components/schemas/QueueUpdate"}
 
 
 async def test_the_cli_sets_shows_pauses_resumes_and_clears_limits(

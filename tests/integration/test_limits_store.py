@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from brook import AsyncClient, InvalidInput
 from common.models import JobSpec
 from common.queues_store import QueueStore, Won
+from common.settings import Settings
 from common.store import CLAIM_SORT, JobStore, Lease, claim_filter, claim_index
 
 OWNER = "d1"
@@ -226,3 +230,22 @@ async def test_the_queue_stream_names_each_change_and_the_fields_it_touched(
     assert seen[1] == ("update", ["tickets"])
     assert "slots" in seen[2][1] and "released_at" not in seen[2][1]  # all of the ticket won
     assert seen[3] == ("update", ["released_at", "slots"])
+
+
+async def test_the_python_client_sets_limits_by_keyword_or_dict_and_lists_them(
+    store: JobStore, settings: Settings
+) -> None:
+    async with AsyncClient(settings.mongo_uri, settings.db) as client:
+        q = await client.set_queue("emails", concurrency=2, rate={"limit": 5, "per_seconds": 1})
+        assert (q.concurrency, q.rate, q.paused, q.slots_in_use) == (
+            2,
+            {"limit": 5, "per_seconds": 1.0},
+            False,
+            0,
+        )
+        q = await client.set_queue("emails", {"paused": True}, concurrency=None)
+        assert (q.concurrency, q.paused) == (None, True)
+        with pytest.raises(InvalidInput):
+            await client.set_queue("emails", concurrency=0)
+        [listed] = [x for x in await client.queues() if x.name == "emails"]
+        assert listed == q
