@@ -1,7 +1,8 @@
 """`python -m bench.run`: Brook's latency and throughput benchmark on real processes.
 
-    python -m bench.run [--scenario latency|throughput|batch|probe|all] [--jobs 5000] [--rate 20]
-                        [--duration 30] [--concurrency N] [--keep-mongo] [--py-spy PATH]
+    python -m bench.run [--scenario latency|throughput|batch|probe|limits|all] [--jobs 5000]
+                        [--rate 20] [--duration 30] [--concurrency N] [--limit N]
+                        [--keep-mongo] [--py-spy PATH]
 
 Each scenario gets a fresh database (`bench_<stamp>_<scenario>`, dropped at the end) and
 fresh `brook api` / `brook dispatcher` processes (SIGTERM at the end, never left behind).
@@ -25,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import limits
 from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
 from bench.scenarios import (
@@ -44,7 +46,9 @@ TARGET_JOBS_PER_S = 500.0
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument(
-        "--scenario", choices=["latency", "throughput", "batch", "probe", "all"], default="all"
+        "--scenario",
+        choices=["latency", "throughput", "batch", "probe", "limits", "all"],
+        default="all",
     )
     p.add_argument("--jobs", type=int, default=5000, help="throughput, batch: jobs per variant")
     p.add_argument("--rate", type=float, default=20.0, help="latency: submissions per second")
@@ -58,6 +62,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=4, help="throughput/http: HTTP connections")
     p.add_argument("--per-client", type=int, default=4, help="throughput/http: requests each")
     p.add_argument("--preload-in-flight", type=int, default=32, help="throughput/backlog")
+    p.add_argument("--limit", type=int, default=4, help="limits: the queue's concurrency")
     p.add_argument(
         "--log-level",
         default="WARNING",
@@ -246,6 +251,8 @@ def summarize(results: dict[str, Any]) -> str:
             _cpu_note(bs.get("resources", {}), 2 * bs["jobs"]),
             _log_note(bs["logs"]),
         ]
+    if "limits" in results:
+        lines += limits.summary(results["limits"])
     for label, prof in results.get("profiles", {}).items():
         if prof.get("samples"):
             top = ", ".join(f"{name} {pct}%" for name, pct in prof["top_self"][:6])
@@ -297,6 +304,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
             if args.scenario in ("batch", "all"):
                 plan.append(("batch_submit", lambda: batch_submit(ctx, args.jobs)))
+            if args.scenario in ("limits", "all"):
+                plan.append(("limits", lambda: limits.limits(ctx, args.jobs, args.limit)))
             for name, scenario in plan:
                 print(f"[bench] {name} ...", file=sys.stderr, flush=True)
                 t = time.monotonic()

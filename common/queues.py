@@ -2,15 +2,15 @@
 to them is validated, and the arithmetic on a queue's slot document that needs no database.
 
 The state itself lives in `brook_queues` (`common.queues_store`): one document per queue
-that has ever been given a limit, holding the limits, the **tickets** of claims in flight,
-the **slots** held by running jobs, and the recent **starts** (for the rate).
+that has ever been given a limit, holding the limits, the **slots** of claims in flight
+and of running jobs, and the recent **starts** (for the rate).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -159,95 +159,84 @@ def validate_queue_update(name: str, body: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Ticket:
-    """A claim in flight: `n` slots taken for the jobs listed, to be claimed before `claim_by`
-    (the server's clock). Until settled it counts `n` slots, and `n` starts at `claim_by`."""
+class Slot:
+    """One slot of a limited queue, held for one job.
 
-    id: str
-    owner: str
-    n: int
-    jobs: tuple[str, ...]
-    claim_by: datetime
-
-    @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> Ticket:
-        return cls(
-            id=str(doc["id"]),
-            owner=str(doc.get("owner", "")),
-            n=int(doc["n"]),
-            jobs=tuple(str(j) for j in doc.get("jobs") or ()),
-            claim_by=doc["claim_by"],
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlotEntry:
-    """A slot held by one running attempt: `tag` is the claim's token, also written on the
-    job (`claim_tag`); an adopted entry (a job already running when the limit came) is
-    matched by attempt alone."""
+    A claim writes its slots first, each naming its job and the claim's `tag` (the job gets
+    the same `claim_tag` when claimed), with `claim_by`: until then the claim may still land,
+    so the slot counts whatever the job shows; it also counts as a start at `claim_by` (the
+    latest the job can start) until the claim settles it with the real start. After
+    `claim_by`, the slot is in use exactly while its job runs under its tag. A slot adopted
+    for a job that was running before the queue had limits is matched by attempt instead.
+    """
 
     job: str
-    attempt: int
     tag: str
+    owner: str = ""
+    claim_by: datetime | None = None
+    attempt: int | None = None
     adopted: bool = False
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> SlotEntry:
+    def from_doc(cls, doc: Mapping[str, Any]) -> Slot:
+        attempt = doc.get("attempt")
         return cls(
             job=str(doc["job"]),
-            attempt=int(doc["attempt"]),
             tag=str(doc["tag"]),
+            owner=str(doc.get("owner", "")),
+            claim_by=doc.get("claim_by"),
+            attempt=int(attempt) if attempt is not None else None,
             adopted=bool(doc.get("adopted", False)),
         )
 
     def held_by(self, job: Mapping[str, Any] | None) -> bool:
-        """Whether `job` (its stored fields) is still running under this slot."""
-        if job is None or job.get("status") != "running" or job.get("attempts") != self.attempt:
+        """Whether `job` (its stored fields) is running under this slot."""
+        if job is None or job.get("status") != "running":
             return False
-        return self.adopted or job.get("claim_tag") == self.tag
+        if self.adopted:
+            return job.get("attempts") == self.attempt
+        return job.get("claim_tag") == self.tag
+
+    def in_use(self, job: Mapping[str, Any] | None, now: datetime) -> bool:
+        """In use: its claim may still land, or its job runs under it."""
+        return (self.claim_by is not None and self.claim_by > now) or self.held_by(job)
 
 
 @dataclass(frozen=True, kw_only=True)
 class QueueDoc:
     name: str
     limits: QueueLimits
-    tickets: tuple[Ticket, ...]
-    slots: tuple[SlotEntry, ...]
-    starts: tuple[datetime, ...]
+    slots: tuple[Slot, ...] = ()
+    starts: tuple[datetime, ...] = ()
+    used: int = 0  # slots counted against the concurrency
     now: datetime | None = None  # the server's clock when read, when asked for
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> QueueDoc:
+        slots = tuple(Slot.from_doc(s) for s in doc.get("slots") or ())
         return cls(
             name=str(doc["_id"]),
             limits=QueueLimits.from_doc(doc),
-            tickets=tuple(Ticket.from_doc(t) for t in doc.get("tickets") or ()),
-            slots=tuple(SlotEntry.from_doc(s) for s in doc.get("slots") or ()),
+            slots=slots,
             starts=tuple(doc.get("starts") or ()),
+            used=int(doc.get("used", len(slots))),
             now=doc.get("now"),
         )
 
-    @property
-    def used(self) -> int:
-        """Slots counted against the concurrency: tickets in flight plus held slots."""
-        return sum(t.n for t in self.tickets) + len(self.slots)
-
     def window_starts(self, now: datetime) -> list[datetime]:
         """Starts that count in the rate window ending `now`: recorded starts, and each
-        unsettled ticket's `n` at its `claim_by` (the latest its jobs could have started)."""
+        unsettled slot at its `claim_by` (the latest its job could have started)."""
         rate = self.limits.rate
         if rate is None:
             return []
         since = now - timedelta(seconds=rate.per_seconds)
         out = [s for s in self.starts if s > since]
-        for t in self.tickets:
-            if t.claim_by > since:
-                out += [t.claim_by] * t.n
+        out += [s.claim_by for s in self.slots if s.claim_by is not None and s.claim_by > since]
         return sorted(out)
 
-    def blocked(self) -> tuple[BlockReason, datetime | None]:
-        """Why no slot can be taken now (read with the server's `now`), and for the rate,
-        when the next one can: the moment enough starts leave the window."""
+    def blocked(self, now: datetime) -> tuple[BlockReason, datetime | None]:
+        """Why no slot can be taken at `now`, and for the rate, when the next one can: the
+        moment enough starts have left the window."""
         limits = self.limits
         if not limits.limited:
             return "unlimited", None
@@ -255,53 +244,19 @@ class QueueDoc:
             return "paused", None
         if limits.concurrency is not None and self.used >= limits.concurrency:
             return "full", None
-        assert self.now is not None, "read the queue with the server's clock"
         rate = limits.rate
         if rate is not None:
-            recent = self.window_starts(self.now)
+            recent = self.window_starts(now)
             if len(recent) >= rate.limit:
                 oldest = recent[len(recent) - rate.limit]
                 return "rate", oldest + timedelta(seconds=rate.per_seconds)
         # Room now (a slot freed, or the window moved, since the claim looked): try again.
-        return "room", self.now
+        return "room", now
 
 
-def live_slots(
+def slot_usage(
     doc: QueueDoc, jobs: Mapping[str, Mapping[str, Any]], now: datetime
-) -> tuple[int, list[SlotEntry], list[Ticket]]:
-    """Slots in use by the jobs' stored state: (in use, dead slot entries, stale tickets).
-    A ticket still before its `claim_by` is in use as it is; a stale one counts the jobs
-    it really claimed (running with its tag)."""
-    in_use = 0
-    dead: list[SlotEntry] = []
-    stale: list[Ticket] = []
-    for entry in doc.slots:
-        if entry.held_by(jobs.get(entry.job)):
-            in_use += 1
-        else:
-            dead.append(entry)
-    for ticket in doc.tickets:
-        if ticket.claim_by > now:
-            in_use += ticket.n
-            continue
-        stale.append(ticket)
-        in_use += len(won_by(ticket, jobs))
-    return in_use, dead, stale
-
-
-def won_by(ticket: Ticket, jobs: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The jobs a ticket's claim took, by their stored state."""
-    out = []
-    for job_id in ticket.jobs:
-        job = jobs.get(job_id)
-        if job is not None and job.get("status") == "running" and job.get("claim_tag") == ticket.id:
-            out.append(job)
-    return out
-
-
-def slot_ids(doc: QueueDoc) -> Sequence[str]:
-    """Every job id a queue's slots and tickets name."""
-    ids = {s.job for s in doc.slots}
-    for t in doc.tickets:
-        ids.update(t.jobs)
-    return sorted(ids)
+) -> tuple[int, list[Slot]]:
+    """The slots in use by the jobs' stored state at `now`, and those that are over."""
+    dead = [s for s in doc.slots if not s.in_use(jobs.get(s.job), now)]
+    return len(doc.slots) - len(dead), dead

@@ -3,30 +3,29 @@
 One document per queue that was ever given a limit (its `_id` is the queue's name):
 
     {concurrency: int|null, rate: {limit, per_seconds}|null, paused: bool,
-     tickets: [{id, owner, n, jobs: [job ids], claim_by}],   # claims in flight
-     slots:   [{job, attempt, tag, owner}],                  # held by running attempts
-     starts:  [datetime],                                    # starts inside the rate window
+     slots:  [{job, tag, owner, claim_by?} | {job, tag, attempt, adopted: true}],
+     starts: [datetime],           # starts inside the rate window, when there is a rate
      updated_at, released_at}
 
 A claim in a limited queue takes its slots first, then the jobs:
 
-1. `acquire`: one conditional write takes a **ticket** for up to `n` slots, for the jobs it
-   names, if the queue is not paused and has room by its concurrency and its rate window
-   (all on the server's clock). The ticket is valid until `claim_by`.
-2. `JobStore.claim_tagged`: the jobs are claimed only while `$$NOW < claim_by`, and carry
-   the ticket's id (`claim_tag`).
-3. `settle`: the ticket becomes one slot per job it won, and their `started_at` join
-   `starts`; the rest of the ticket is given back.
+1. `take`: one write adds a slot for each of the best due jobs, as many as the queue
+   allows now (not paused; room by its concurrency and by its rate window, on the
+   server's clock), each with the claim's `tag` and `claim_by` (now + a few seconds).
+2. `JobStore.claim_tagged`: the jobs are claimed only while `$$NOW < claim_by`, and get
+   the claim's `tag` (`claim_tag`).
+3. `settle`, only when needed: the slots of jobs another dispatcher won are given back,
+   and with a rate, the real starts replace the `claim_by` each slot counted until then.
 4. `release`: after a job's final write, its holder removes its slot.
 
-So every running job of a limited queue is covered by a ticket or a slot, at every instant:
-its slot is taken before it starts and given back after it stopped. Nothing here expires
-on a timer, so a slow heartbeat can never free a slot under a running job. What a dead
-dispatcher leaves behind (a ticket never settled, a slot never released) is freed by
-`prune`, which frees only what the jobs themselves show is over: a slot whose job is no
-longer running under it, a ticket past `claim_by` (no claim can use it any more) minus
-the jobs it really claimed. The jobs are read from the primary (local read concern): a
-claim the primary has applied but not yet replicated must count.
+So every running job of a limited queue holds a slot, at every instant: the slot is
+written before the job starts and removed after it stopped. Nothing here expires on a
+timer, so a slow heartbeat can never free a slot under a running job. What a dead
+dispatcher leaves behind (a slot never released, a claim never made) is freed by
+`prune`, which removes only slots the jobs themselves show are over: past `claim_by` (no
+claim can use them any more) and not held by a running job. The jobs are read from the
+primary (local read concern): a claim the primary has applied but not yet replicated must
+count.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.read_concern import ReadConcern
 
 from common.models import Doc
-from common.queues import QueueDoc, SlotEntry, Ticket, live_slots, slot_ids, won_by
+from common.queues import QueueDoc, Slot, slot_usage
 from common.store import JOBS
 
 QUEUES = "brook_queues"
@@ -66,35 +65,26 @@ def _window_start() -> dict[str, Any]:
     return {"$subtract": [NOW, {"$toLong": {"$multiply": ["$rate.per_seconds", 1000]}}]}
 
 
+def _count(field: str, cond: dict[str, Any]) -> dict[str, Any]:
+    return {"$size": {"$filter": {"input": _list(field), "cond": cond}}}
+
+
 def _room(n: int) -> dict[str, Any]:
     """How many of `n` slots the queue can give now: 0 while paused, else bounded by the
-    concurrency (tickets and held slots count) and by the starts left in the rate window
-    (recorded starts, and each ticket's `n` while its `claim_by` is in the window)."""
+    concurrency (every slot counts) and by the starts left in the rate window (recorded
+    starts, and each unsettled slot at its `claim_by`)."""
     since = _window_start()
-    used = {"$add": [{"$size": _list("slots")}, {"$sum": "$tickets.n"}]}
     by_concurrency = {
         "$cond": [
             {"$eq": [{"$ifNull": ["$concurrency", None]}, None]},
             n,
-            {"$subtract": ["$concurrency", used]},
+            {"$subtract": ["$concurrency", {"$size": _list("slots")}]},
         ]
     }
     in_window = {
         "$add": [
-            {"$size": {"$filter": {"input": _list("starts"), "cond": {"$gt": ["$$this", since]}}}},
-            {
-                "$sum": {
-                    "$map": {
-                        "input": {
-                            "$filter": {
-                                "input": _list("tickets"),
-                                "cond": {"$gt": ["$$this.claim_by", since]},
-                            }
-                        },
-                        "in": "$$this.n",
-                    }
-                }
-            },
+            _count("starts", {"$gt": ["$$this", since]}),
+            _count("slots", {"$gt": ["$$this.claim_by", since]}),
         ]
     }
     by_rate = {
@@ -114,21 +104,25 @@ def _room(n: int) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Won:
-    """A job a ticket's claim took: the slot it holds and the start that counts."""
+class Taken:
+    """What `take` got: the slots it wrote (the first jobs asked for), or none and the
+    queue as it stood (to tell why)."""
 
-    job_id: str
-    attempt: int
-    started_at: datetime
+    slots: list[Slot]
+    queue: QueueDoc | None  # None: the queue has no document (no limits)
+
+    @property
+    def claim_by(self) -> datetime:
+        by = self.slots[0].claim_by
+        assert by is not None
+        return by
 
 
 @dataclass(frozen=True, kw_only=True)
 class Pruned:
-    """What `prune` freed: slots of attempts that are over, and stale tickets."""
+    """The slots `prune` freed: of attempts that are over, or claims that never landed."""
 
-    slots: list[SlotEntry]
-    tickets: list[Ticket]
-    freed: int
+    slots: list[Slot]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +150,6 @@ class QueueStore:
             "$currentDate": {"updated_at": True},
             "$setOnInsert": {
                 **{k: v for k, v in _DEFAULTS.items() if k not in changes},
-                "tickets": [],
                 "slots": [],
                 "starts": [],
             },
@@ -181,9 +174,7 @@ class QueueStore:
 
     async def limits(self) -> dict[str, QueueDoc]:
         """Every queue document's limits (no slots), by name: the dispatchers' view."""
-        docs = await self.queues.find(
-            {}, projection={field: 1 for field in CONFIG_FIELDS}
-        ).to_list()
+        docs = await self.queues.find({}, projection={f: 1 for f in CONFIG_FIELDS}).to_list()
         return {str(d["_id"]): QueueDoc.from_doc(d) for d in docs}
 
     async def read(self, name: str) -> QueueDoc | None:
@@ -217,49 +208,89 @@ class QueueStore:
 
     # -- a claim's slots -----------------------------------------------------------------------
 
-    async def acquire(
+    async def take(
         self, name: str, *, owner: str, tag: str, jobs: Sequence[str], claim_window_s: float
-    ) -> Ticket | None:
-        """Take a ticket for up to `len(jobs)` slots (at least one), or None: the queue is
-        paused, full, out of starts for its rate window, or has no document."""
+    ) -> Taken:
+        """Take a slot for each of the first of `jobs` the queue allows now (at least one),
+        valid for a claim until `claim_by` = now + `claim_window_s`. When it allows none,
+        nothing is written (and no change event goes out), and the queue as it stands
+        comes back instead, to tell why."""
         room = _room(len(jobs))
-        ticket = {
-            "id": _lit(tag),
-            "owner": _lit(owner),
-            "n": room,
-            "jobs": _lit(list(jobs)),
-            "claim_by": {"$add": [NOW, int(claim_window_s * 1000)]},
+        claim_by = {"$add": [NOW, int(claim_window_s * 1000)]}
+        new = [{"job": job_id, "tag": tag, "owner": owner} for job_id in jobs]
+        with_deadline = {
+            "$map": {
+                "input": _lit(new),
+                "in": {"$mergeObjects": ["$$this", {"claim_by": claim_by}]},
+            }
         }
+        taken = {"$cond": [{"$gt": [room, 0]}, {"$slice": [with_deadline, room]}, []]}
         doc = await self.queues.find_one_and_update(
-            {"_id": name, "$expr": {"$gt": [room, 0]}},
-            [{"$set": {"tickets": {"$concatArrays": [_list("tickets"), [ticket]]}}}],
-            projection={"tickets": {"$elemMatch": {"id": tag}}},
+            {"_id": name},
+            [{"$set": {"slots": {"$concatArrays": [_list("slots"), taken]}}}],
+            projection={
+                **{f: 1 for f in CONFIG_FIELDS},
+                "starts": 1,
+                "used": {"$size": _list("slots")},
+                # Ours, and with a rate, the slots that count as a start in its window (when
+                # the window is full, they tell when it frees).
+                "slots": {
+                    "$filter": {
+                        "input": _list("slots"),
+                        "cond": {
+                            "$or": [
+                                {"$eq": ["$$this.tag", tag]},
+                                {
+                                    "$and": [
+                                        {"$ne": [{"$ifNull": ["$rate", None]}, None]},
+                                        {"$gt": ["$$this.claim_by", _window_start()]},
+                                    ]
+                                },
+                            ]
+                        },
+                    }
+                },
+            },
             return_document=ReturnDocument.AFTER,
         )
-        if doc is None or not doc.get("tickets"):
-            return None
-        return Ticket.from_doc(doc["tickets"][0])
+        if doc is None:
+            return Taken(slots=[], queue=None)
+        queue = QueueDoc.from_doc(doc)
+        ours = [s for s in queue.slots if s.tag == tag]
+        return Taken(slots=ours, queue=queue)
 
     async def settle(
-        self, name: str, ticket: Ticket, won: Sequence[Won], *, owner: str | None = None
+        self,
+        name: str,
+        tag: str,
+        *,
+        lost: Collection[str] = (),
+        started: Mapping[str, datetime] | None = None,
     ) -> bool:
-        """Turn the ticket into one slot per job it won (their starts join the rate window)
-        and give the rest back; False if the ticket was settled already (by a `prune`)."""
-        entries = [
-            {
-                "job": w.job_id,
-                "attempt": w.attempt,
-                "tag": ticket.id,
-                "owner": owner or ticket.owner,
+        """After a claim: give back the slots of `lost` jobs (another dispatcher won them),
+        and record the `started` jobs' real starts in the rate window (their slots no longer
+        count as a start at `claim_by`). False if nothing was left to change."""
+        started = dict(started or {})
+        if not lost and not started:
+            return False
+        mine = {"$eq": ["$$this.tag", tag]}
+        gone = {"$and": [mine, {"$in": ["$$this.job", _lit(list(lost))]}]}
+        settled = {"$and": [mine, {"$in": ["$$this.job", _lit(list(started))]}]}
+        slots = {
+            "$map": {
+                "input": {"$filter": {"input": _list("slots"), "cond": {"$not": [gone]}}},
+                "in": {
+                    "$cond": [
+                        settled,
+                        {"$unsetField": {"field": "claim_by", "input": "$$this"}},
+                        "$$this",
+                    ]
+                },
             }
-            for w in won
-        ]
+        }
         since = _window_start()
         fields: dict[str, Any] = {
-            "tickets": {
-                "$filter": {"input": _list("tickets"), "cond": {"$ne": ["$$this.id", ticket.id]}}
-            },
-            "slots": {"$concatArrays": [_list("slots"), _lit(entries)]},
+            "slots": slots,
             "starts": {
                 "$cond": [
                     {"$eq": [{"$ifNull": ["$rate", None]}, None]},
@@ -272,17 +303,15 @@ class QueueStore:
                                     "cond": {"$gt": ["$$this", since]},
                                 }
                             },
-                            _lit([w.started_at for w in won]),
+                            _lit(list(started.values())),
                         ]
                     },
                 ]
             },
         }
-        if len(won) < ticket.n:
+        if lost:
             fields["released_at"] = NOW  # slots given back: a wake-up for waiting claimers
-        res = await self.queues.update_one(
-            {"_id": name, "tickets.id": ticket.id}, [{"$set": fields}]
-        )
+        res = await self.queues.update_one({"_id": name, "slots.tag": tag}, [{"$set": fields}])
         return res.modified_count == 1
 
     async def release(self, name: str, job_id: str, tag: str) -> bool:
@@ -297,27 +326,20 @@ class QueueStore:
     async def adopt(self, name: str, jobs: Iterable[tuple[str, int, str]]) -> int:
         """Give running jobs that hold no slot one, each `(job id, attempt, tag)` (matched by
         attempt; the tag, unique, names the slot): jobs that started before the queue had a
-        limit, or were claimed by a dispatcher that had not heard of it yet. Jobs a slot or
-        ticket already names are left alone."""
-        entries = [
+        limit, or were claimed by a dispatcher that had not heard of it yet. Jobs a slot
+        already names are left alone."""
+        new = [
             {"job": job_id, "attempt": attempt, "tag": tag, "adopted": True}
             for job_id, attempt, tag in jobs
         ]
-        if not entries:
+        if not new:
             return 0
-        ticket_jobs = {
-            "$reduce": {
-                "input": {"$ifNull": ["$tickets.jobs", []]},
-                "initialValue": [],
-                "in": {"$concatArrays": ["$$value", "$$this"]},
-            }
-        }
-        known = {"$concatArrays": [{"$ifNull": ["$slots.job", []]}, ticket_jobs]}
-        new = {
-            "$filter": {"input": _lit(entries), "cond": {"$not": [{"$in": ["$$this.job", known]}]}}
+        known = {"$ifNull": ["$slots.job", []]}
+        fresh = {
+            "$filter": {"input": _lit(new), "cond": {"$not": [{"$in": ["$$this.job", known]}]}}
         }
         res = await self.queues.update_one(
-            {"_id": name}, [{"$set": {"slots": {"$concatArrays": [_list("slots"), new]}}}]
+            {"_id": name}, [{"$set": {"slots": {"$concatArrays": [_list("slots"), fresh]}}}]
         )
         return res.modified_count
 
@@ -328,47 +350,37 @@ class QueueStore:
             return {}
         docs = await self.jobs.find(
             {"_id": {"$in": list(ids)}},
-            projection={"status": 1, "attempts": 1, "claim_tag": 1, "started_at": 1},
+            projection={"status": 1, "attempts": 1, "claim_tag": 1},
         ).to_list()
         return {str(d["_id"]): d for d in docs}
 
-    async def prune(self, name: str, doc: QueueDoc | None = None) -> Pruned:
-        """Free what the jobs show is over: slots of attempts no longer running, and tickets
-        past `claim_by` (settled here with the jobs they really claimed)."""
-        doc = doc if doc is not None and doc.now is not None else await self.read(name)
+    async def prune(self, name: str) -> Pruned:
+        """Free the slots the jobs show are over: past their `claim_by` and not held by a
+        running job (its attempt ended, or the claim never landed)."""
+        doc = await self.read(name)
         if doc is None or doc.now is None:
-            return Pruned(slots=[], tickets=[], freed=0)
-        jobs = await self._jobs(slot_ids(doc))
-        _, dead, stale = live_slots(doc, jobs, doc.now)
-        freed = 0
-        if dead:
-            res = await self.queues.update_one(
-                {"_id": name},
-                {
-                    "$pull": {"slots": {"$or": [{"job": e.job, "tag": e.tag} for e in dead]}},
-                    "$currentDate": {"released_at": True},
-                },
-            )
-            freed += len(dead) if res.modified_count else 0
-        settled: list[Ticket] = []
-        for ticket in stale:
-            won = [
-                Won(job_id=str(j["_id"]), attempt=int(j["attempts"]), started_at=j["started_at"])
-                for j in won_by(ticket, jobs)
-            ]
-            if await self.settle(name, ticket, won):
-                freed += ticket.n - len(won)
-                settled.append(ticket)
-        return Pruned(slots=dead, tickets=settled, freed=freed)
+            return Pruned(slots=[])
+        jobs = await self._jobs({s.job for s in doc.slots})
+        _, dead = slot_usage(doc, jobs, doc.now)
+        if not dead:
+            return Pruned(slots=[])
+        res = await self.queues.update_one(
+            {"_id": name},
+            {
+                "$pull": {"slots": {"$or": [{"job": s.job, "tag": s.tag} for s in dead]}},
+                "$currentDate": {"released_at": True},
+            },
+        )
+        return Pruned(slots=dead if res.modified_count else [])
 
     async def usage(self) -> dict[str, QueueUsage]:
         """Every queue document with its slots in use now, checked against the jobs."""
         docs = await (await self.queues.aggregate([{"$set": {"now": NOW}}])).to_list()
         queues = [QueueDoc.from_doc(d) for d in docs]
-        jobs = await self._jobs({job_id for q in queues for job_id in slot_ids(q)})
+        jobs = await self._jobs({s.job for q in queues for s in q.slots})
         out: dict[str, QueueUsage] = {}
         for q in queues:
             assert q.now is not None
-            in_use, _, _ = live_slots(q, jobs, q.now)
+            in_use, _ = slot_usage(q, jobs, q.now)
             out[q.name] = QueueUsage(doc=q, in_use=in_use, in_window=len(q.window_starts(q.now)))
         return out

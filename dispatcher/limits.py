@@ -7,9 +7,10 @@ claims never touch `brook_queues`: the plain claim merely leaves the limited que
 (`queue: {$nin: …}`, an index key), so an unlimited claim costs what it did before.
 
 A claim in a limited queue goes through its slots (`common.queues_store`): the candidate
-jobs, a ticket for their slots, the claim itself (only before the ticket's `claim_by`),
-then the ticket settled into one slot per job won. Each job's slot is given back after
-its final write has landed.
+jobs, one write that takes a slot for each (as many as the queue allows), the claim itself
+(only before the slots' `claim_by`), and, only when needed, one write that gives back the
+slots of jobs another dispatcher won and records the real starts for a rate. Each job's
+slot is given back after its final write has landed.
 
 A queue whose claim got no slot is *closed* here until something can change that, so a
 waiting queue never busy-loops: a full queue until a slot is released anywhere (the
@@ -27,6 +28,7 @@ import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pymongo.errors import PyMongoError
@@ -34,8 +36,8 @@ from pymongo.errors import PyMongoError
 from common.backoff import Backoff
 from common.events import Event, emit
 from common.models import Job
-from common.queues import BlockReason, QueueDoc, QueueLimits, Ticket
-from common.queues_store import CONFIG_FIELDS, Pruned, QueueStore, Won
+from common.queues import BlockReason, QueueDoc, QueueLimits
+from common.queues_store import CONFIG_FIELDS, Pruned, QueueStore, Taken
 from common.settings import Settings
 from common.store import JobStore
 from common.supervision import Spawn
@@ -62,13 +64,15 @@ class Held:
 
 @dataclass(frozen=True, kw_only=True)
 class LimitedClaim:
-    """What one claim in a limited queue got: its jobs (and the ticket to settle), whether
-    the queue had fewer due jobs than asked (`dry`), or no slot at all (`blocked`: the queue
-    is closed until something changes)."""
+    """What one claim in a limited queue got: its jobs (and the slots it took, by `tag`, for
+    the jobs it `asked` for), whether the queue had fewer due jobs than asked (`dry`), or
+    no slot at all (`blocked`: the queue is closed until something changes)."""
 
     queue: str
     jobs: list[Job]
-    ticket: Ticket | None = None
+    tag: str | None = None
+    asked: tuple[str, ...] = ()
+    rated: bool = False  # the queue has a rate: its starts are recorded
     dry: bool = False
     blocked: bool = False
 
@@ -151,6 +155,7 @@ class Limits:
         self.store = store
         self.owner = owner
         self.spawn = spawn
+        self.clock = clock
         self.held_jobs = held_jobs
         self.view: dict[str, QueueLimits] = {}
         self._limited: frozenset[str] = frozenset()
@@ -243,79 +248,95 @@ class Limits:
     # -- claims ----------------------------------------------------------------------------
 
     async def claim(self, queue: str, n: int, tasks: frozenset[str]) -> LimitedClaim:
-        """Claim up to `n` due jobs of `queue` within its limits."""
+        """Claim up to `n` due jobs of `queue` within its limits: their slots first."""
         gen = self.gates.generation(queue)
         ids = await self.store.candidates(n, tasks=tasks, queue=queue)
         if not ids:
             return LimitedClaim(queue=queue, jobs=[], dry=True)
         tag = secrets.token_hex(8)
-        ticket = await self._acquire(queue, ids, tag)
-        if ticket is None:
-            ticket = await self._refused(queue, gen, ids, tag)
-        if ticket is None:
+        taken = await self._take(queue, ids, tag)
+        if not taken.slots:
+            taken = await self._refused(queue, gen, ids, tag, taken)
+        if not taken.slots or taken.queue is None:
             return LimitedClaim(queue=queue, jobs=[], blocked=not self.gates.is_open(queue))
         self.gates.claimed(queue)
+        asked = tuple(s.job for s in taken.slots)
         jobs = await self.store.claim_tagged(
-            self.owner, self.settings.lease_seconds, ids[: ticket.n], ticket.id, ticket.claim_by
+            self.owner, self.settings.lease_seconds, asked, tag, taken.claim_by
         )
         for job in jobs:
-            self.held[job.id] = Held(queue=queue, tag=ticket.id)
-        return LimitedClaim(queue=queue, jobs=jobs, ticket=ticket, dry=len(ids) < n)
-
-    async def settle(self, claim: LimitedClaim) -> None:
-        """Turn the claim's ticket into the slots of the jobs it won (after they started)."""
-        if claim.ticket is None:
-            return
-        won = [
-            Won(job_id=j.id, attempt=j.attempts, started_at=j.started_at)
-            for j in claim.jobs
-            if j.started_at is not None
-        ]
-        try:
-            await self.queues.settle(claim.queue, claim.ticket, won, owner=self.owner)
-        except PyMongoError as exc:
-            # The ticket keeps its slots (and counts its starts late) until a prune, after
-            # its `claim_by`, settles it from the jobs.
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="settle", error=str(exc)[:200])
-
-    async def _acquire(self, queue: str, ids: list[str], tag: str) -> Ticket | None:
-        return await self.queues.acquire(
-            queue, owner=self.owner, tag=tag, jobs=ids, claim_window_s=CLAIM_WINDOW_S
+            self.held[job.id] = Held(queue=queue, tag=tag)
+        return LimitedClaim(
+            queue=queue,
+            jobs=jobs,
+            tag=tag,
+            asked=asked,
+            rated=taken.queue.limits.rate is not None,
+            dry=len(ids) < n,
         )
 
-    async def _refused(self, queue: str, gen: int, ids: list[str], tag: str) -> Ticket | None:
-        """No slot: find out why. A full queue is pruned (what dead attempts left) and tried
-        once more; otherwise the queue is closed until what blocks it can change."""
-        doc = await self.queues.read(queue)
+    async def settle(self, claim: LimitedClaim) -> None:
+        """After the claim's jobs started: give back the slots of the jobs another dispatcher
+        won, and with a rate, record the real starts (one write, only when needed)."""
+        if claim.tag is None:
+            return
+        won = {j.id: j.started_at for j in claim.jobs if j.started_at is not None}
+        lost = [job_id for job_id in claim.asked if job_id not in won]
+        if not lost and not claim.rated:
+            return
+        try:
+            await self.queues.settle(
+                claim.queue, claim.tag, lost=lost, started=won if claim.rated else None
+            )
+        except PyMongoError as exc:
+            # Until a prune frees them after `claim_by`, the lost jobs' slots stay taken and
+            # the won jobs count as starts at `claim_by`: late, never early.
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="settle", error=str(exc)[:200])
+
+    async def _take(self, queue: str, ids: list[str], tag: str) -> Taken:
+        # No longer than a lease: a dead claimer's slots are free by the time its jobs
+        # are requeued.
+        window = min(CLAIM_WINDOW_S, self.settings.lease_seconds)
+        return await self.queues.take(
+            queue, owner=self.owner, tag=tag, jobs=ids, claim_window_s=window
+        )
+
+    async def _refused(self, queue: str, gen: int, ids: list[str], tag: str, taken: Taken) -> Taken:
+        """No slot: why? A full queue that may hold what dead attempts left is pruned and
+        tried once more; otherwise the queue is closed until what blocks it can change."""
+        doc = taken.queue
         if doc is None or doc.limits != self.view.get(queue):
             self._apply({queue: doc}, complete=False)  # our view was behind
         if doc is None or not doc.limits.limited:
-            return None
-        reason, at = doc.blocked()
+            return taken
+        now = datetime.fromtimestamp(self.clock.now(), UTC)
+        reason, at = doc.blocked(now)
         if reason == "full" and queue in self._suspect:
             self._suspect.discard(queue)
-            pruned = await self.queues.prune(queue, doc)
+            pruned = await self.queues.prune(queue)
             self._reclaimed(queue, pruned)
-            reason = "room" if pruned.freed else reason
+            reason = "room" if pruned.slots else reason
         if reason == "room":
-            ticket = await self._acquire(queue, ids, tag)
-            if ticket is not None:
-                return ticket
-            reason = "full"
+            again = await self._take(queue, ids, tag)
+            if again.slots or again.queue is None:
+                return again
+            reason, at = again.queue.blocked(now)
+            if reason == "room":  # our clock runs ahead of the server's: wait a little
+                reason, at = "rate", now
         self.gates.close(queue, reason, at.timestamp() if at else None, gen)
-        return None
+        return Taken(slots=[], queue=doc)
 
     def _reclaimed(self, queue: str, pruned: Pruned) -> None:
-        if not pruned.freed:
+        if not pruned.slots:
             return
         emit(
             Event.SLOTS_RECLAIMED,
             level="warning",
             queue=queue,
-            freed=pruned.freed,
+            freed=len(pruned.slots),
             jobs=sorted({s.job for s in pruned.slots}),
-            owners=sorted({t.owner for t in pruned.tickets}),
-            reason="attempts no longer running, or claims that never used their ticket",
+            owners=sorted({s.owner for s in pruned.slots if s.owner}),
+            reason="attempts no longer running, or claims that never landed",
         )
 
     def adopt_strays(self, jobs: Iterable[Job]) -> None:

@@ -1,4 +1,4 @@
-"""The slot store on the real replica set: tickets, claims within `claim_by`, settling,
+"""The slot store on the real replica set: taking slots, claims within `claim_by`, settling,
 releases, pruning, the rate window, pause, adoption, and what the plain claim pays."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from brook import AsyncClient, InvalidInput
 from common.models import JobSpec
-from common.queues_store import QueueStore, Won
+from common.queues_store import QueueStore
 from common.settings import Settings
 from common.store import CLAIM_SORT, JobStore, Lease, claim_filter, claim_index
 
@@ -25,36 +25,63 @@ async def pending(store: JobStore, n: int, queue: str = "fragile") -> list[str]:
     return [s.job.id for s in await store.submit_many([spec(queue)] * n)]
 
 
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
 async def claim_through_slots(
-    store: JobStore, queues: QueueStore, queue: str, n: int, owner: str = OWNER
+    store: JobStore,
+    queues: QueueStore,
+    queue: str,
+    n: int,
+    owner: str = OWNER,
+    rated: bool = False,
+    window: float = 5,
 ) -> list[str]:
-    """One limited claim, as a dispatcher makes it: ticket, claim, settle."""
+    """One limited claim, as a dispatcher makes it: slots, claim, and settle if need be."""
     ids = await store.candidates(n, tasks={"noop"}, queue=queue)
-    ticket = await queues.acquire(queue, owner=owner, tag=f"t{owner}{n}", jobs=ids, claim_window_s=5)
-    if ticket is None:
+    tag = f"t-{owner}-{n}-{ids[0] if ids else ''}"
+    taken = await queues.take(queue, owner=owner, tag=tag, jobs=ids, claim_window_s=window)
+    if not taken.slots:
         return []
-    jobs = await store.claim_tagged(owner, 30, ids[: ticket.n], ticket.id, ticket.claim_by)
-    won = [Won(job_id=j.id, attempt=j.attempts, started_at=j.started_at) for j in jobs if j.started_at]
-    assert await queues.settle(queue, ticket, won)
+    asked = [s.job for s in taken.slots]
+    jobs = await store.claim_tagged(owner, 30, asked, tag, taken.claim_by)
+    started = {j.id: j.started_at for j in jobs if j.started_at is not None}
+    lost = [j for j in asked if j not in started]
+    await queues.settle(queue, tag, lost=lost, started=started if rated else None)
     return [j.id for j in jobs]
 
 
-async def test_racing_tickets_never_take_more_slots_than_the_concurrency(store: JobStore) -> None:
+async def test_racing_claims_never_take_more_slots_than_the_concurrency(store: JobStore) -> None:
     queues = QueueStore(store.db)
     await queues.set_limits("fragile", {"concurrency": 3})
     ids = await pending(store, 10)
-    tickets = await asyncio.gather(
+    results = await asyncio.gather(
         *[
-            queues.acquire("fragile", owner=f"d{i}", tag=f"t{i}", jobs=ids[:2], claim_window_s=5)
+            queues.take("fragile", owner=f"d{i}", tag=f"t{i}", jobs=ids[:2], claim_window_s=5)
             for i in range(20)
         ]
     )
-    assert sum(t.n for t in tickets if t is not None) == 3
+    assert sum(len(r.slots) for r in results) == 3
+    refused = [r for r in results if not r.slots]
+    assert refused and all(r.queue is not None and r.queue.used == 3 for r in refused)
     doc = await queues.read("fragile")
-    assert doc is not None and doc.used == 3 and doc.blocked() == ("full", None)
+    assert doc is not None and doc.used == 3 and doc.blocked(now()) == ("full", None)
 
 
-async def test_a_claim_after_its_tickets_claim_by_takes_nothing(store: JobStore) -> None:
+async def test_nothing_is_written_when_no_slot_is_taken(store: JobStore) -> None:
+    queues = QueueStore(store.db)
+    await queues.set_limits("fragile", {"concurrency": 1})
+    ids = await pending(store, 2)
+    assert (await queues.take("fragile", owner=OWNER, tag="a", jobs=ids, claim_window_s=5)).slots
+    async with await queues.changes(max_await_ms=300) as stream:
+        refused = await queues.take("fragile", owner=OWNER, tag="b", jobs=ids, claim_window_s=5)
+        assert not refused.slots and await stream.try_next() is None  # no event, no wake-up
+    missing = await queues.take("nope", owner=OWNER, tag="c", jobs=ids, claim_window_s=5)
+    assert missing.queue is None and not missing.slots
+
+
+async def test_a_claim_after_its_slots_claim_by_takes_nothing(store: JobStore) -> None:
     [job_id] = await pending(store, 1)
     past = datetime.now(UTC) - timedelta(seconds=1)
     assert await store.claim_tagged(OWNER, 30, [job_id], "late", past) == []
@@ -64,23 +91,25 @@ async def test_a_claim_after_its_tickets_claim_by_takes_nothing(store: JobStore)
     assert (await store.jobs.find_one({"_id": job_id}) or {})["claim_tag"] == "t1"
 
 
-async def test_settle_keeps_a_slot_per_job_won_and_gives_the_rest_back(store: JobStore) -> None:
+async def test_settle_gives_back_lost_slots_and_records_real_starts(store: JobStore) -> None:
     queues = QueueStore(store.db)
-    await queues.set_limits("fragile", {"concurrency": 5})
+    await queues.set_limits(
+        "fragile", {"concurrency": 5, "rate": {"limit": 100, "per_seconds": 60}}
+    )
     ids = await pending(store, 3)
-    ticket = await queues.acquire("fragile", owner=OWNER, tag="t1", jobs=ids, claim_window_s=5)
-    assert ticket is not None and ticket.n == 3 and ticket.jobs == tuple(ids)
-    await store.cancel(ids[2])  # gone before the claim: the ticket wins two of three
-    jobs = await store.claim_tagged(OWNER, 30, ids, ticket.id, ticket.claim_by)
+    taken = await queues.take("fragile", owner=OWNER, tag="t1", jobs=ids, claim_window_s=5)
+    assert [s.job for s in taken.slots] == ids and all(s.claim_by for s in taken.slots)
+    await store.cancel(ids[2])  # gone before the claim: the claim wins two of three
+    jobs = await store.claim_tagged(OWNER, 30, ids, "t1", taken.claim_by)
     assert {j.id for j in jobs} == set(ids[:2])
-    won = [Won(job_id=j.id, attempt=j.attempts, started_at=j.started_at) for j in jobs if j.started_at]
-    assert await queues.settle("fragile", ticket, won)
-    assert not await queues.settle("fragile", ticket, won)  # once only
+    started = {j.id: j.started_at for j in jobs if j.started_at is not None}
+    assert await queues.settle("fragile", "t1", lost=[ids[2]], started=started)
     doc = await queues.read("fragile")
-    assert doc is not None and doc.tickets == () and {s.job for s in doc.slots} == set(ids[:2])
-    assert doc.used == 2 and doc.starts == ()  # no rate: no starts kept
-    assert await queues.release("fragile", ids[0], ticket.id)
-    assert not await queues.release("fragile", ids[0], ticket.id)
+    assert doc is not None and {s.job for s in doc.slots} == set(ids[:2])
+    assert all(s.claim_by is None for s in doc.slots)  # settled: they count by their start
+    assert sorted(doc.starts) == sorted(started.values()) and doc.used == 2
+    assert await queues.release("fragile", ids[0], "t1")
+    assert not await queues.release("fragile", ids[0], "t1")
     assert not await queues.release("fragile", ids[1], "another-claims-tag")
     doc = await queues.read("fragile")
     assert doc is not None and [s.job for s in doc.slots] == [ids[1]]
@@ -92,45 +121,41 @@ async def test_prune_frees_what_is_over_and_keeps_what_runs_or_may_still_be_clai
     queues = QueueStore(store.db)
     await queues.set_limits("fragile", {"concurrency": 10})
     await pending(store, 2)
-    running, finished = await claim_through_slots(store, queues, "fragile", 2)
+    running, finished = await claim_through_slots(store, queues, "fragile", 2, window=0.3)
     await store.complete_many(OWNER, [(Lease(job_id=finished, attempt=1), None)])
-    # A dispatcher that died after its ticket: one job claimed under it, one never.
-    stale_ids = await pending(store, 2)
-    stale = await queues.acquire("fragile", owner="dead", tag="dead1", jobs=stale_ids, claim_window_s=0.3)
-    assert stale is not None and stale.n == 2
-    [taken] = await store.claim_tagged("dead", 30, stale_ids[:1], stale.id, stale.claim_by)
+    # A dispatcher that died after taking slots: one job claimed under them, one never.
+    dead_ids = await pending(store, 2)
+    dead = await queues.take("fragile", owner="dead", tag="dead", jobs=dead_ids, claim_window_s=0.3)
+    [taken] = await store.claim_tagged("dead", 30, dead_ids[:1], "dead", dead.claim_by)
     fresh_ids = await pending(store, 1)
-    fresh = await queues.acquire("fragile", owner="live", tag="live1", jobs=fresh_ids, claim_window_s=30)
-    assert fresh is not None
-    await asyncio.sleep(0.5)  # the dead ticket's claim_by has passed
+    fresh = await queues.take(
+        "fragile", owner="live", tag="live", jobs=fresh_ids, claim_window_s=30
+    )
+    assert fresh.slots
+    await asyncio.sleep(0.5)  # the first two claims' claim_by has passed, not the fresh one's
     pruned = await queues.prune("fragile")
-    assert [s.job for s in pruned.slots] == [finished]
-    assert [t.id for t in pruned.tickets] == ["dead1"]
-    assert pruned.freed == 2  # the finished attempt's slot, the unclaimed half of the ticket
+    assert sorted(s.job for s in pruned.slots) == sorted([finished, dead_ids[1]])
     doc = await queues.read("fragile")
     assert doc is not None
-    assert sorted(s.job for s in doc.slots) == sorted([running, taken.id])
-    assert [t.id for t in doc.tickets] == ["live1"]  # may still be claimed: kept whole
-    assert doc.used == 3
-    assert (await queues.prune("fragile")).freed == 0
+    assert sorted(s.job for s in doc.slots) == sorted([running, taken.id, fresh_ids[0]])
+    assert doc.used == 3  # the fresh slot may still be claimed: kept
+    assert (await queues.prune("fragile")).slots == []
 
 
-async def test_the_rate_counts_recorded_starts_and_tickets_in_flight(store: JobStore) -> None:
+async def test_the_rate_counts_recorded_starts_and_claims_in_flight(store: JobStore) -> None:
     queues = QueueStore(store.db)
     await queues.set_limits("quota", {"rate": {"limit": 3, "per_seconds": 1.5}})
     ids = await pending(store, 5, "quota")
-    first = await claim_through_slots(store, queues, "quota", 2)
+    first = await claim_through_slots(store, queues, "quota", 2, rated=True)
     assert len(first) == 2
-    in_flight = await queues.acquire("quota", owner="d2", tag="t2", jobs=ids[2:4], claim_window_s=5)
-    assert in_flight is not None and in_flight.n == 1  # 2 starts + this one = the limit
-    assert await queues.acquire("quota", owner="d3", tag="t3", jobs=ids[4:], claim_window_s=5) is None
-    doc = await queues.read("quota")
-    assert doc is not None
-    reason, at = doc.blocked()
-    # The ticket counts as a start at its claim_by (the latest it could start), so the
-    # window frees when the first start leaves it (the rate is 3 per 1.5 s).
-    assert reason == "rate" and at is not None
-    assert at == min(doc.starts) + timedelta(seconds=1.5)
+    in_flight = await queues.take("quota", owner="d2", tag="t2", jobs=ids[2:4], claim_window_s=5)
+    assert len(in_flight.slots) == 1  # 2 starts + this one = the limit
+    refused = await queues.take("quota", owner="d3", tag="t3", jobs=ids[4:], claim_window_s=5)
+    assert not refused.slots and refused.queue is not None
+    reason, at = refused.queue.blocked(now())
+    # The claim in flight counts as a start at its claim_by (the latest it could start), so
+    # the window frees when the first recorded start leaves it (3 per 1.5 s).
+    assert reason == "rate" and at == min(refused.queue.starts) + timedelta(seconds=1.5)
     usage = (await queues.usage())["quota"]
     assert usage.in_window == 3 and usage.in_use == 3
 
@@ -140,13 +165,12 @@ async def test_a_paused_queue_gives_no_slot_and_resumes_with_its_limits(store: J
     await queues.set_limits("fragile", {"concurrency": 2})
     await queues.set_limits("fragile", {"paused": True})
     ids = await pending(store, 1)
-    assert await queues.acquire("fragile", owner=OWNER, tag="t", jobs=ids, claim_window_s=5) is None
-    doc = await queues.read("fragile")
-    assert doc is not None and doc.blocked() == ("paused", None)
-    assert doc.limits.concurrency == 2  # a pause leaves the other limits alone
+    refused = await queues.take("fragile", owner=OWNER, tag="t", jobs=ids, claim_window_s=5)
+    assert refused.queue is not None and refused.queue.blocked(now()) == ("paused", None)
+    assert refused.queue.limits.concurrency == 2  # a pause leaves the other limits alone
     resumed = await queues.set_limits("fragile", {"paused": False})
     assert resumed.limits.concurrency == 2 and not resumed.limits.paused
-    assert await queues.acquire("fragile", owner=OWNER, tag="t", jobs=ids, claim_window_s=5)
+    assert (await queues.take("fragile", owner=OWNER, tag="t", jobs=ids, claim_window_s=5)).slots
 
 
 async def test_a_new_concurrency_counts_the_jobs_already_running(store: JobStore) -> None:
@@ -156,13 +180,13 @@ async def test_a_new_concurrency_counts_the_jobs_already_running(store: JobStore
     assert len(jobs) == 3
     await queues.set_limits("fragile", {"concurrency": 2})
     doc = await queues.read("fragile")
-    assert doc is not None and doc.used == 3 and doc.blocked() == ("full", None)
+    assert doc is not None and doc.used == 3 and doc.blocked(now()) == ("full", None)
     assert {s.job for s in doc.slots} == {j.id for j in jobs} and all(s.adopted for s in doc.slots)
     await queues.set_limits("fragile", {"concurrency": 3})  # adopting again adds nothing
     doc = await queues.read("fragile")
     assert doc is not None and doc.used == 3
     await store.complete_many(OWNER, [(Lease(job_id=j.id, attempt=1), None) for j in jobs[:2]])
-    assert (await queues.prune("fragile")).freed == 2
+    assert len((await queues.prune("fragile")).slots) == 2
 
 
 async def test_clearing_every_limit_leaves_an_unlimited_queue(store: JobStore) -> None:
@@ -172,7 +196,9 @@ async def test_clearing_every_limit_leaves_an_unlimited_queue(store: JobStore) -
     assert cleared.limits.concurrency is None and cleared.limits.rate is not None
     cleared = await queues.set_limits("fragile", {"rate": None})
     assert not cleared.limits.limited
-    assert "fragile" in await queues.limits() and not (await queues.limits())["fragile"].limits.limited
+    assert (
+        "fragile" in await queues.limits() and not (await queues.limits())["fragile"].limits.limited
+    )
 
 
 async def test_a_backlog_in_a_limited_queue_costs_the_plain_claim_nothing(
@@ -218,18 +244,23 @@ async def test_the_queue_stream_names_each_change_and_the_fields_it_touched(
         await queues.set_limits("fragile", {"concurrency": 1})
         await pending(store, 1)
         [job_id] = await claim_through_slots(store, queues, "fragile", 1, owner="x")
-        await queues.release("fragile", job_id, "tx1")
+        doc = await queues.read("fragile")
+        assert doc is not None
+        [slot] = doc.slots
+        await queues.release("fragile", job_id, slot.tag)
         seen = []
-        for _ in range(10):
+        idle = 0
+        while idle < 2:  # until the stream has been quiet twice
             change = await stream.try_next()
-            if change is not None:
-                seen.append((change["operationType"], sorted(change.get("keys") or [])))
-            if len(seen) == 4:
-                break
+            if change is None:
+                idle += 1
+                continue
+            seen.append((change["operationType"], sorted(change.get("keys") or [])))
     assert seen[0][0] == "insert"
-    assert seen[1] == ("update", ["tickets"])
-    assert "slots" in seen[2][1] and "released_at" not in seen[2][1]  # all of the ticket won
-    assert seen[3] == ("update", ["released_at", "slots"])
+    assert seen[1] == ("update", ["slots"])  # the slot taken
+    assert seen[2] == ("update", ["released_at", "slots"])  # given back
+    # The claim won its one job and the queue has no rate: nothing to settle, no write.
+    assert len(seen) == 3
 
 
 async def test_the_python_client_sets_limits_by_keyword_or_dict_and_lists_them(

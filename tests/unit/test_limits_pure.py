@@ -13,7 +13,7 @@ import pytest
 
 from brook.cli import parse_concurrency, parse_rate
 from common.errors import InvalidInput
-from common.queues import QueueDoc, SlotEntry, live_slots, validate_queue_update
+from common.queues import QueueDoc, Slot, slot_usage, validate_queue_update
 from dispatcher.limits import Gates
 from tests.support.limits import Attempt, attempts, max_overlap, max_starts_in_window
 
@@ -64,55 +64,64 @@ def test_a_bad_queue_name_is_refused() -> None:
 
 
 def test_why_a_queue_gives_no_slot() -> None:
-    assert queue().blocked() == ("unlimited", None)
-    assert queue(paused=True, concurrency=1).blocked() == ("paused", None)
-    held = [{"job": "j1", "attempt": 1, "tag": "t"}]
-    ticket = {"id": "k", "owner": "d", "n": 2, "jobs": ["a", "b"], "claim_by": at(12)}
-    assert queue(concurrency=3, slots=held, tickets=[ticket]).blocked() == ("full", None)
-    assert queue(concurrency=4, slots=held, tickets=[ticket]).blocked() == ("room", at(10))
+    now = at(10)
+    assert queue().blocked(now) == ("unlimited", None)
+    assert queue(paused=True, concurrency=1).blocked(now) == ("paused", None)
+    slots = [
+        {"job": "j1", "tag": "t"},
+        {"job": "a", "tag": "k", "claim_by": at(12)},
+        {"job": "b", "tag": "k", "claim_by": at(12)},
+    ]
+    assert queue(concurrency=3, slots=slots).blocked(now) == ("full", None)
+    assert queue(concurrency=4, slots=slots).blocked(now) == ("room", now)
+    assert queue(concurrency=4, used=4).blocked(now) == ("full", None)  # as `take` counts
 
 
-def test_the_rate_window_counts_starts_and_tickets_in_flight_and_says_when_it_frees() -> None:
+def test_the_rate_window_counts_starts_and_claims_in_flight_and_says_when_it_frees() -> None:
     rate = {"limit": 3, "per_seconds": 2.0}
     starts = [at(7.0), at(8.5), at(9.0)]  # 7.0 has left the window ending at 10
-    ticket = {"id": "k", "owner": "d", "n": 1, "jobs": ["a"], "claim_by": at(11)}
-    doc = queue(rate=rate, starts=starts, tickets=[ticket])
+    in_flight = [{"job": "a", "tag": "k", "claim_by": at(11)}, {"job": "b", "tag": "s"}]
+    doc = queue(rate=rate, starts=starts, slots=in_flight)
     assert doc.window_starts(at(10)) == [at(8.5), at(9.0), at(11)]
     # Full: the next start may come when the oldest counted one leaves, at 8.5 + 2.
-    assert doc.blocked() == ("rate", at(10.5))
-    assert queue(rate=rate, starts=starts).blocked() == ("room", at(10))
+    assert doc.blocked(at(10)) == ("rate", at(10.5))
+    assert queue(rate=rate, starts=starts).blocked(at(10)) == ("room", at(10))
 
 
-def test_a_slot_is_live_only_while_its_job_runs_under_it() -> None:
-    tagged = SlotEntry(job="j", attempt=2, tag="t")
-    adopted = SlotEntry(job="j", attempt=2, tag="x", adopted=True)
+def test_a_slot_is_in_use_while_its_claim_may_land_or_its_job_runs_under_it() -> None:
+    tagged = Slot(job="j", tag="t")
+    adopted = Slot(job="j", tag="x", attempt=2, adopted=True)
+    in_flight = Slot(job="j", tag="t", claim_by=at(12))
     running = {"status": "running", "attempts": 2, "claim_tag": "t"}
     assert tagged.held_by(running) and adopted.held_by(running)
     assert not tagged.held_by({**running, "claim_tag": "other"})  # a later claim's
     assert adopted.held_by({**running, "claim_tag": "other"})
-    assert not tagged.held_by({**running, "attempts": 3})
+    assert not adopted.held_by({**running, "attempts": 3})
     assert not tagged.held_by({**running, "status": "pending"})
     assert not tagged.held_by(None)
+    assert in_flight.in_use(None, at(10)) and not in_flight.in_use(None, at(12))
+    assert in_flight.in_use(running, at(13))
 
 
-def test_live_slots_count_fresh_tickets_whole_and_stale_ones_by_what_they_claimed() -> None:
+def test_slot_usage_counts_the_slots_in_use_and_names_the_rest() -> None:
     doc = queue(
         concurrency=10,
-        slots=[{"job": "a", "attempt": 1, "tag": "t1"}, {"job": "b", "attempt": 1, "tag": "t1"}],
-        tickets=[
-            {"id": "fresh", "owner": "d", "n": 2, "jobs": ["c", "d"], "claim_by": at(11)},
-            {"id": "stale", "owner": "x", "n": 2, "jobs": ["e", "f"], "claim_by": at(9)},
+        slots=[
+            {"job": "a", "tag": "t1"},
+            {"job": "b", "tag": "t1"},
+            {"job": "c", "tag": "t2", "claim_by": at(11)},  # may still land
+            {"job": "e", "tag": "t3", "claim_by": at(9)},  # landed: e runs under it
+            {"job": "f", "tag": "t3", "claim_by": at(9)},  # never landed
         ],
     )
     jobs = {
         "a": {"_id": "a", "status": "running", "attempts": 1, "claim_tag": "t1"},
         "b": {"_id": "b", "status": "completed", "attempts": 1, "claim_tag": "t1"},
-        "e": {"_id": "e", "status": "running", "attempts": 1, "claim_tag": "stale"},
+        "e": {"_id": "e", "status": "running", "attempts": 1, "claim_tag": "t3"},
         "f": {"_id": "f", "status": "pending", "attempts": 0},
     }
-    in_use, dead, stale = live_slots(doc, jobs, at(10))
-    assert in_use == 1 + 2 + 1
-    assert [e.job for e in dead] == ["b"] and [t.id for t in stale] == ["stale"]
+    in_use, dead = slot_usage(doc, jobs, at(10))
+    assert in_use == 3 and [s.job for s in dead] == ["b", "f"]
 
 
 async def test_a_closed_queue_opens_on_news_and_a_claim_that_raced_news_does_not_close_it() -> None:
