@@ -209,18 +209,31 @@ class QueueStore:
     # -- a claim's slots -----------------------------------------------------------------------
 
     async def take(
-        self, name: str, *, owner: str, tag: str, jobs: Sequence[str], claim_window_s: float
+        self,
+        name: str,
+        *,
+        owner: str,
+        tag: str,
+        jobs: Sequence[str],
+        claim_window_s: float,
+        want: int | None = None,
     ) -> Taken:
-        """Take a slot for each of the first of `jobs` the queue allows now (at least one),
-        valid for a claim until `claim_by` = now + `claim_window_s`. When it allows none,
+        """Take a slot for each of the first of `jobs` (but those other slots already name),
+        at most `want`, as many as the queue allows now, valid for a claim until `claim_by`
+        = now + `claim_window_s`.
+        When it allows none,
         nothing is written (and no change event goes out), and the queue as it stands
         comes back instead, to tell why."""
-        room = _room(len(jobs))
+        room = _room(len(jobs) if want is None else min(want, len(jobs)))
         claim_by = {"$add": [NOW, int(claim_window_s * 1000)]}
         new = [{"job": job_id, "tag": tag, "owner": owner} for job_id in jobs]
+        # Jobs another claim already holds slots for are left to it: racing dispatchers find
+        # the same best jobs, and each takes slots for different ones.
+        named = {"$in": ["$$this.job", {"$ifNull": ["$slots.job", []]}]}
+        free = {"$filter": {"input": _lit(new), "cond": {"$not": [named]}}}
         with_deadline = {
             "$map": {
-                "input": _lit(new),
+                "input": free,
                 "in": {"$mergeObjects": ["$$this", {"claim_by": claim_by}]},
             }
         }

@@ -250,13 +250,14 @@ class Limits:
     async def claim(self, queue: str, n: int, tasks: frozenset[str]) -> LimitedClaim:
         """Claim up to `n` due jobs of `queue` within its limits: their slots first."""
         gen = self.gates.generation(queue)
-        ids = await self.store.candidates(n, tasks=tasks, queue=queue)
+        # More candidates than slots wanted: the best ones may be held by racing claims.
+        ids = await self.store.candidates(2 * n + 2, tasks=tasks, queue=queue)
         if not ids:
             return LimitedClaim(queue=queue, jobs=[], dry=True)
         tag = secrets.token_hex(8)
-        taken = await self._take(queue, ids, tag)
+        taken = await self._take(queue, ids, tag, n)
         if not taken.slots:
-            taken = await self._refused(queue, gen, ids, tag, taken)
+            taken = await self._refused(queue, gen, ids, tag, n, taken)
         if not taken.slots or taken.queue is None:
             return LimitedClaim(queue=queue, jobs=[], blocked=not self.gates.is_open(queue))
         self.gates.claimed(queue)
@@ -272,7 +273,7 @@ class Limits:
             tag=tag,
             asked=asked,
             rated=taken.queue.limits.rate is not None,
-            dry=len(ids) < n,
+            dry=len(ids) < 2 * n + 2 and len(jobs) < n,
         )
 
     async def settle(self, claim: LimitedClaim) -> None:
@@ -293,15 +294,17 @@ class Limits:
             # the won jobs count as starts at `claim_by`: late, never early.
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="settle", error=str(exc)[:200])
 
-    async def _take(self, queue: str, ids: list[str], tag: str) -> Taken:
+    async def _take(self, queue: str, ids: list[str], tag: str, want: int) -> Taken:
         # No longer than a lease: a dead claimer's slots are free by the time its jobs
         # are requeued.
         window = min(CLAIM_WINDOW_S, self.settings.lease_seconds)
         return await self.queues.take(
-            queue, owner=self.owner, tag=tag, jobs=ids, claim_window_s=window
+            queue, owner=self.owner, tag=tag, jobs=ids, claim_window_s=window, want=want
         )
 
-    async def _refused(self, queue: str, gen: int, ids: list[str], tag: str, taken: Taken) -> Taken:
+    async def _refused(
+        self, queue: str, gen: int, ids: list[str], tag: str, want: int, taken: Taken
+    ) -> Taken:
         """No slot: why? A full queue that may hold what dead attempts left is pruned and
         tried once more; otherwise the queue is closed until what blocks it can change."""
         doc = taken.queue
@@ -317,11 +320,13 @@ class Limits:
             self._reclaimed(queue, pruned)
             reason = "room" if pruned.slots else reason
         if reason == "room":
-            again = await self._take(queue, ids, tag)
+            again = await self._take(queue, ids, tag, want)
             if again.slots or again.queue is None:
                 return again
             reason, at = again.queue.blocked(now)
-            if reason == "room":  # our clock runs ahead of the server's: wait a little
+            if reason == "room":
+                # Our clock runs ahead of the server's, or racing claims hold slots for all
+                # our candidates: wait a little (longer each time), then look again.
                 reason, at = "rate", now
         self.gates.close(queue, reason, at.timestamp() if at else None, gen)
         return Taken(slots=[], queue=doc)

@@ -58,11 +58,13 @@ async def test_racing_claims_never_take_more_slots_than_the_concurrency(store: J
     ids = await pending(store, 10)
     results = await asyncio.gather(
         *[
-            queues.take("fragile", owner=f"d{i}", tag=f"t{i}", jobs=ids[:2], claim_window_s=5)
+            queues.take("fragile", owner=f"d{i}", tag=f"t{i}", jobs=ids, want=2, claim_window_s=5)
             for i in range(20)
         ]
     )
     assert sum(len(r.slots) for r in results) == 3
+    named = [s.job for r in results for s in r.slots]
+    assert len(set(named)) == 3  # each racing claim took slots for jobs no other one holds
     refused = [r for r in results if not r.slots]
     assert refused and all(r.queue is not None and r.queue.used == 3 for r in refused)
     doc = await queues.read("fragile")
