@@ -444,6 +444,36 @@ def cmd_queue_set(settings: Settings, args: argparse.Namespace) -> int:
 _UNSET: Any = object()
 
 
+def _add_queue_commands(sub: Any) -> None:
+    """`brook queue ls|set|pause|resume`."""
+    q = sub.add_parser("queue", help="the queues")
+    qs = q.add_subparsers(dest="queue_command", required=True)
+    qs.add_parser(
+        "ls", help="each queue: its jobs by status, limits and slots in use"
+    ).set_defaults(fn=cmd_queue_ls)
+    qset = qs.add_parser("set", help="set a queue's cluster-wide limits")
+    qset.add_argument("name", metavar="NAME")
+    qset.add_argument(
+        "--concurrency",
+        type=parse_concurrency,
+        default=_UNSET,
+        metavar="N",
+        help="running jobs at most, cluster-wide (none: no limit)",
+    )
+    qset.add_argument(
+        "--rate",
+        type=parse_rate,
+        default=_UNSET,
+        metavar="N/S",
+        help="starts per window of S seconds at most, e.g. 20/2 (none: no limit)",
+    )
+    qset.set_defaults(fn=cmd_queue_set, action="set")
+    for action, text in (("pause", "start nothing new"), ("resume", "start jobs again")):
+        qp = qs.add_parser(action, help=f"{text} in a queue, cluster-wide")
+        qp.add_argument("name", metavar="NAME")
+        qp.set_defaults(fn=cmd_queue_set, action=action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="brook", description="Event-driven job engine on MongoDB.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -496,32 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("retry", help="retry a failed or cancelled job")
     r.add_argument("id")
     r.set_defaults(fn=cmd_retry)
-    q = sub.add_parser("queue", help="the queues")
-    qs = q.add_subparsers(dest="queue_command", required=True)
-    qs.add_parser(
-        "ls", help="each queue: its jobs by status, limits and slots in use"
-    ).set_defaults(fn=cmd_queue_ls)
-    qset = qs.add_parser("set", help="set a queue's cluster-wide limits")
-    qset.add_argument("name", metavar="NAME")
-    qset.add_argument(
-        "--concurrency",
-        type=parse_concurrency,
-        default=_UNSET,
-        metavar="N",
-        help="running jobs at most, cluster-wide (none: no limit)",
-    )
-    qset.add_argument(
-        "--rate",
-        type=parse_rate,
-        default=_UNSET,
-        metavar="N/S",
-        help="starts per window of S seconds at most, e.g. 20/2 (none: no limit)",
-    )
-    qset.set_defaults(fn=cmd_queue_set, action="set")
-    for action, text in (("pause", "start nothing new"), ("resume", "start jobs again")):
-        qp = qs.add_parser(action, help=f"{text} in a queue, cluster-wide")
-        qp.add_argument("name", metavar="NAME")
-        qp.set_defaults(fn=cmd_queue_set, action=action)
+    _add_queue_commands(sub)
     return p
 
 

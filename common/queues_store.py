@@ -103,6 +103,32 @@ def _room(n: int) -> dict[str, Any]:
     }
 
 
+def _take_projection(tag: str) -> dict[str, Any]:
+    """What `take` returns: the limits, the starts, how many slots there are, its own slots
+    and, with a rate, the slots that count as a start in its window (to tell when it frees)."""
+    return {
+        **{f: 1 for f in CONFIG_FIELDS},
+        "starts": 1,
+        "used": {"$size": _list("slots")},
+        "slots": {
+            "$filter": {
+                "input": _list("slots"),
+                "cond": {
+                    "$or": [
+                        {"$eq": ["$$this.tag", tag]},
+                        {
+                            "$and": [
+                                {"$ne": [{"$ifNull": ["$rate", None]}, None]},
+                                {"$gt": ["$$this.claim_by", _window_start()]},
+                            ]
+                        },
+                    ]
+                },
+            }
+        },
+    }
+
+
 @dataclass(frozen=True, kw_only=True)
 class Taken:
     """What `take` got: the slots it wrote (the first jobs asked for), or none and the
@@ -241,29 +267,7 @@ class QueueStore:
         doc = await self.queues.find_one_and_update(
             {"_id": name},
             [{"$set": {"slots": {"$concatArrays": [_list("slots"), taken]}}}],
-            projection={
-                **{f: 1 for f in CONFIG_FIELDS},
-                "starts": 1,
-                "used": {"$size": _list("slots")},
-                # Ours, and with a rate, the slots that count as a start in its window (when
-                # the window is full, they tell when it frees).
-                "slots": {
-                    "$filter": {
-                        "input": _list("slots"),
-                        "cond": {
-                            "$or": [
-                                {"$eq": ["$$this.tag", tag]},
-                                {
-                                    "$and": [
-                                        {"$ne": [{"$ifNull": ["$rate", None]}, None]},
-                                        {"$gt": ["$$this.claim_by", _window_start()]},
-                                    ]
-                                },
-                            ]
-                        },
-                    }
-                },
-            },
+            projection=_take_projection(tag),
             return_document=ReturnDocument.AFTER,
         )
         if doc is None:
