@@ -1027,9 +1027,9 @@ class JobStore:
     async def claim_tagged(
         self, owner: str, lease_seconds: float, ids: Sequence[str], tag: str, before: datetime
     ) -> list[Job]:
-        """Lease those of these jobs still due and pending, each marked with the slot ticket
-        `tag`, but only while the server's clock is before `before` (the ticket's
-        `claim_by`): after it the ticket may have been freed, and no claim may use it."""
+        """Lease those of these jobs still due and pending, each marked with the claim's `tag`
+        (its slots carry it too), but only while the server's clock is before `before` (the
+        slots' `claim_by`): after it the slots may have been freed, and no claim may use them."""
         if not ids:
             return []
         due = {"$lte": ["$run_at", NOW]}

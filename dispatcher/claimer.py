@@ -269,7 +269,7 @@ class Claimer:
         return [await self._claim_one(target)] if n == 1 else await self._claim_batch(target, n)
 
     async def _claim_limited(self, queue: str, n: int) -> list[bool | None]:
-        """Claim up to `n` jobs of a limited queue through its slots (one ticket for all)."""
+        """Claim up to `n` jobs of a limited queue through its slots (one write for all)."""
         slots = [slot for slot in (self.runner.reserve() for _ in range(n)) if slot is not None]
         if not slots:
             return [False]

@@ -3,8 +3,10 @@
 The dispatcher keeps a view of which queues have limits (concurrency, rate, pause), loaded
 when it starts and kept current by a change stream on `brook_queues` (and re-read every
 sweep, in case an event was missed). Queues without limits never appear in it and their
-claims never touch `brook_queues`: the plain claim merely leaves the limited queues out
-(`queue: {$nin: …}`, an index key), so an unlimited claim costs what it did before.
+claims never touch `brook_queues`. With no limits anywhere, the plain claim is what it
+always was; once some queue has limits, a claim across every queue names the queues
+with pending jobs and no limits (`plain_queues`), so the jobs waiting in limited queues
+are never even scanned.
 
 A claim in a limited queue goes through its slots (`common.queues_store`): the candidate
 jobs, one write that takes a slot for each (as many as the queue allows), the claim itself
@@ -42,8 +44,9 @@ from common.settings import Settings
 from common.store import JobStore
 from common.supervision import Spawn
 
-# How long a ticket's claim may take: after it, no claim can use the ticket, and a prune
-# may free it. A claim is the very next round trip; a late one fails and is retried.
+# How long a claim may take after writing its slots: after `claim_by`, no claim can use
+# them, and a prune may free them. The claim is the very next round trip; a late one
+# fails, and is tried again.
 CLAIM_WINDOW_S = 5.0
 MAX_RATE_BACKOFF_S = 1.0
 

@@ -25,7 +25,7 @@ async def queue_jobs(store: JobStore, queue: str) -> list[dict[str, Any]]:
 
 
 async def wait_slots_free(store: JobStore, queue: str, timeout: float = 30) -> None:
-    """Every slot and ticket of the queue given back (releases follow the final writes)."""
+    """Every slot of the queue given back (releases follow the final writes)."""
     queues = QueueStore(store.db)
     deadline = time.monotonic() + timeout
     while True:
@@ -87,7 +87,8 @@ async def test_a_rate_of_20_per_2_seconds_holds_in_every_window_without_busy_wai
     # 80 starts at 20 per 2 s: the last of them at least 6 s after the first.
     assert (max(starts) - min(starts)).total_seconds() >= 6.0
     # Waiting for the next window costs a timer, not a loop: a few writes and reads of the
-    # queue's document per job (ticket, settle, release, a refused try), not thousands.
+    # queue's document per job (its slot, the settle of the starts, the release, a refused
+    # try), not thousands.
     ops = await queue_ops(store) - before
     assert ops < 80 * 6, ops
     await wait_slots_free(store, "quota")
