@@ -19,13 +19,15 @@ from pymongo.errors import PyMongoError
 
 from common.backoff import Backoff
 from common.db import is_transient
+from common.dependents import recheck, settle
 from common.directory import TaskDirectory
-from common.errors import JobNotFound, WaitTimeout
+from common.errors import InvalidInput, JobNotFound, WaitTimeout
 from common.events import Event, emit, job_fields
 from common.models import DEFAULT_QUEUE, Job, JobSpec
 from common.status import TERMINAL, JobStatus
 from common.store import JobStore, Submitted
 from common.validation import validate_batch, validate_spec
+from common.workflows import external_parents, unknown_parents_detail
 
 # How long one wait on the job's change stream lasts on the server before the driver asks
 # again (a `getMore`, not a read of the job).
@@ -111,11 +113,13 @@ class ClientCore:
         unique_for_s: float | None = None,
         retention_s: float | None = None,
         depends_on: Sequence[str] | None = None,
+        run_on_parent_failure: bool = False,
     ) -> Job:
         """Submit one job and return it (the existing job for a known `idempotency_key`).
         `run_at` may be naive (read as UTC); `delay` (seconds or a `timedelta`) is counted
-        on the server's clock. Invalid input raises `InvalidInput`, whose `detail` is the
-        API's `422` detail."""
+        on the server's clock. With `depends_on` (job ids) it is `waiting` until every
+        parent completed (or ended, with `run_on_parent_failure`). Invalid input raises
+        `InvalidInput`, whose `detail` is the API's `422` detail."""
         spec = validate_spec(
             {
                 "task": task,
@@ -130,6 +134,7 @@ class ClientCore:
                 "unique_for_s": unique_for_s,
                 "retention_s": retention_s,
                 "depends_on": None if depends_on is None else list(depends_on),
+                "run_on_parent_failure": run_on_parent_failure,
             }
         )
         return (await self.submit_spec(spec)).job
@@ -141,20 +146,30 @@ class ClientCore:
         return [s.job for s in await self.submit_specs(batch)]
 
     async def submit_spec(self, spec: JobSpec) -> Submitted:
-        """A validated spec: check its task, insert it, log it."""
+        """A validated spec: check its task (and parents), insert it, log it."""
         await self._directory.check([spec], batch=False)
+        if spec.depends_on:
+            # Not through the API's group commit: its parents make it a workflow write.
+            [submitted] = await self.submit_specs([spec], batch=False)
+            return submitted
         await self._ensure_indexes()
         submitted = await self._submit_one(spec)
         _log_submitted(submitted)
         return submitted
 
-    async def submit_specs(self, specs: Sequence[JobSpec]) -> Submissions:
-        """Validated specs, all or nothing: check every task first, then one write."""
-        await self._directory.check(specs, batch=True)
+    async def submit_specs(self, specs: Sequence[JobSpec], *, batch: bool = True) -> Submissions:
+        """Validated specs, all or nothing: check every task and parent first, then one
+        write. Jobs with parents that ended already are settled before this returns."""
+        await self._directory.check(specs, batch=batch)
+        missing = await self._store.missing_jobs(external_parents(specs))
+        if missing:
+            raise InvalidInput(unknown_parents_detail(specs, missing, batch=batch))
         await self._ensure_indexes()
         out = await self._store.submit_many(specs)
         for submitted in out:
             _log_submitted(submitted)
+        if any(spec.depends_on for spec in specs):
+            out = await recheck(self._store, out, via="submit")
         return out
 
     # -- read ----------------------------------------------------------------------------------
@@ -182,6 +197,11 @@ class ClientCore:
         )
         return jobs
 
+    async def parent_results(self, job_id: str) -> dict[str, Any]:
+        """`{parent id: result}` for the job's `depends_on`, in that order (`null` for a
+        parent that did not complete; a parent deleted meanwhile is left out)."""
+        return await self._store.parent_results(job_id)
+
     async def queues(self) -> Sequence[QueueInfo]:
         """Every queue that holds jobs, with its job counts by status (one aggregation)."""
         counts = await self._store.count_by_queue()
@@ -195,6 +215,8 @@ class ClientCore:
         job = await self._store.cancel(job_id)
         cancelled = job.status == JobStatus.CANCELLED
         _emit(Event.JOB_CANCELLED if cancelled else Event.JOB_CANCEL_REQUESTED, job)
+        if cancelled and job.has_dependents:
+            await settle(self._store, [job.id], via="cancel")
         return job
 
     async def retry(self, job_id: str) -> Job:
@@ -262,4 +284,11 @@ def _log_submitted(submitted: Submitted) -> None:
         priority=job.priority,
         run_at=job.run_at.isoformat(),
         max_attempts=job.max_attempts,
+        **_workflow(job),
     )
+
+
+def _workflow(job: Job) -> dict[str, Any]:
+    if not job.depends_on:
+        return {}
+    return {"status": job.status.value, "depends_on": job.depends_on}

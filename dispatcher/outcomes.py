@@ -28,6 +28,7 @@ from common.settings import Settings
 from common.status import JobStatus
 from common.store import JobStore, Lease
 from common.supervision import Spawn
+from dispatcher.dependents import Dependents
 
 VerdictKind = Literal["applied", "lost", "refused", "deadline"]
 
@@ -50,10 +51,18 @@ _REASONS: dict[VerdictKind, tuple[str, str]] = {
 
 
 class Outcomes:
-    def __init__(self, settings: Settings, store: JobStore, owner: str, spawn: Spawn) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        owner: str,
+        spawn: Spawn,
+        dependents: Dependents,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.owner = owner
+        self.dependents = dependents
         self._cutoff = math.inf
         self._completions: GroupCommit[tuple[Lease, Any], Verdict] = GroupCommit(
             self._complete_many, spawn=spawn
@@ -89,7 +98,15 @@ class Outcomes:
             verdict = await self._fail_refused(job, lease, verdict.detail)
             outcome = Outcome(kind="error")
         self._log(verdict, outcome, fields)
+        if verdict.job is not None and verdict.job.has_dependents:
+            self._parent_ended(verdict.job)
         return verdict
+
+    def _parent_ended(self, job: Job) -> None:
+        if job.status == JobStatus.FAILED:
+            self.dependents.parents_ended([job.id], "failure")
+        elif job.status == JobStatus.CANCELLED:
+            self.dependents.parents_ended([job.id], "cancel")
 
     async def _write(self, job: Job, lease: Lease, outcome: Outcome) -> Verdict:
         try:
@@ -124,7 +141,10 @@ class Outcomes:
             return [Verdict(kind="refused", detail=str(exc))] * len(items)
         if written is None:
             return [Verdict(kind="deadline")] * len(items)
-        done, refused = written
+        # After the completions are written: a dispatcher that dies before this leaves
+        # their dependents to the sweep.
+        self.dependents.parents_ended(written.parents, "completion")
+        done, refused = written.done, written.refused
         verdicts: list[Verdict] = []
         for lease, _ in items:
             if lease.job_id in done:

@@ -1,6 +1,6 @@
 """What a task may ask of Brook while it runs: who it is, this process's MongoDB client,
-`submit` (a follow-up job, with the arguments of `Client.submit`), and `progress` (how far
-it got).
+`submit` (a follow-up job, with the arguments of `Client.submit`), `progress` (how far
+it got) and `parent_results` (what the jobs it depends on returned).
 
 An `async def` task gets a `TaskContext` (`await ctx.submit(...)`); a plain `def` task runs
 on a worker thread and gets a `SyncTaskContext` (`ctx.submit(...)` returns the job), whose
@@ -83,6 +83,10 @@ class TaskContext(BaseContext):
 
     submit = delegating(ClientCore.submit)
 
+    async def parent_results(self) -> dict[str, Any]:
+        """`{parent job id: result}` for this job's `depends_on`, in that order."""
+        return await self._target().parent_results(self.job_id)
+
 
 @dataclass(frozen=True, kw_only=True)
 class SyncTaskContext(BaseContext):
@@ -94,3 +98,7 @@ class SyncTaskContext(BaseContext):
         return run_on(self.loop, coro)
 
     submit = blocking(ClientCore.submit)
+
+    def parent_results(self) -> dict[str, Any]:
+        """`{parent job id: result}` for this job's `depends_on`, in that order."""
+        return self._block(self._target().parent_results(self.job_id))

@@ -46,8 +46,8 @@ async def run_once(store: JobStore, result: Any = None, **claim: Any) -> str:
     """Claim the next job and complete it, as a dispatcher would."""
     job = await store.claim(OWNER, 30, **claim)
     assert job is not None
-    done, _ = await store.complete_many(OWNER, [(Lease(job_id=job.id, attempt=job.attempts), result)])
-    assert done == {job.id}
+    written = await store.complete_many(OWNER, [(Lease(job_id=job.id, attempt=job.attempts), result)])
+    assert written.done == {job.id}
     return job.id
 
 
@@ -97,8 +97,7 @@ async def test_retry_renews_the_attempt_budget_and_attempts_keep_counting(
     third = await store.claim(OWNER, 30)
     assert third is not None and third.attempts == 3  # the fencing token is never reused
     stale = Lease(job_id=job.id, attempt=2)
-    done, _ = await store.complete_many(OWNER, [(stale, "stale")])
-    assert not done
+    assert not (await store.complete_many(OWNER, [(stale, "stale")])).done
 
 
 async def test_every_transition_including_retries_is_in_the_table(

@@ -90,9 +90,9 @@ async def test_a_zombie_completion_from_a_stale_attempt_is_rejected(store: JobSt
 
     async def complete(attempt: int, owner: str, result: str) -> bool:
         lease = Lease(job_id=sub.job.id, attempt=attempt)
-        done, refused = await store.complete_many(owner, [(lease, result)])
-        assert not refused
-        return sub.job.id in done
+        written = await store.complete_many(owner, [(lease, result)])
+        assert not written.refused
+        return sub.job.id in written.done
 
     assert not await complete(1, OWNER, "stale")
     with pytest.raises(LeaseLost):  # every other outcome write is fenced the same way
@@ -251,7 +251,7 @@ async def test_complete_many_completes_held_leases_and_reports_lost_and_refused_
     [doc] = await store.expired()
     await store.requeue_expired(doc, 0)  # b's lease is gone
     big = "x" * (11 * 1024 * 1024)  # with the 6 MiB payload, over the 16 MiB document limit
-    done, refused = await store.complete_many(
+    written = await store.complete_many(
         OWNER,
         [
             (Lease(job_id=a.id, attempt=1), {"ok": 1}),
@@ -259,12 +259,12 @@ async def test_complete_many_completes_held_leases_and_reports_lost_and_refused_
             (Lease(job_id=c.id, attempt=1), big),
         ],
     )
-    assert done == {a.id} and set(refused) == {c.id}
+    assert written.done == {a.id} and set(written.refused) == {c.id} and not written.parents
     assert (await store.get(a.id)).result == {"ok": 1}
     assert (await store.get(b.id)).status == JobStatus.PENDING
     assert (await store.get(c.id)).status == JobStatus.RUNNING  # untouched; the caller fails it
-    again, _ = await store.complete_many(OWNER, [(Lease(job_id=a.id, attempt=1), {"ok": 1})])
-    assert again == {a.id}  # a retried batch recognises its own earlier write
+    again = await store.complete_many(OWNER, [(Lease(job_id=a.id, attempt=1), {"ok": 1})])
+    assert again.done == {a.id}  # a retried batch recognises its own earlier write
 
 
 async def test_claim_many_leases_the_best_due_jobs_once_each_under_a_race(store: JobStore) -> None:
