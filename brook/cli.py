@@ -259,9 +259,11 @@ def _spec(args: argparse.Namespace) -> JsonObject:
         "priority": args.priority,
         "max_attempts": args.max_attempts,
     }
-    for key in ("run_at", "timeout_s", "idempotency_key"):
+    for key in ("run_at", "timeout_s", "idempotency_key", "depends_on"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
+    if args.run_on_parent_failure:
+        body["run_on_parent_failure"] = True
     return body
 
 
@@ -413,6 +415,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run-at", dest="run_at", help="ISO-8601 datetime")
     s.add_argument("--timeout", dest="timeout_s", type=float)
     s.add_argument("--idempotency-key", dest="idempotency_key")
+    s.add_argument(
+        "--depends-on",
+        dest="depends_on",
+        action="append",
+        metavar="ID",
+        help="a parent job: this one waits until it completed (repeat for several)",
+    )
+    s.add_argument(
+        "--run-on-parent-failure",
+        dest="run_on_parent_failure",
+        action="store_true",
+        help="with --depends-on: run once every parent ended, even if one failed",
+    )
     s.add_argument(
         "--wait",
         action="store_true",

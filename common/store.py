@@ -1326,6 +1326,7 @@ class JobStore:
                 {"parents_left": {"$in": ids}, "status": W},
                 projection={"_id": 1},
                 limit=SETTLE_PAGE,
+                batch_size=SETTLE_PAGE,
                 hint="waiting_on",
             ).to_list()
             if not page:
@@ -1339,6 +1340,7 @@ class JobStore:
             changed = await self.jobs.find(
                 {"_id": {"$in": children}, "settle_tag": tag},
                 projection={"task": 1, "status": 1, "attempts": 1, "has_dependents": 1, "error": 1},
+                batch_size=SETTLE_PAGE,
             ).to_list()
             out += [Settled.from_doc(d) for d in changed]
             if len(page) < SETTLE_PAGE:

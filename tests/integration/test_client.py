@@ -395,7 +395,7 @@ async def test_counts_by_queue_come_from_one_aggregation(store: JobStore) -> Non
     counts = await store.count_by_queue()
     assert list(counts) == ["default", "emails"]
     assert counts["emails"]["pending"] == 1 and counts["emails"]["completed"] == 1
-    assert counts["default"] == {"pending": 1, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}
+    assert counts["default"] == {"waiting": 0, "pending": 1, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}
 
 
 # -- presence and the task-name check ----------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from common.dependents import settle
 from common.errors import JobConflict, JobNotFound, LeaseLost
 from common.models import Job, JobSpec
 from common.status import TRANSITIONS, JobStatus
@@ -218,6 +219,13 @@ async def test_every_transition_the_store_performs_is_in_the_table(store: JobSto
     await store.cancel_running(Lease(job_id=j.id, attempt=j.attempts), OWNER)
     p = await store.submit(spec())
     await store.cancel(p.job.id)
+    # workflows: waiting → pending (its parent completed), waiting → cancelled
+    family = await store.submit_many([spec(ref="p"), spec(depends_on=("p",)), spec(depends_on=("p",))])
+    await store.cancel(family[2].job.id)
+    j = await store.claim(OWNER, 30)
+    assert j and j.id == family[0].job.id and j.has_dependents
+    written = await store.complete_many(OWNER, [(Lease(job_id=j.id, attempt=1, has_dependents=True), 0)])
+    assert len(await settle(store, written.parents, via="completion")) == 1
 
     seen: set[tuple[JobStatus, JobStatus]] = set()
     async for doc in store.jobs.find({}):

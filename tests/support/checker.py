@@ -47,8 +47,9 @@ async def check_history(  # noqa: C901 - one flat list of independent checks
         if status not in TERMINAL:
             problems.append(f"{job_id} is {status} (not terminal)")
         history = [JobStatus(h["status"]) for h in doc.get("history", [])]
-        if not history or history[0] != JobStatus.PENDING:
-            problems.append(f"{job_id} history does not start pending: {history}")
+        first = JobStatus.WAITING if doc.get("depends_on") else JobStatus.PENDING
+        if not history or history[0] != first:
+            problems.append(f"{job_id} history does not start {first}: {history}")
         if history and history[-1] != status:
             problems.append(f"{job_id} history ends {history[-1]} but status is {status}")
         illegal = [p for p in itertools.pairwise(history) if p not in TRANSITIONS]
