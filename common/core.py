@@ -221,10 +221,28 @@ class ClientCore:
 
     async def retry(self, job_id: str) -> Job:
         """A failed or cancelled job back to `pending` with its attempt budget renewed and its
-        history kept; `JobConflict` for any other state."""
-        job = await self._store.retry(job_id)
-        _emit(Event.JOB_RETRIED, job, max_attempts=job.max_attempts)
+        history kept; `JobConflict` for any other state. A job with parents that have not
+        all completed goes back to `waiting` for them (and, if one of them failed, is
+        cancelled again at once: retry that parent first)."""
+        waiting_on = await self._parents_not_completed(job_id)
+        if waiting_on:  # marked before and after, as for a submit (`JobStore.submit_many`)
+            await self._store.attach_dependents(waiting_on)
+        job = await self._store.retry(job_id, waiting_on)
+        _emit(Event.JOB_RETRIED, job, max_attempts=job.max_attempts, status=job.status.value)
+        if waiting_on:
+            await self._store.attach_dependents(waiting_on)
+            [again] = await recheck(self._store, [Submitted(job=job, created=False)], via="retry")
+            job = again.job
         return job
+
+    async def _parents_not_completed(self, job_id: str) -> Sequence[str]:
+        # A completed job stays completed (only failed or cancelled ones can be retried),
+        # so the parents found completed here need no waiting for.
+        parents = (await self._store.get(job_id)).depends_on
+        if not parents:
+            return []
+        completed = {p.job_id for p in await self._store.ended_parents(parents) if p.completed}
+        return [p for p in parents if p not in completed]
 
     # -- wait ----------------------------------------------------------------------------------
 

@@ -37,9 +37,10 @@ TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
 
 # Only a caller's explicit `retry` (`POST /jobs/{id}/retry`) brings a finished job back:
 # the engine itself never leaves a terminal status. Which finished jobs may be retried.
+# A retried job with a parent that has not completed waits for it again.
 RETRYABLE: frozenset[JobStatus] = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
 RETRIES: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
-    (status, JobStatus.PENDING) for status in RETRYABLE
+    (status, to) for status in RETRYABLE for to in (JobStatus.PENDING, JobStatus.WAITING)
 )
 
 # Every (from, to) pair the store may perform; anything else is a bug.

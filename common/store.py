@@ -301,11 +301,14 @@ def _completed(lease: Lease, result: Any, retention_s: float) -> dict[str, Any]:
     }
 
 
-def _retried() -> dict[str, Any]:
-    """A finished job back to pending, with as many attempts again as it was submitted with.
-    `attempts` keeps counting: it is the fencing token, and must never be reused."""
+def _retried(waiting_on: Sequence[str]) -> dict[str, Any]:
+    """A finished job back to pending (or waiting for the parents in `waiting_on`), with as
+    many attempts again as it was submitted with. `attempts` keeps counting: it is the
+    fencing token, and must never be reused."""
+    status = W if waiting_on else P
     return {
-        "status": P,
+        "status": status,
+        "parents_left": _lit(list(waiting_on)) if waiting_on else "$$REMOVE",
         "max_attempts": {
             "$add": ["$attempts", {"$ifNull": ["$attempt_budget", "$max_attempts"]}]
         },
@@ -316,7 +319,7 @@ def _retried() -> dict[str, Any]:
         "owner": None,
         "lease_expires_at": None,
         "cancel_requested": False,
-        **_history({"status": P, "at": NOW, "attempt": "$attempts", "reason": "retry"}),
+        **_history({"status": status, "at": NOW, "attempt": "$attempts", "reason": "retry"}),
     }
 
 
@@ -1034,12 +1037,13 @@ class JobStore:
         if JobStatus(current["status"]) in TERMINAL:
             raise JobConflict(f"job {job_id} is already {current['status']}")
 
-    async def retry(self, job_id: str) -> Job:
+    async def retry(self, job_id: str, waiting_on: Sequence[str] = ()) -> Job:
         """A failed or cancelled job back to `pending`, due now, with its attempt budget
-        renewed and its history kept; any other state is a conflict."""
+        renewed and its history kept; any other state is a conflict. With `waiting_on`
+        (parents that have not completed) it goes back to `waiting` for them instead."""
         doc = await self.jobs.find_one_and_update(
             {"_id": job_id, "status": {"$in": sorted(s.value for s in RETRYABLE)}},
-            [{"$set": _retried()}],
+            [{"$set": _retried(waiting_on)}],
             return_document=ReturnDocument.AFTER,
         )
         if doc is not None:

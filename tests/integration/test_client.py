@@ -111,6 +111,22 @@ async def test_every_transition_including_retries_is_in_the_table(
     cancelled = await aclient.submit("noop", delay=3600)
     await aclient.cancel(cancelled.id)
     await aclient.retry(cancelled.id)
+    # a workflow job retried while a parent has not completed waits for it again ...
+    _, child = await aclient.submit_many(
+        [{"task": "noop", "ref": "p", "delay": 3600}, {"task": "noop", "depends_on": ["p"]}]
+    )
+    await aclient.cancel(child.id)
+    assert (await aclient.retry(child.id)).status == JobStatus.WAITING
+    # ... and one that runs on parent failure is released again at once
+    gone = await aclient.cancel((await aclient.submit("noop", delay=3600)).id)
+    tolerant = await aclient.submit(
+        "echo", max_attempts=1, depends_on=[gone.id], run_on_parent_failure=True
+    )
+    claimed = await store.claim(OWNER, 30, tasks={"echo"})
+    assert claimed is not None and claimed.id == tolerant.id
+    await store.fail_attempt(Lease(job_id=tolerant.id, attempt=1), OWNER, {"type": "E"}, 0)
+    again = await aclient.retry(tolerant.id)
+    assert [h["status"] for h in again.history][-3:] == ["failed", "waiting", "pending"]
     seen: set[tuple[JobStatus, JobStatus]] = set()
     async for doc in store.jobs.find({}):
         statuses = [JobStatus(h["status"]) for h in doc["history"]]

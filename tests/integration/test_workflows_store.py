@@ -300,3 +300,38 @@ async def test_fan_out_and_fan_in_of_1000_cost_a_few_round_trips_per_parent(
         assert len(fan_out) == 1000
     finally:
         await client.close()
+
+
+async def test_retrying_a_failed_parent_then_its_cancelled_child_runs_the_child_after_it(
+    aclient: AsyncClient, store: JobStore
+) -> None:
+    _, b, c, d = await aclient.submit_many(DIAMOND)
+    await complete(store, "a")
+    await fail(store, "b")
+    await complete(store, "c", "rc")
+    assert (await store.get(d.id)).status == C
+    too_soon = await aclient.retry(d.id)  # b has not completed: d is cancelled again at once
+    assert too_soon.status == C and [h["status"] for h in too_soon.history][-2:] == ["waiting", "cancelled"]
+    assert (await aclient.retry(b.id)).status == P
+    again = await aclient.retry(d.id)
+    assert again.status == W and again.parents_left == [b.id]  # c completed already
+    await complete(store, "b", "rb")
+    released = await store.get(d.id)
+    assert released.status == P and await aclient.parent_results(d.id) == {b.id: "rb", c.id: "rc"}
+    assert (released.attempts, released.max_attempts) == (0, 3)  # it never ran: a full budget
+
+
+async def test_a_parent_is_kept_until_its_dependents_are_settled_and_its_retention_after(
+    aclient: AsyncClient, store: JobStore
+) -> None:
+    a, c = await aclient.submit_many(
+        [{"task": "a", "ref": "a", "retention_s": 0}, {"task": "c", "depends_on": ["a"]}]
+    )
+    job = await claim(store, "a")
+    written = await store.complete_many(OWNER, [(lease(job), "ra")])  # not settled yet
+    await asyncio.sleep(1.5)  # the embedded set's TTL monitor runs every second
+    kept = await store.get(a.id)
+    assert kept.expire_at is None and kept.result == "ra"
+    await settle(store, written.parents, via="completion")
+    assert (await store.get(c.id)).status == P
+    assert (await store.get(a.id)).expire_at is not None  # retention counts from the settle

@@ -134,6 +134,8 @@ def test_only_a_retry_leaves_a_terminal_status_and_only_for_failed_or_cancelled(
     assert {
         (JobStatus.FAILED, JobStatus.PENDING),
         (JobStatus.CANCELLED, JobStatus.PENDING),
+        (JobStatus.FAILED, JobStatus.WAITING),  # a workflow job whose parents did not complete
+        (JobStatus.CANCELLED, JobStatus.WAITING),
     } == RETRIES
     assert ALLOWED == TRANSITIONS | RETRIES
 
