@@ -210,8 +210,9 @@ class ClientCore:
     # -- change one job ------------------------------------------------------------------------
 
     async def cancel(self, job_id: str) -> Job:
-        """A pending job is cancelled at once; a running one is stopped by its dispatcher
-        (`cancel_requested` until then). `JobConflict` for a finished job."""
+        """A waiting or pending job is cancelled at once (and its dependents, which this
+        settles); a running one is stopped by its dispatcher (`cancel_requested` until
+        then). `JobConflict` for a finished job."""
         job = await self._store.cancel(job_id)
         cancelled = job.status == JobStatus.CANCELLED
         _emit(Event.JOB_CANCELLED if cancelled else Event.JOB_CANCEL_REQUESTED, job)
