@@ -105,6 +105,7 @@ class Client:
     cancel = blocking(ClientCore.cancel)
     retry = blocking(ClientCore.retry)
     wait = blocking(ClientCore.wait)
+    parent_results = blocking(ClientCore.parent_results)
 
     def close(self) -> None:
         try:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from brook import AsyncClient, InvalidInput
+from brook import AsyncClient, Client, InvalidInput
 from common.db import database, make_client
 from common.dependents import settle
 from common.models import Job
@@ -335,3 +335,14 @@ async def test_a_parent_is_kept_until_its_dependents_are_settled_and_its_retenti
     await settle(store, written.parents, via="completion")
     assert (await store.get(c.id)).status == P
     assert (await store.get(a.id)).expire_at is not None  # retention counts from the settle
+
+
+def test_the_blocking_client_submits_a_dag_and_reads_parent_results(settings: Settings) -> None:
+    with Client(settings.mongo_uri, settings.db) as client:
+        a, b = client.submit_many([{"task": "a", "ref": "a"}, {"task": "b", "depends_on": ["a"]}])
+        assert b.status == W and b.depends_on == [a.id]
+        assert client.parent_results(b.id) == {a.id: None}  # a has not run: no result yet
+        tolerant = client.submit("c", depends_on=[a.id, b.id], run_on_parent_failure=True)
+        assert tolerant.parents_left == [a.id, b.id]
+        assert client.cancel(a.id).status == C
+        assert [client.get(j.id).status for j in (b, tolerant)] == [C, P]
