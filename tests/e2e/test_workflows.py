@@ -25,6 +25,13 @@ def events(procs: list[BrookProcess], name: str, job_id: str) -> list[dict[str, 
     return [e for p in procs for e in p.events(name) if e.get("job_id") == job_id]
 
 
+def unblocked_line(proc: BrookProcess, job_id: str) -> dict[str, Any]:
+    """The job's one `job.unblocked` line."""
+    line = proc.wait_for_event("job.unblocked", where=lambda e: e.get("job_id") == job_id)
+    assert len(events([proc], "job.unblocked", job_id)) == 1
+    return line
+
+
 def batch(http: httpx.Client, *specs: dict[str, Any]) -> list[dict[str, Any]]:
     resp = http.post("/jobs/batch", json={"jobs": list(specs)})
     assert resp.status_code == 202, resp.text
@@ -61,7 +68,8 @@ async def test_a_diamond_in_one_batch_runs_d_once_after_b_and_c_and_d_sees_both_
     assert rb["parents"] == rc["parents"] == {a["id"]: http.get(f"/jobs/{a['id']}").json()["result"]}
     assert len(events([disp], "task.started", d["id"])) == 1
     for job in (b, c, d):
-        [unblocked] = events([disp], "job.unblocked", job["id"])
+        # Logged once the release is written and read back: possibly after its claim.
+        unblocked = unblocked_line(disp, job["id"])
         assert unblocked["via"] == "completion"
     assert [h["status"] for h in done["history"]] == ["waiting", "pending", "running", "completed"]
     await assert_clean(store, [a["id"], b["id"], c["id"], d["id"]], api, disp)
@@ -84,7 +92,8 @@ async def test_a_failed_parent_cancels_its_child_with_dependency_failed(
     assert orphan["error"] == {"type": "DependencyFailed", "message": f"parent {b['id']} failed"}
     assert wait_terminal(http, c["id"])["status"] == "completed"  # c was not b's dependent
     assert events([disp], "task.started", d["id"]) == []  # d never ran
-    [line] = events([disp], "job.dependency_failed", d["id"])
+    line = disp.wait_for_event("job.dependency_failed", where=lambda e: e.get("job_id") == d["id"])
+    assert len(events([disp], "job.dependency_failed", d["id"])) == 1
     assert line["error_type"] == "DependencyFailed" and line["via"] == "failure"
     await assert_clean(store, [a["id"], b["id"], c["id"], d["id"]], api, disp)
 
@@ -135,12 +144,11 @@ async def test_a_dispatcher_killed_between_a_parents_completion_and_the_release_
         finished = await client.wait(child.id, timeout=60)
     assert finished.status == "completed"
     assert finished.result["parents"] == {parent.id: done.result}
-    [unblocked] = events([heir], "job.unblocked", child.id)
-    assert unblocked["via"] == "sweep"
+    assert unblocked_line(heir, child.id)["via"] == "sweep"
     assert (await store.get(parent.id)).expire_at is not None  # settled: retention runs
     # The parent's `job.completed` line died with its dispatcher: check the histories only.
     assert (await check_history(store, [parent.id, child.id])).problems == []
-    assert len(events([heir], "job.completed", child.id)) == 1
+    heir.wait_for_event("job.completed", where=lambda e: e.get("job_id") == child.id)
 
 
 async def test_a_child_submitted_by_its_running_parent_runs_after_it(
@@ -156,8 +164,7 @@ async def test_a_child_submitted_by_its_running_parent_runs_after_it(
     assert child["status"] == "completed"
     assert child["result"]["parents"] == {parent_id: spawned["result"]}
     # The dispatcher's claim did not know of the child; its completion found out.
-    [unblocked] = events([disp], "job.unblocked", child["id"])
-    assert unblocked["via"] == "completion"
+    assert unblocked_line(disp, child["id"])["via"] == "completion"
 
 
 async def test_cycles_and_unknown_parents_are_refused_and_nothing_is_stored(
