@@ -147,11 +147,11 @@ class ClientCore:
 
     async def submit_spec(self, spec: JobSpec) -> Submitted:
         """A validated spec: check its task (and parents), insert it, log it."""
-        await self._directory.check([spec], batch=False)
         if spec.depends_on:
             # Not through the API's group commit: its parents make it a workflow write.
             [submitted] = await self.submit_specs([spec], batch=False)
             return submitted
+        await self._directory.check([spec], batch=False)
         await self._ensure_indexes()
         submitted = await self._submit_one(spec)
         _log_submitted(submitted)
