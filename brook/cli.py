@@ -264,18 +264,59 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
     if not args.wait:
         _print(job)
         return 0
-    deadline = time.monotonic() + args.wait_timeout
-    delay = 0.01
-    while job["status"] not in TERMINAL:
-        if time.monotonic() > deadline:
-            die(f"job {job['id']} still {job['status']} after {args.wait_timeout}s")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
-        job = _api(settings, "GET", f"/jobs/{job['id']}")
+    job = _wait(settings, job, args.wait_timeout)
     if job["status"] != JobStatus.COMPLETED:
         err = job.get("error") or {}
         die(f"job {job['id']} {job['status']}: {err.get('type', '')}: {err.get('message', '')}")
     print(json.dumps(job["result"]))
+    return 0
+
+
+def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
+    """Follow the job's event stream to its end, showing its progress if it reports any."""
+    from brook.watching import ProgressView, StreamFailed, follow
+
+    view = ProgressView(job["id"])
+    latest = job
+
+    def on_event(kind: str, data: JsonObject) -> bool:
+        nonlocal latest
+        if kind == "job":
+            latest = data
+            view.show(data)
+        return str(latest["status"]) in TERMINAL
+
+    try:
+        done = follow(
+            settings, f"/jobs/{job['id']}/events", on_event, deadline=time.monotonic() + timeout
+        )
+    except StreamFailed as exc:
+        die(str(exc))
+    finally:
+        view.close()
+    if not done or latest["status"] not in TERMINAL:
+        die(f"job {job['id']} still {latest['status']} after {timeout}s")
+    return latest
+
+
+def cmd_watch(settings: Settings, args: argparse.Namespace) -> int:
+    """Print each event as it happens: one job's until it ends, or every matching job's."""
+    from brook.watching import StreamFailed, event_line, follow
+
+    def on_event(kind: str, data: JsonObject) -> bool:
+        if kind == "reset":
+            print(f"# reset: {data.get('reason')}", file=sys.stderr, flush=True)
+            return False
+        print(json.dumps(data) if args.json else event_line(data), flush=True)
+        return args.id is not None and str(data["status"]) in TERMINAL
+
+    given = {"status": args.status, "task": args.task, "queue": args.queue}
+    params = {k: v for k, v in given.items() if v is not None}
+    path = f"/jobs/{args.id}/events" if args.id else "/events"
+    try:
+        follow(settings, path, on_event, params=params or None)
+    except StreamFailed as exc:
+        die(str(exc))
     return 0
 
 
@@ -336,6 +377,13 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--after", metavar="ID", help="the page after this job (the `# more:` hint)")
     ls.set_defaults(fn=cmd_ls)
+    w = sub.add_parser("watch", help="stream job events as they happen (one job, or all)")
+    w.add_argument("id", nargs="?", help="one job: its events until it ends")
+    w.add_argument("--status", choices=sorted(s.value for s in JobStatus))
+    w.add_argument("--task")
+    w.add_argument("--queue")
+    w.add_argument("--json", action="store_true", help="print each job as one JSON line")
+    w.set_defaults(fn=cmd_watch)
     c = sub.add_parser("cancel", help="cancel a job")
     c.add_argument("id")
     c.set_defaults(fn=cmd_cancel)

@@ -16,6 +16,7 @@ from typing import NoReturn
 from common.db import database, make_client
 from common.events import Event, emit
 from common.log import configure_logging
+from common.metrics import serve_metrics
 from common.runner import Runner
 from common.settings import Settings
 from common.store import JobStore
@@ -37,10 +38,13 @@ async def serve_dispatcher(
     pool = runner or WorkerPool(settings, settings.concurrency)
     dispatcher = Dispatcher(settings, store, pool)
     pool.on_free = dispatcher.wake
+    metrics = serve_metrics(settings)
     await pool.start()
     try:
         await dispatcher.run(stop)
     finally:
+        if metrics is not None:
+            metrics.close()
         await pool.close(CLOSE_S)
         try:
             # Ending server sessions needs a primary; never wait long for one.

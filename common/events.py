@@ -42,6 +42,10 @@ class Event(StrEnum):
     DISPATCHER_STOPPED = "dispatcher.stopped"
     DISPATCHER_CRASHED = "dispatcher.crashed"
     API_STARTED = "api.started"
+    SSE_CLIENT_DROPPED = "sse.client_dropped"  # fell too far behind; it resumes by Last-Event-ID
+    SSE_RESET = "sse.reset"  # a client's Last-Event-ID is older than the oplog: told so
+    METRICS_LISTENING = "metrics.listening"
+    METRICS_UNAVAILABLE = "metrics.unavailable"
     MONGO_UNAVAILABLE = "mongo.unavailable"
     MONGO_REFUSED = "mongo.refused"  # MongoDB rejected a write itself (e.g. too large)
     MONGO_UP = "mongo.up"

@@ -19,7 +19,7 @@ from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument, UpdateOne
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
+from pymongo.errors import BulkWriteError, CollectionInvalid, DuplicateKeyError, OperationFailure
 
 from common.errors import JobConflict, JobNotFound, LeaseLost
 from common.models import Doc, Job, JobSpec
@@ -28,6 +28,7 @@ from common.status import TERMINAL, JobStatus
 JOBS = "jobs"
 STATE = "brook_state"
 HISTORY_CAP = 50
+DEFAULT_QUEUE = "default"  # the queue of a job stored without one
 
 P, R = JobStatus.PENDING.value, JobStatus.RUNNING.value
 
@@ -649,3 +650,64 @@ class JobStore:
         if doc is None:
             raise LeaseLost(f"job {query['_id']} attempt {query['attempts']} is no longer held")
         return Job.from_doc(doc)
+
+    # -- live events ---------------------------------------------------------------------------
+    # What the API's event streams and dashboard read: post-images on the change stream,
+    # a job's raw document, the current state after a client lost its history, and the
+    # counts by queue and status that /metrics and the dashboard share.
+
+    async def enable_post_images(self) -> None:
+        """Have the change stream carry each job as that change left it (a post-image), not
+        as a later lookup finds it. Idempotent; creates the collection if need be."""
+        try:
+            await self.db.command("collMod", JOBS, changeStreamPreAndPostImages={"enabled": True})
+        except OperationFailure as exc:
+            if exc.code != 26:  # NamespaceNotFound
+                raise
+            options: dict[str, Any] = {"changeStreamPreAndPostImages": {"enabled": True}}
+            try:
+                await self.db.create_collection(JOBS, **options)
+            except CollectionInvalid:  # a peer created it meanwhile
+                await self.enable_post_images()
+
+    async def job_doc(self, job_id: str) -> Doc | None:
+        """The job's stored document, fields this version's `Job` does not know included."""
+        return await self.jobs.find_one({"_id": job_id})
+
+    async def changed_since(
+        self,
+        since: datetime,
+        *,
+        job_id: str | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        status: JobStatus | None = None,
+        limit: int = 500,
+    ) -> list[Doc]:
+        """Jobs changed at or after `since`, oldest change first (a client's catch-up after its
+        history was lost; rare, and not indexed: it scans what the other filters leave)."""
+        query: dict[str, Any] = {"updated_at": {"$gte": since}}
+        if job_id is not None:
+            query["_id"] = job_id
+        if queue is not None:
+            query["queue"] = {"$in": [queue, None]} if queue == DEFAULT_QUEUE else queue
+        if task is not None:
+            query["task"] = task
+        if status is not None:
+            query["status"] = status.value
+        return await self.jobs.find(query).sort("updated_at", ASCENDING).limit(limit).to_list()
+
+    async def count_by_queue_and_status(self) -> dict[tuple[str, str], int]:
+        """Jobs per (queue, status), in one aggregation; jobs without a queue are `default`'s."""
+        counts: dict[tuple[str, str], int] = {}
+        pipeline: list[dict[str, Any]] = [
+            {
+                "$group": {
+                    "_id": {"q": {"$ifNull": ["$queue", DEFAULT_QUEUE]}, "s": "$status"},
+                    "n": {"$sum": 1},
+                }
+            }
+        ]
+        async for row in await self.jobs.aggregate(pipeline):
+            counts[(str(row["_id"]["q"]), str(row["_id"]["s"]))] = int(row["n"])
+        return counts

@@ -17,6 +17,7 @@ from pymongo.errors import PyMongoError
 from common.backoff import backoff_delay
 from common.errors import LeaseLost
 from common.events import Event, emit, job_fields
+from common.metrics import LEASE_RENEWALS, LEASES_EXPIRED, LEASES_LOST, count_outcome
 from common.runner import KillReason
 from common.settings import Settings
 from common.store import ExpiredLease, JobStore
@@ -73,6 +74,7 @@ class LeaseKeeper:
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="renew", error=str(exc)[:200])
             return
+        LEASE_RENEWALS.inc(len(leases) - len(lost))
         for job_id in lost:
             if self.holdings.is_running(job_id):
                 job = self.holdings.job(job_id)
@@ -82,6 +84,7 @@ class LeaseKeeper:
                     **(job_fields(job) if job else {"job_id": job_id}),
                     owner=self.owner,
                 )
+                LEASES_LOST.inc()
                 self.kill(job_id, "lease_lost")
 
     # -- watchdog --------------------------------------------------------------------------
@@ -120,6 +123,8 @@ class LeaseKeeper:
             job = await self.store.requeue_expired(lease, delay)
         except LeaseLost:
             return False  # renewed or finished meanwhile
+        LEASES_EXPIRED.inc()
+        count_outcome(lease, "expired")
         emit(
             Event.LEASE_EXPIRED,
             level="warning",

@@ -21,6 +21,7 @@ from common.backoff import backoff_delay
 from common.batching import GroupCommit
 from common.errors import LeaseLost
 from common.events import Event, emit, job_fields
+from common.metrics import JOB_DURATION, count_outcome
 from common.models import Job
 from common.retrying import ride_out
 from common.runner import Outcome
@@ -49,6 +50,18 @@ _REASONS: dict[VerdictKind, tuple[str, str]] = {
 }
 
 
+def _outcome(verdict: Verdict, outcome: Outcome) -> str:
+    """The `outcome` label of `brook_jobs_total` for an attempt's end."""
+    if verdict.kind != "applied":
+        return "discarded"
+    done = verdict.job
+    if done is None or done.status == JobStatus.COMPLETED:
+        return "completed"
+    if done.status == JobStatus.PENDING:
+        return "released" if outcome.kind == "shutdown" else "retried"
+    return done.status.value  # failed, cancelled
+
+
 class Outcomes:
     def __init__(self, settings: Settings, store: JobStore, owner: str, spawn: Spawn) -> None:
         self.settings = settings
@@ -69,6 +82,7 @@ class Outcomes:
     async def record(self, job: Job, lease: Lease, outcome: Outcome, elapsed: float) -> Verdict:
         """Write the outcome of one attempt and log the job's new state."""
         fields = job_fields(job) | {"duration_ms": round(elapsed * 1000, 2)}
+        JOB_DURATION.labels(task=job.task).observe(elapsed)
         if outcome.kind == "lease_lost":
             emit(Event.JOB_RESULT_DISCARDED, level="warning", **fields, reason="lease lost")
             return Verdict(kind="lost")
@@ -89,6 +103,7 @@ class Outcomes:
             verdict = await self._fail_refused(job, lease, verdict.detail)
             outcome = Outcome(kind="error")
         self._log(verdict, outcome, fields)
+        count_outcome(job, _outcome(verdict, outcome))
         return verdict
 
     async def _write(self, job: Job, lease: Lease, outcome: Outcome) -> Verdict:

@@ -9,7 +9,7 @@ from bson import ObjectId
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from common.models import Job
+from common.models import Doc, Job
 
 # BSON values a stored payload or result may hold that JSON has no type for.
 # Typed as `jsonable_encoder` declares its `custom_encoder`.
@@ -34,3 +34,23 @@ def job_response(
     job: Job, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     return json_response(job.to_api(), status_code, headers)
+
+
+# Fields a newer Brook may store on a job before this version's `Job` knows them (`queue`,
+# `progress`): event streams pass them on as stored, so watchers see them.
+PASS_THROUGH = ("queue", "progress")
+
+
+def jsonable(content: object) -> Any:
+    """`content` as plain JSON types (datetimes as ISO-8601, ObjectIds and bytes as text)."""
+    return jsonable_encoder(content, custom_encoder=_BSON_ENCODERS)
+
+
+def job_json(doc: Doc) -> dict[str, Any]:
+    """A stored job document as the API's job JSON, plus the fields passed through."""
+    job = Job.from_doc(doc).to_api()
+    for key in PASS_THROUGH:
+        if key in doc and key not in job:
+            job[key] = doc[key]
+    out: dict[str, Any] = jsonable(job)
+    return out

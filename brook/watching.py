@@ -1,0 +1,174 @@
+"""The CLI's view of the API's event streams: `brook watch` and `brook submit --wait`.
+
+Both follow a server-sent event stream (never polling); when the connection is cut (the
+API restarted, say) they reconnect with `Last-Event-ID` and miss nothing. Progress, when
+a job reports it, is a progress bar on a terminal and plain lines otherwise, on stderr, so
+that stdout stays the result (or the events) alone.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import httpx
+from httpx_sse import EventSource, SSEError
+
+from common.settings import Settings
+
+JsonObject = dict[str, Any]
+OnEvent = Callable[[str, JsonObject], bool]  # (kind, data) → True to stop following
+
+RECONNECT_S = 1.0
+GIVE_UP_S = 60.0  # no answer from the API for this long: stop trying
+READ_TIMEOUT_S = 75.0  # several missed heartbeats: the connection is dead, reconnect
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+class StreamFailed(Exception):
+    """The API refused the stream (the message is its `detail`), or could not be reached."""
+
+
+def base_url(settings: Settings) -> str:
+    host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
+    return f"http://{host}:{settings.api_port}"
+
+
+def auth_headers(settings: Settings) -> dict[str, str]:
+    if settings.api_token is None:
+        return {}
+    return {"Authorization": f"Bearer {settings.api_token.get_secret_value()}"}
+
+
+def _refusal(resp: httpx.Response) -> str:
+    resp.read()
+    try:
+        detail = resp.json().get("detail")
+    except ValueError:
+        detail = resp.text
+    return f"{resp.status_code} {detail if isinstance(detail, str) else json.dumps(detail)}"
+
+
+def follow(
+    settings: Settings,
+    path: str,
+    on_event: OnEvent,
+    *,
+    params: dict[str, str] | None = None,
+    deadline: float = float("inf"),
+) -> bool:
+    """Follow the stream at `path` until `on_event` says stop (True), the stream is over
+    (204: True), or `deadline` (monotonic) passes (False). Cuts are resumed."""
+    last_id: str | None = None
+    down_since: float | None = None
+    while time.monotonic() < deadline:
+        headers = {"Accept": "text/event-stream", **auth_headers(settings)}
+        if last_id is not None:
+            headers["Last-Event-ID"] = last_id
+        read = min(READ_TIMEOUT_S, max(deadline - time.monotonic(), 0.1))
+        try:
+            with httpx.stream(
+                "GET",
+                base_url(settings) + path,
+                params=params,
+                headers=headers,
+                timeout=httpx.Timeout(10.0, read=read),
+            ) as resp:
+                if resp.status_code == 204:
+                    return True
+                if resp.status_code >= 400:
+                    raise StreamFailed(_refusal(resp))
+                down_since = None
+                for sse in EventSource(resp).iter_sse():
+                    last_id = sse.id or last_id
+                    if sse.event in ("job", "reset") and on_event(sse.event, json.loads(sse.data)):
+                        return True
+        except (httpx.HTTPError, SSEError) as exc:
+            down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since > GIVE_UP_S:
+                raise StreamFailed(
+                    f"cannot reach the API at {base_url(settings)} ({exc.__class__.__name__})"
+                ) from None
+        time.sleep(RECONNECT_S)
+    return False
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def event_line(job: JsonObject) -> str:
+    """One human line per event: when, which job, its state, and its progress if any."""
+    at = job.get("finished_at") or job.get("started_at") or job.get("created_at") or ""
+    line = (
+        f"{str(at)[:23]:<23}  {job['id']}  {job['status']:<9}  {job['task']:<12}  "
+        f"attempt {job['attempts']}/{job['max_attempts']}"
+    )
+    progress = job.get("progress")
+    if isinstance(progress, dict) and job["status"] == "running":
+        line += f"  {_pct(progress)}"
+        if progress.get("message"):
+            line += f" {progress['message']}"
+    error = job.get("error")
+    if job["status"] in ("failed", "cancelled") and isinstance(error, dict):
+        line += f"  {error.get('type')}: {error.get('message')}"
+    return line
+
+
+def _pct(progress: JsonObject) -> str:
+    fraction = progress.get("fraction")
+    return f"{float(fraction) * 100:.0f}%" if isinstance(fraction, int | float) else "?"
+
+
+class ProgressView:
+    """`brook submit --wait`'s display: a rich progress bar on a terminal, else a plain line
+    per change of progress; nothing at all for a job that reports none."""
+
+    def __init__(self, job_id: str, out: TextIO = sys.stderr) -> None:
+        self.job_id = job_id
+        self.out = out
+        self.tty = out.isatty()
+        self._bar: Any = None
+        self._task: Any = None
+        self._last: tuple[Any, Any] | None = None
+
+    def show(self, job: JsonObject) -> None:
+        progress = job.get("progress")
+        if not isinstance(progress, dict):
+            return
+        key = (progress.get("fraction"), progress.get("message"))
+        if key == self._last:
+            return
+        self._last = key
+        if self.tty:
+            self._show_bar(progress)
+        else:
+            message = progress.get("message")
+            line = f"{self.job_id} {_pct(progress)}" + (f" {message}" if message else "")
+            print(line, file=self.out, flush=True)
+
+    def _show_bar(self, progress: JsonObject) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+        fraction = progress.get("fraction")
+        done = float(fraction) * 100 if isinstance(fraction, int | float) else 0.0
+        description = str(progress.get("message") or self.job_id)
+        if self._bar is None:
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                console=Console(file=self.out),
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(description, total=100)
+        self._bar.update(self._task, completed=done, description=description)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
