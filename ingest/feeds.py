@@ -12,7 +12,7 @@ the current state of the jobs it watches (changed since its last event), then li
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -59,7 +59,7 @@ class Feed:
         self._last_data: str | None = None
         self._last_id: str | None = None
 
-    async def events(self, since: Position | None) -> AsyncIterator[ServerSentEvent]:
+    async def events(self, since: Position | None) -> AsyncGenerator[ServerSentEvent, None]:
         """Subscribe now (so nothing is missed from here on), then stream."""
         sub = self.hub.subscribe(self.filter, since)
         try:

@@ -221,6 +221,28 @@ class Subscription:
         return self._queue.popleft()
 
 
+AHEAD_S = 60  # how far ahead of us another API process's position may plausibly be
+
+
+def cluster_seconds(key: str) -> int | None:
+    """The cluster time (seconds) a token's `_data` starts with: a KeyString timestamp
+    (type byte 0x82, then 4 bytes of seconds and 4 of increment), or None if it is not one."""
+    if len(key) < 18 or key[:2] != "82":
+        return None
+    try:
+        return int(key[2:10], 16)
+    except ValueError:
+        return None
+
+
+def _close_ahead(since: Position, position: Position) -> bool:
+    """A position ahead of ours is another API process's (its stream is a little further
+    on): plausible only if it is a real token and not far in the future. Anything else is
+    left to the server to judge, by a catch-up stream."""
+    theirs, ours = cluster_seconds(since.key), cluster_seconds(position.key)
+    return theirs is not None and ours is not None and theirs - ours <= AHEAD_S
+
+
 class Hub:
     def __init__(
         self,
@@ -359,8 +381,9 @@ class Hub:
         sub = Subscription(filter=flt, start=self.position, limit=self.buffer)
         if since is not None:
             if since.key >= self.position.key:
-                sub.after_key = since.key  # nothing to replay: it is at or ahead of us
-                sub.replay = []
+                if _close_ahead(since, self.position):
+                    sub.after_key = since.key  # nothing to replay: it is at or ahead of us
+                    sub.replay = []
             elif self._floor is not None and since.key >= self._floor.key:
                 sub.replay = [e for e in self._ring if e.at.key > since.key and flt.matches(e)]
         if flt.job_id is not None:

@@ -13,6 +13,7 @@ import httpx
 from common.models import JobSpec
 from common.store import JobStore
 from tests.e2e.conftest import Cluster, wait_terminal
+from tests.support.metrics import value
 
 
 def test_a_job_submitted_over_http_completes_with_its_result(
@@ -57,8 +58,8 @@ def test_get_list_and_cancel_follow_the_contract(cluster: Cluster, http: httpx.C
     assert http.get("/readyz").status_code == 200
     metrics = http.get("/metrics").text
     assert (
-        'brook_jobs{status="pending"} 2' in metrics
-        and 'brook_jobs{status="cancelled"} 1' in metrics
+        value(metrics, "brook_queue_depth", queue="default", status="pending") == 2
+        and value(metrics, "brook_queue_depth", queue="default", status="cancelled") == 1
     )
 
 
