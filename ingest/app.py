@@ -50,11 +50,12 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     """The API for these settings; `known_tasks` comes from the caller (the composition root
     in `brook/`), so the API never imports the task registry itself."""
     metrics = ApiMetrics()
+    known_tasks = frozenset(known_tasks)
     app = FastAPI(
         title="Brook",
         version="0.1.0",
         description="Event-driven job engine on MongoDB.",
-        lifespan=_lifespan(settings, frozenset(known_tasks), metrics),
+        lifespan=_lifespan(settings, known_tasks, metrics),
         # Replaced by `ingest.routes.docs`, which puts them behind the token.
         docs_url=None,
         redoc_url=None,
@@ -62,7 +63,7 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     )
     app.add_middleware(RequestCounter, metrics=metrics)
     install_error_handlers(app)
-    install_openapi(app)
+    install_openapi(app, known_tasks=known_tasks, bearer=settings.api_token is not None)
     protected = [Depends(require_token)]
     app.include_router(jobs.router, dependencies=protected)
     app.include_router(events.router, dependencies=protected)

@@ -9,10 +9,14 @@ so they are added here, by rule, to every operation, including routes added late
 - parameters or a body: `422` (`detail` is a message, or the list of validation errors);
 - a body: `413`;
 - `POST` on an action of one job (`/jobs/{job_id}/cancel`, …): `409` (not in that state).
+
+It also says what the API accepts that a model alone cannot: a job spec's `task` is one of
+the tasks this API knows, and, with a token set, the bearer scheme.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -66,6 +70,16 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 PROTECTED = responses(401, 503)
 
+# Successes a route sends besides its declared status (the routes return plain responses).
+OTHER_SUCCESSES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
+    ("post", "/jobs"): {
+        "200": {
+            "description": "The job its `idempotency_key` already names (nothing new stored).",
+            "content": {"application/json": {"schema": {}}},
+        }
+    },
+}
+
 
 def _error_codes(path: str, method: str, operation: dict[str, Any]) -> list[int]:
     codes: list[int] = []
@@ -83,6 +97,37 @@ def _error_codes(path: str, method: str, operation: dict[str, Any]) -> list[int]
     return codes
 
 
+def _job_specs(node: Any) -> Iterator[dict[str, Any]]:
+    """Every object schema in the document that describes a job spec (task and payload)."""
+    if isinstance(node, dict):
+        props = node.get("properties")
+        if isinstance(props, dict) and {"task", "payload"} <= set(props):
+            yield node
+        for child in node.values():
+            yield from _job_specs(child)
+    elif isinstance(node, list):
+        for child in node:
+            yield from _job_specs(child)
+
+
+def document_tasks(schema: dict[str, Any], known_tasks: frozenset[str]) -> None:
+    for spec in _job_specs(schema):
+        task = spec["properties"]["task"]
+        if task.get("type") == "string":
+            task["enum"] = sorted(known_tasks)
+
+
+def document_bearer(schema: dict[str, Any]) -> None:
+    components = schema.setdefault("components", {})
+    components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, item in schema.get("paths", {}).items():
+        if path in OPEN_PATHS:
+            continue
+        for operation in item.values():
+            if isinstance(operation, dict) and "responses" in operation:
+                operation["security"] = [{"bearer": []}]
+
+
 def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
     schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
     for path, item in schema.get("paths", {}).items():
@@ -91,25 +136,30 @@ def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
                 continue
             for code in _error_codes(path, method, operation):
                 operation["responses"][str(code)] = error_response(code)
+            for code_text, response in OTHER_SUCCESSES.get((method, path), {}).items():
+                operation["responses"].setdefault(code_text, response)
     # Every 422 is ours now, not FastAPI's default shape.
     schema["components"]["schemas"].pop("HTTPValidationError", None)
     schema["components"]["schemas"].pop("ValidationError", None)
     return schema
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Generate the document once, with the errors documented."""
+def install_openapi(app: FastAPI, *, known_tasks: frozenset[str], bearer: bool) -> None:
+    """Generate the document once, with the errors, tasks and auth documented."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = document_errors(
-                get_openapi(
-                    title=app.title,
-                    version=app.version,
-                    description=app.description,
-                    routes=app.routes,
-                )
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
             )
+            document_errors(schema)
+            document_tasks(schema, known_tasks)
+            if bearer:
+                document_bearer(schema)
+            app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

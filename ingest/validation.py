@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 MAX_DEPTH = 32
+INT64 = (-(2**63), 2**63 - 1)  # BSON's widest integer
 _STRING = re.compile(rb'"(?:\\.|[^"\\])*"')
 _BRACKET = re.compile(rb"[\[\]{}]")
 
@@ -62,9 +63,12 @@ def body_depth(raw: bytes) -> int:
 
 
 def check_document(value: object, path: str = "payload", depth: int = 1) -> None:
-    """MongoDB-safe: no key starting with `$`, no NUL in keys, nesting at most 32."""
+    """MongoDB-safe: no key starting with `$`, no NUL in keys, nesting at most 32, integers
+    that fit in 64 bits."""
     if depth > MAX_DEPTH:
         raise ValueError(f"{path}: nesting deeper than {MAX_DEPTH}")
+    if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
+        raise ValueError(f"{path}: integer {value} does not fit in 64 bits")
     if isinstance(value, dict):
         for key, item in value.items():
             if key.startswith("$"):
@@ -77,11 +81,15 @@ def check_document(value: object, path: str = "payload", depth: int = 1) -> None
             check_document(item, f"{path}[{index}]", depth + 1)
 
 
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
 def parse_submit(raw: bytes) -> SubmitJob:
     if body_depth(raw) > MAX_DEPTH + 1:
         raise InvalidInput(f"body: nesting deeper than {MAX_DEPTH}")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_not_json)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -36,9 +36,29 @@ LastEventId = Annotated[
     ),
 ]
 
+# One event of the stream (id-only lines, which move Last-Event-ID on, carry no event).
+_EVENT_SCHEMA = {
+    "title": "ServerSentEvent",
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "enum": ["job", "reset"]},
+        "data": {
+            "type": "string",
+            "description": "`job`: the job. `reset`: `{reason, since}`, then the current state.",
+            "contentMediaType": "application/json",
+            "contentSchema": {"type": "object"},
+        },
+        "id": {
+            "type": "string",
+            "description": "Opaque; send it back as `Last-Event-ID` to resume right after it.",
+        },
+    },
+}
+
 _STREAM = {
     "description": "A `text/event-stream` of `job` events (and `reset`, after lost history).",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": {"text/event-stream": {"schema": _EVENT_SCHEMA}},
 }
 
 
