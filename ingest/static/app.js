@@ -197,7 +197,7 @@ function drawBars(svg, stacks, colors) {
       svg.append(svgNode("rect", { x: i * w + 1, y, width: Math.max(w - 2, 1), height: h, fill: colors[k] }));
     });
   }
-  svg.append(svgNode("text", { x: 4, y: 12, "font-size": 10, fill: "#6b7385" }, ));
+  svg.append(svgNode("text", { x: 4, y: 12, "font-size": 10, fill: "#6b7385" }));
   svg.lastChild.textContent = `max ${max.toFixed(max < 10 ? 1 : 0)}`;
 }
 
@@ -215,6 +215,10 @@ function drawLines(svg, series, colors) {
       d += `${d ? "L" : "M"}${x.toFixed(1)},${y.toFixed(1)}`;
     });
     if (d) svg.append(svgNode("path", { d, fill: "none", stroke: colors[k], "stroke-width": 2, "vector-effect": "non-scaling-stroke" }));
+    line.forEach((v, i) => {  // a dot per bucket, so that a lone sample shows too
+      if (v === null) return;
+      svg.append(svgNode("rect", { x: (i + 0.5) * (600 / n) - 2, y: 118 - (v / max) * 108 - 2, width: 4, height: 4, fill: colors[k] }));
+    });
   });
   svg.append(svgNode("text", { x: 4, y: 12, "font-size": 10, fill: "#6b7385" }));
   svg.lastChild.textContent = `max ${Math.round(max)} ms`;
@@ -472,6 +476,8 @@ async function showJob(id) {
     onDown: () => setLive(false),
     onEnd: (status) => {
       if (status === 404) { $("#job-task").textContent = "No such job"; $("#job-id").textContent = id; }
+      $("#live").className = "live done";
+      $("#live").textContent = "finished";
     },
     onEvent: (kind, data) => {
       if (kind !== "job") return;
