@@ -33,8 +33,6 @@ async def serve_dispatcher(
 ) -> None:
     client = make_client(settings, appname="brook-dispatcher")
     store = JobStore(database(client, settings))
-    if runner is None:
-        load_tasks(settings)  # fail fast on a bad BROOK_TASKS, before any worker spawns
     pool = runner or WorkerPool(settings, settings.concurrency)
     dispatcher = Dispatcher(settings, store, pool)
     pool.on_free = dispatcher.wake
@@ -65,6 +63,7 @@ def exit_now(code: int) -> NoReturn:
 
 def run_dispatcher(settings: Settings) -> int:
     configure_logging(settings.log_level, role="dispatcher")
+    load_tasks(settings)  # a bad BROOK_TASKS fails here, in one line, before any worker spawns
 
     async def main() -> None:
         stop = asyncio.Event()
