@@ -57,10 +57,15 @@ class Feed:
         self.options = options
         self.done = False
         self._last_data: str | None = None
-        self._last_id: str | None = None
+        self._floor = ""  # the client has everything up to here: never send an id before it
 
     async def events(self, since: Position | None) -> AsyncGenerator[ServerSentEvent, None]:
         """Subscribe now (so nothing is missed from here on), then stream."""
+        if self.hub.position is None:  # the hub restarted since this request was accepted
+            yield ServerSentEvent(comment="closing: the event stream is restarting; reconnect")
+            return
+        if since is not None:
+            self._floor = since.key
         sub = self.hub.subscribe(self.filter, since)
         try:
             async for sse in self._stream(sub, since):
@@ -90,10 +95,11 @@ class Feed:
                 for sse in self._job(event):
                     yield sse
                 continue
+            # Nothing queued: every matching event up to the hub's position has been sent.
             position = self.hub.position
-            if position is not None and (marker := encode_id(position)) != self._last_id:
-                self._last_id = marker
-                yield ServerSentEvent(id=marker)
+            if position is not None and position.key > self._floor:
+                self._floor = position.key
+                yield ServerSentEvent(id=encode_id(position))
 
     async def _missed(self, sub: Subscription, since: Position) -> AsyncIterator[ServerSentEvent]:
         if sub.replay is not None:
@@ -120,8 +126,9 @@ class Feed:
         self._last_data = event.data
         final = self.options.per_job and event.terminal
         self.done = final
-        self._last_id = encode_id(event.at, final=final)
-        return [ServerSentEvent(data=event.data, event=JOB_EVENT, id=self._last_id)]
+        self._floor = max(self._floor, event.at.key)
+        event_id = encode_id(event.at, final=final)
+        return [ServerSentEvent(data=event.data, event=JOB_EVENT, id=event_id)]
 
     async def _current_state(
         self, at: Position, reset: Reset | None

@@ -41,7 +41,7 @@ from ingest.encoding import job_json
 from ingest.metrics import SSE_DROPPED
 
 STREAM = "live"  # the `stream` label of this process's change stream in logs and metrics
-RING_SIZE = 10_000
+RING_SIZE = 2_000  # events kept for resuming from memory (older: a catch-up stream)
 CATCH_UP_AWAIT_MS = 200
 INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")
 TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
@@ -105,8 +105,8 @@ class LiveEvent:
     task: str
     queue: str
     status: str
-    job: dict[str, Any]  # JSON-ready
     data: str  # the job as JSON text, encoded once for every client
+    wait_ms: float | None = None  # a start: from due (`run_at`) to `started_at`
 
     @property
     def terminal(self) -> bool:
@@ -147,6 +147,15 @@ def wall_ms(when: datetime) -> int:
     return int(when.timestamp() * 1000)
 
 
+def _wait_ms(doc: Doc) -> float | None:
+    started, due = doc.get("started_at"), doc.get("run_at")
+    if doc.get("status") != "running" or not isinstance(started, datetime):
+        return None
+    if not isinstance(due, datetime):
+        return None
+    return max((started - due).total_seconds() * 1000, 0.0)
+
+
 def live_event(at: Position, doc: Doc) -> LiveEvent:
     job = job_json(doc)
     return LiveEvent(
@@ -155,8 +164,8 @@ def live_event(at: Position, doc: Doc) -> LiveEvent:
         task=str(job["task"]),
         queue=str(job.get("queue") or DEFAULT_QUEUE),
         status=str(job["status"]),
-        job=job,
         data=json.dumps(job, separators=(",", ":"), ensure_ascii=False),
+        wait_ms=_wait_ms(doc),
     )
 
 

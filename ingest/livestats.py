@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from ingest.live import LiveEvent
@@ -27,15 +26,6 @@ class _Bucket:
     cancelled: int = 0
     started: int = 0
     waits_ms: list[float] = field(default_factory=list)
-
-
-def _parse(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -64,10 +54,8 @@ class LiveStats:
         bucket = self._bucket(event.at.wall_ms / 1000)
         if event.status == "running":
             bucket.started += 1
-            started, due = _parse(event.job.get("started_at")), _parse(event.job.get("run_at"))
-            room = len(bucket.waits_ms) < SAMPLES_PER_BUCKET
-            if started is not None and due is not None and room:
-                bucket.waits_ms.append(max((started - due).total_seconds() * 1000, 0.0))
+            if event.wait_ms is not None and len(bucket.waits_ms) < SAMPLES_PER_BUCKET:
+                bucket.waits_ms.append(event.wait_ms)
         elif event.status in ("completed", "failed", "cancelled"):
             setattr(bucket, event.status, getattr(bucket, event.status) + 1)
 

@@ -179,3 +179,39 @@ async def test_concurrent_scrapes_share_one_aggregation(store: JobStore) -> None
     await cache.get()
     assert cache.aggregations == 1  # still fresh
 
+
+
+async def test_a_quiet_stream_moves_its_last_event_id_past_what_it_did_not_match(
+    store: JobStore, hub: Hub
+) -> None:
+    everything = feed(hub, store).events(None)
+    quiet = Feed(
+        hub, store, EventFilter(task="no-such-task"), FeedOptions(per_job=False, idle_s=0.1)
+    ).events(None)
+    pending = asyncio.ensure_future(take(everything, 3))
+    await asyncio.sleep(0.2)
+    await run_one(store)
+    last = decode_id(str((await pending)[-1].id)).at.key
+    async with asyncio.timeout(10):
+        async for sse in quiet:
+            assert sse.event is None  # it matches nothing: only id lines
+            if sse.id is not None and decode_id(sse.id).at.key >= last:
+                break
+    # Resuming from there: nothing it has already been past.
+    resumed = feed(hub, store).events(decode_id(str(sse.id)).at)
+    assert [e async for e in _until_quiet(resumed)] == []
+    await everything.aclose()
+    await quiet.aclose()
+
+
+async def _until_quiet(stream: AsyncIterator[ServerSentEvent]) -> AsyncIterator[ServerSentEvent]:
+    """The job events of `stream` until it has caught up: an id-only line, or a second of
+    silence."""
+    while True:
+        try:
+            sse = await asyncio.wait_for(anext(stream), 1.0)
+        except TimeoutError:
+            return
+        if sse.event is None:
+            return
+        yield sse

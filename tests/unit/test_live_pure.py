@@ -15,16 +15,15 @@ from ingest.validation import InvalidInput, parse_submit
 TOKEN = "826B0D3468000000032B022C0100296E5A1004FD"
 
 
-def event(status: str, wall_s: float, **job: Any) -> LiveEvent:
-    doc = {"id": "j1", "task": "t", "status": status, **job}
+def event(status: str, wall_s: float, wait_ms: float | None = None) -> LiveEvent:
     return LiveEvent(
         at=Position(token={"_data": TOKEN}, wall_ms=int(wall_s * 1000)),
         job_id="j1",
         task="t",
         queue="default",
         status=status,
-        job=doc,
         data="{}",
+        wait_ms=wait_ms,
     )
 
 
@@ -53,8 +52,7 @@ def test_filters_match_on_every_field_given() -> None:
 def test_live_stats_count_per_bucket_and_wait_percentiles() -> None:
     now = 10_005.0
     stats = LiveStats(clock=lambda: now)
-    stats.observe(event("running", now - 1, run_at="2024-01-01T00:00:00+00:00",
-                        started_at="2024-01-01T00:00:00.250000+00:00"))
+    stats.observe(event("running", now - 1, wait_ms=250.0))
     stats.observe(event("completed", now - 1))
     stats.observe(event("failed", now - STEP_S - 1))
     series = stats.series()
