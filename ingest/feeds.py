@@ -15,6 +15,7 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from pymongo.errors import PyMongoError
 from sse_starlette import ServerSentEvent
@@ -37,10 +38,15 @@ from ingest.live import (
 )
 from ingest.metrics import SSE_CATCH_UPS, SSE_RESETS
 
+SEP = "\n"  # plain lines: `grep '^id:'` in a shell gets an id without a stray CR
 RESET_SLACK_MS = 5000  # clocks differ: after a reset, send a little more rather than less
 RESET_LIMIT = 500  # jobs sent as the current state after a reset, at most
 JOB_EVENT = "job"
 RESET_EVENT = "reset"
+
+
+def _sse(**fields: Any) -> ServerSentEvent:
+    return ServerSentEvent(sep=SEP, **fields)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +68,7 @@ class Feed:
     async def events(self, since: Position | None) -> AsyncGenerator[ServerSentEvent, None]:
         """Subscribe now (so nothing is missed from here on), then stream."""
         if self.hub.position is None:  # the hub restarted since this request was accepted
-            yield ServerSentEvent(comment="closing: the event stream is restarting; reconnect")
+            yield _sse(comment="closing: the event stream is restarting; reconnect")
             return
         if since is not None:
             self._floor = since.key
@@ -71,10 +77,10 @@ class Feed:
             async for sse in self._stream(sub, since):
                 yield sse
         except Closed as exc:
-            yield ServerSentEvent(comment=f"closing: {exc}; reconnect with Last-Event-ID")
+            yield _sse(comment=f"closing: {exc}; reconnect with Last-Event-ID")
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="events", error=str(exc)[:200])
-            yield ServerSentEvent(
+            yield _sse(
                 comment="closing: database unavailable; reconnect with Last-Event-ID"
             )
         finally:
@@ -99,7 +105,7 @@ class Feed:
             position = self.hub.position
             if position is not None and position.key > self._floor:
                 self._floor = position.key
-                yield ServerSentEvent(id=encode_id(position))
+                yield _sse(id=encode_id(position))
 
     async def _missed(self, sub: Subscription, since: Position) -> AsyncIterator[ServerSentEvent]:
         if sub.replay is not None:
@@ -128,7 +134,7 @@ class Feed:
         self.done = final
         self._floor = max(self._floor, event.at.key)
         event_id = encode_id(event.at, final=final)
-        return [ServerSentEvent(data=event.data, event=JOB_EVENT, id=event_id)]
+        return [_sse(data=event.data, event=JOB_EVENT, id=event_id)]
 
     async def _current_state(
         self, at: Position, reset: Reset | None
@@ -139,7 +145,7 @@ class Feed:
             emit(Event.SSE_RESET, level="warning", reason=reset.reason, job_id=self.filter.job_id)
             since = datetime.fromtimestamp((reset.since_ms - RESET_SLACK_MS) / 1000, UTC)
             body = {"reason": reset.reason, "since": since.isoformat()}
-            yield ServerSentEvent(data=json.dumps(body), event=RESET_EVENT, id=encode_id(at))
+            yield _sse(data=json.dumps(body), event=RESET_EVENT, id=encode_id(at))
         for doc in await self._now(reset):
             for sse in self._job(live_event(at, doc)):
                 yield sse

@@ -20,7 +20,7 @@ from common.status import JobStatus
 from ingest.deps import State
 from ingest.errors import RETRY_AFTER_S
 from ingest.eventids import EventId, InvalidEventId, decode_id
-from ingest.feeds import Feed, FeedOptions
+from ingest.feeds import SEP, Feed, FeedOptions
 from ingest.live import EventFilter, Hub
 
 READY_WAIT_S = 5.0
@@ -88,6 +88,7 @@ def _respond(state: State, feed: Feed, since: EventId | None) -> EventSourceResp
         feed.events(since.at if since is not None else None),
         ping=state.settings.sse_ping_seconds,
         send_timeout=SEND_TIMEOUT_S,
+        sep=SEP,  # the pings' line ends too
     )
 
 

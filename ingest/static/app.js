@@ -254,12 +254,15 @@ async function detectFeatures() {
 
 function renderCounts(counts) {
   const names = [...STATUSES, ...Object.keys(counts).filter((s) => !STATUSES.includes(s))];
-  $("#counts").replaceChildren(
-    ...names.map((status) =>
-      el("div", { class: `card ${status}`, id: `count-${status}` },
-        el("div", { class: "n" }, counts[status] ?? 0),
-        el("div", { class: "label" }, status)))
-  );
+  for (const status of names) {  // in place: a card is created once, then only its number changes
+    let card = document.getElementById(`count-${status}`);
+    if (!card) {
+      card = el("div", { class: `card ${status}`, id: `count-${status}` },
+        el("div", { class: "n" }), el("div", { class: "label" }, status));
+      $("#counts").append(card);
+    }
+    card.querySelector(".n").textContent = counts[status] ?? 0;
+  }
 }
 
 async function renderQueues(queues) {
