@@ -283,8 +283,7 @@ class Hub:
         try:
             await self._run()
         finally:  # cancelled at shutdown, or a bug: no client waits on a hub that is gone
-            self.ready.clear()
-            self._restart("the hub stopped", lost=False)
+            self._restart("the hub stopped", why=None)
 
     async def _run(self) -> None:
         backoff = Backoff(0.1, 5.0)
@@ -322,7 +321,10 @@ class Hub:
             while stream.alive:
                 change = await stream.try_next()
                 if change is not None and change["operationType"] in INVALIDATING:
-                    self._restart(f"the jobs collection saw {change['operationType']}")
+                    self._restart(
+                        f"the jobs collection saw {change['operationType']}",
+                        why=Event.STREAM_INVALIDATED,
+                    )
                     return
                 if change is not None and (event := await build_event(self.store, change)):
                     self._publish(event)
@@ -367,12 +369,15 @@ class Hub:
         if self.observe is not None:
             self.observe(event)
 
-    def _restart(self, reason: str, *, lost: bool = True) -> None:
+    def _restart(self, reason: str, *, why: Event | None = Event.STREAM_HISTORY_LOST) -> None:
         """The stream cannot go on from its position: start afresh, and drop every client
         (each resumes from its own Last-Event-ID, and is told what it lost)."""
-        if lost:
+        if why is Event.STREAM_HISTORY_LOST:
             STREAM_HISTORY_LOST.labels(stream=STREAM).inc()
-            emit(Event.STREAM_HISTORY_LOST, level="warning", stream=STREAM, reason=reason[:300])
+        if why is not None:
+            emit(why, level="warning", stream=STREAM, reason=reason[:300])
+        self.ready.clear()
+        self._images = False  # a dropped collection comes back without them
         self.position = None
         self._floor = None
         self._ring.clear()

@@ -215,3 +215,25 @@ async def _until_quiet(stream: AsyncIterator[ServerSentEvent]) -> AsyncIterator[
         if sse.event is None:
             return
         yield sse
+
+
+async def test_dropping_the_jobs_collection_restarts_the_hub_and_lets_its_clients_go(
+    store: JobStore, hub: Hub
+) -> None:
+    await run_one(store)
+    before = feed(hub, store).events(None)
+    waiting = asyncio.ensure_future(anext(before))
+    await asyncio.sleep(0.2)
+    await store.jobs.drop()
+    async with asyncio.timeout(15):
+        closing = await waiting
+        while closing.comment is None:
+            closing = await anext(before)
+    assert "the jobs collection saw drop" in str(closing.comment)
+    await asyncio.wait_for(hub.ready.wait(), 15)
+    after = feed(hub, store).events(None)
+    pending = asyncio.ensure_future(take(after, 3))
+    await asyncio.sleep(0.2)
+    await run_one(store)
+    assert statuses(await pending) == ["pending", "running", "completed"]
+    await after.aclose()
