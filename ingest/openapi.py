@@ -4,7 +4,8 @@ FastAPI documents what a route returns on success; the errors come from the edge
 route shares (the token, MongoDB's availability, path ids, validation, the body limit),
 so they are added here, by rule, to every operation, including routes added later:
 
-- every route behind the token: `401`, and `503` + `Retry-After` (no primary);
+- every route behind the token: `401`; every route but `/healthz`: `503` + `Retry-After`
+  (no primary);
 - a path with an `{id}`: `404`;
 - parameters or a body: `422` (`detail` is a message, or the list of validation errors);
 - a body: `413`;
@@ -84,7 +85,9 @@ OTHER_SUCCESSES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
 def _error_codes(path: str, method: str, operation: dict[str, Any]) -> list[int]:
     codes: list[int] = []
     if path not in OPEN_PATHS:
-        codes += [401, 503]
+        codes.append(401)
+    if path != "/healthz":
+        codes.append(503)
     if "{" in path:
         codes.append(404)
     if operation.get("parameters") or operation.get("requestBody"):
@@ -134,8 +137,10 @@ def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
         for method, operation in item.items():
             if not isinstance(operation, dict) or "responses" not in operation:
                 continue
+            responses = operation["responses"]
             for code in _error_codes(path, method, operation):
-                operation["responses"][str(code)] = error_response(code)
+                if code == 422 or str(code) not in responses:  # 422: ours, not FastAPI's
+                    responses[str(code)] = error_response(code)
             for code_text, response in OTHER_SUCCESSES.get((method, path), {}).items():
                 operation["responses"].setdefault(code_text, response)
     # Every 422 is ours now, not FastAPI's default shape.

@@ -22,7 +22,18 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@probes.get("/readyz")
+_NO_PRIMARY = {
+    "description": "No primary reachable; retry after `Retry-After` seconds.",
+    "headers": {"Retry-After": {"schema": {"type": "string"}}},
+    "content": {
+        "application/json": {
+            "schema": {"type": "object", "properties": {"status": {"type": "string"}}}
+        }
+    },
+}
+
+
+@probes.get("/readyz", responses={503: _NO_PRIMARY})
 async def readyz(state: State) -> JSONResponse:
     """`200` only while a primary answers."""
     if await ping(state.client, READY_TIMEOUT_S):

@@ -55,8 +55,15 @@ def call(case: Any, base_url: str) -> httpx.Response:
         json=kwargs.get("json"),
         content=kwargs.get("data"),
     )
-    with httpx.Client(timeout=httpx.Timeout(10, read=STREAM_READ_S)) as client:
+    with httpx.Client(timeout=10) as client:
         resp = client.send(request, stream=True)
+        if resp.headers.get("content-type", "").startswith("text/event-stream"):
+            # From here on, reads wait a moment only (httpcore reads the request's timeouts
+            # again for every read of the body).
+            resp.request.extensions["timeout"] = {
+                **resp.request.extensions.get("timeout", {}),
+                "read": STREAM_READ_S,
+            }
         body = b""
         deadline = time.monotonic() + STREAM_READ_S
         try:
@@ -104,9 +111,16 @@ def test_the_fuzzed_api_answers_no_5xx_and_only_what_its_document_says(
     assert 401 in statuses["GET /events"], statuses  # invalid inputs include a bad token
 
 
-def _fuzz(strategy: Any, base_url: str, seen: set[int]) -> None:
+def _fuzz(
+    strategy: Any,
+    base_url: str,
+    seen: set[int],
+    *,
+    checks: list[Any] = CHECKS,
+    examples: int = EXAMPLES,
+) -> None:
     @settings(
-        max_examples=EXAMPLES,
+        max_examples=examples,
         derandomize=True,  # the fixed seed: the same cases every run
         database=None,
         deadline=None,
@@ -116,8 +130,35 @@ def _fuzz(strategy: Any, base_url: str, seen: set[int]) -> None:
     def run(case: Any) -> None:
         resp = call(case, base_url)
         seen.add(resp.status_code)
-        case.validate_response(resp, checks=CHECKS, headers=AUTH)
+        case.validate_response(resp, checks=checks, headers=AUTH)
 
     # Unsatisfiable: no input of that kind exists (an invalid one for a route without inputs).
     with contextlib.suppress(Unsatisfiable):
         run()
+
+
+def test_with_no_primary_every_route_answers_as_documented(cluster: Cluster) -> None:
+    """No MongoDB at all: `503` + `Retry-After` (documented on every route but `/healthz`)."""
+    cluster.settings = cluster.settings.model_copy(
+        update={"mongo_uri": "mongodb://127.0.0.1:1/?directConnection=true"}
+    )
+    api(cluster, BROOK_API_TOKEN=TOKEN, BROOK_SERVER_SELECTION_TIMEOUT_MS="300")
+    schema = schemathesis.openapi.from_url(f"{cluster.api_url}/openapi.json", headers=AUTH)
+    seen: dict[str, set[int]] = {}
+    checks = [
+        status_code_conformance,
+        content_type_conformance,
+        response_schema_conformance,
+        response_headers_conformance,
+    ]
+    for result in schema.get_all_operations():
+        op = result.ok()  # type: ignore[union-attr]
+        statuses = seen.setdefault(f"{op.method.upper()} {op.path}", set())
+        _fuzz(op.as_strategy(), cluster.api_url, statuses, checks=checks, examples=2)
+    assert seen["GET /readyz"] == {503} and seen["GET /healthz"] == {200}
+    for label in ("GET /stats", "GET /metrics"):
+        assert seen[label] == {503}, seen
+    for label in ("GET /jobs", "GET /events", "POST /jobs", "GET /jobs/{job_id}/events"):
+        assert 503 in seen[label], seen  # (a bad Last-Event-ID is a 422 before anything)
+    resp = httpx.get(f"{cluster.api_url}/jobs", headers=AUTH)
+    assert resp.status_code == 503 and resp.headers["retry-after"]
