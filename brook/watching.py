@@ -32,6 +32,10 @@ class StreamFailed(Exception):
     """The API refused the stream (the message is its `detail`), or could not be reached."""
 
 
+class _Unavailable(Exception):
+    """A `503`: worth another try, for a while."""
+
+
 def base_url(settings: Settings) -> str:
     host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
     return f"http://{host}:{settings.api_port}"
@@ -79,6 +83,8 @@ def follow(
             ) as resp:
                 if resp.status_code == 204:
                     return True
+                if resp.status_code == 503:  # no primary for now (a failover): try again
+                    raise _Unavailable(_refusal(resp))
                 if resp.status_code >= 400:
                     raise StreamFailed(_refusal(resp))
                 down_since = None
@@ -86,12 +92,12 @@ def follow(
                     last_id = sse.id or last_id
                     if sse.event in ("job", "reset") and on_event(sse.event, json.loads(sse.data)):
                         return True
-        except (httpx.HTTPError, SSEError) as exc:
+        except (httpx.HTTPError, SSEError, _Unavailable) as exc:
             down_since = down_since or time.monotonic()
             if time.monotonic() - down_since > GIVE_UP_S:
-                raise StreamFailed(
-                    f"cannot reach the API at {base_url(settings)} ({exc.__class__.__name__})"
-                ) from None
+                why = str(exc) if isinstance(exc, _Unavailable) else exc.__class__.__name__
+                where = base_url(settings) + path
+                raise StreamFailed(f"cannot follow {where} ({why})") from None
         time.sleep(RECONNECT_S)
     return False
 

@@ -123,3 +123,31 @@ def test_watch_follows_one_job_to_its_end_or_every_matching_job(
         everything.wait(10)
         if everything.stdout is not None:
             everything.stdout.close()
+
+
+def test_watch_says_so_when_there_is_no_such_job(cluster: Cluster) -> None:
+    api(cluster)
+    out = brook(cluster, "watch", "nope")
+    assert out.returncode == 1 and out.stderr.strip() == "brook: error: 404 no job nope"
+
+
+def test_submit_wait_rides_out_an_api_restart_without_missing_the_end(cluster: Cluster) -> None:
+    first = api(cluster)
+    dispatcher(cluster)
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "brook.cli", "submit", "steps", "--wait",
+         "--payload", '{"steps": 3, "seconds": 1.0}'],
+        env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **LIVE),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.5)  # submitted, and following the job's stream
+    first.signal(9)
+    first.proc.wait()
+    time.sleep(1.0)  # the job moves on while no API runs
+    api(cluster)
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0, err
+    assert json.loads(out) == {"steps": 3}
+    assert err.splitlines()[-1].endswith("100% step 3 of 3")
