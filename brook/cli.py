@@ -48,7 +48,8 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     )
     server = uvicorn.Server(config)
     server.run()
-    return 0 if server.started else 1
+    crashed = getattr(app.state, "crashed", False)  # a background task died: see its log
+    return 0 if server.started and not crashed else 1
 
 
 def cmd_dispatcher(settings: Settings, _: argparse.Namespace) -> int:

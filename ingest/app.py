@@ -10,7 +10,8 @@ the metrics (`ingest.metrics`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -35,15 +36,25 @@ def _lifespan(settings: Settings, known_tasks: frozenset[str], metrics: ApiMetri
         app.state.brook = state
         metrics.sse_clients.set_function(state.hub.count)
         hub = spawn_logged(state.hub.run(), "live-events")
+        hub.add_done_callback(lambda task: _stop_on_crash(app, task))
         try:
             yield
         finally:
             hub.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await hub
+            await asyncio.gather(hub, return_exceptions=True)  # a crash was logged already
             await state.client.close()
 
     return lifespan
+
+
+def _stop_on_crash(app: FastAPI, task: asyncio.Task[None]) -> None:
+    """The hub never ends but by cancellation: if it crashed (logged `background.crashed`),
+    stop the process loudly rather than serve event streams that never move; `brook api`
+    then exits 1 (and `brook up` restarts it)."""
+    if task.cancelled() or task.exception() is None:
+        return
+    app.state.crashed = True
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:

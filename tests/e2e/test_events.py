@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,6 +16,7 @@ from pymongo.errors import PyMongoError
 
 from common.models import JobSpec
 from common.store import JobStore
+from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster, free_port
 from tests.support.procs import BrookProcess, wait_until
 from tests.support.sse import Ev, Reader, by_job, read_events
@@ -211,3 +214,15 @@ def test_event_streams_need_the_token_like_every_other_endpoint(
     )
     assert bad.status_code == 422 and "Last-Event-ID" in bad.json()["detail"]
     assert httpx.get(f"{cluster.api_url}/jobs/nope/events", headers=auth).status_code == 404
+
+
+def test_an_api_whose_event_hub_crashes_stops_loudly(cluster: Cluster) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.support.crashing_api"],
+        env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert '"background.crashed"' in out.stdout and "a bug in the hub" in out.stdout
