@@ -26,6 +26,24 @@ from common.store import JobStore
 ROOT = Path(__file__).resolve().parents[1]
 TEST_PORT = int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317"))
 
+# Tests that start a replica set or `brook up` of their own take a slot of ten ports above
+# TEST_PORT + 500, so worktrees whose TEST_PORTs are 100 apart never collide.
+EXTRA_PORT_SLOTS = {
+    "up": 0,
+    "mongo_cli": 1,
+    "taken_port": 2,
+    "crash_reuse": 3,
+    "tiny_oplog": 4,
+    "shutdown": 5,
+    "failover": 6,
+    "up_shutdown": 7,
+}
+
+
+def extra_port(name: str) -> int:
+    """The base port of the extra replica set (or `brook up`) called `name`."""
+    return TEST_PORT + 500 + 10 * EXTRA_PORT_SLOTS[name]
+
 
 @dataclass
 class Mongo:

@@ -18,6 +18,7 @@ from pymongo.errors import PyMongoError
 from common.models import JobSpec
 from common.settings import Settings
 from common.store import JobStore
+from tests.conftest import extra_port
 from tests.e2e.conftest import Cluster
 from tests.support.checker import check_history
 from tests.support.procs import BrookProcess, pid_alive, wait_until
@@ -356,7 +357,7 @@ async def test_a_dispatcher_whose_token_fell_off_the_oplog_sweeps_and_runs_every
     # A 1 MB oplog and a checkpoint every second, so the oplog really is truncated.
     rs = ReplicaSet(
         home=tmp_path / "tiny",
-        base_port=27567,
+        base_port=extra_port("tiny_oplog"),
         members=1,
         oplog_mb=1,
         extra_args=("--syncdelay", "1"),

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from brook.replset import ReplicaSet
-from tests.conftest import ROOT
+from tests.conftest import ROOT, extra_port
 from tests.e2e.conftest import free_port
 from tests.support.procs import pid_alive, wait_until
 
@@ -23,11 +23,12 @@ def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans
     tmp_path: Path,
 ) -> None:
     port = free_port()
+    mongo_port = extra_port("up")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
     env.update(
         {
             "BROOK_HOME": str(tmp_path / "home"),
-            "BROOK_MONGO_PORT": "27827",
+            "BROOK_MONGO_PORT": str(mongo_port),
             "BROOK_API_PORT": str(port),
             "BROOK_CONCURRENCY": "2",
             "BROOK_SHUTDOWN_GRACE_SECONDS": "1",
@@ -42,7 +43,7 @@ def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    rs = ReplicaSet(home=tmp_path / "home", base_port=27827)
+    rs = ReplicaSet(home=tmp_path / "home", base_port=mongo_port)
 
     def events(name: str) -> list[dict[str, Any]]:
         lines = (tmp_path / "up.log").read_text(errors="replace").splitlines()

@@ -15,7 +15,7 @@ from pymongo import MongoClient, ReadPreference
 from pymongo.read_concern import ReadConcern
 
 from brook.replset import ReplicaSet
-from tests.conftest import ROOT, Mongo
+from tests.conftest import ROOT, Mongo, extra_port
 from tests.support.procs import pid_alive, wait_until
 
 
@@ -75,8 +75,11 @@ def test_killing_the_primary_elects_a_new_one_and_the_client_keeps_working(
 
 
 def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path) -> None:
+    port = extra_port("mongo_cli")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
-    env.update({"BROOK_HOME": str(tmp_path), "BROOK_MONGO_PORT": "27717", "PYTHONPATH": str(ROOT)})
+    env.update(
+        {"BROOK_HOME": str(tmp_path), "BROOK_MONGO_PORT": str(port), "PYTHONPATH": str(ROOT)}
+    )
 
     def brook(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -89,11 +92,9 @@ def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path
 
     up = brook("up")
     assert up.returncode == 0, up.stderr
-    assert (
-        up.stdout.strip()
-        == "mongodb://127.0.0.1:27717,127.0.0.1:27718,127.0.0.1:27719/?replicaSet=brook"
-    )
-    rs = ReplicaSet(home=tmp_path, base_port=27717)
+    hosts = ",".join(f"127.0.0.1:{port + i}" for i in range(3))
+    assert up.stdout.strip() == f"mongodb://{hosts}/?replicaSet=brook"
+    rs = ReplicaSet(home=tmp_path, base_port=port)
     pids = [rs.pid(i) for i in range(3)]
     assert all(pids)
     again = brook("up")
@@ -115,10 +116,13 @@ def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path
 def test_mongo_up_reports_a_taken_port_in_one_line(tmp_path: Path) -> None:
     import socket
 
+    port = extra_port("taken_port")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
-    env.update({"BROOK_HOME": str(tmp_path), "BROOK_MONGO_PORT": "27517", "PYTHONPATH": str(ROOT)})
+    env.update(
+        {"BROOK_HOME": str(tmp_path), "BROOK_MONGO_PORT": str(port), "PYTHONPATH": str(ROOT)}
+    )
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 27517))
+        sock.bind(("127.0.0.1", port))
         sock.listen()
         proc = subprocess.run(
             [sys.executable, "-m", "brook.cli", "mongo", "up"],
@@ -129,11 +133,11 @@ def test_mongo_up_reports_a_taken_port_in_one_line(tmp_path: Path) -> None:
         )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "port 27517 is already in use" in lines[0]
+    assert len(lines) == 1 and f"port {port} is already in use" in lines[0]
 
 
 def test_mongo_up_after_a_crash_reuses_the_data(tmp_path: Path) -> None:
-    rs = ReplicaSet(home=tmp_path, base_port=27617)
+    rs = ReplicaSet(home=tmp_path, base_port=extra_port("crash_reuse"))
     rs.up()
     try:
         client: MongoClient[dict[str, Any]] = MongoClient(rs.uri, w="majority")
