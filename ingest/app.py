@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import time
 from collections import Counter
@@ -29,6 +30,7 @@ from common.store import JobStore, Submitted
 from ingest.validation import InvalidInput, SubmitJob, parse_submit
 
 RETRY_AFTER_S = "2"
+CLOSE_TIMEOUT_S = 1.0
 
 
 class BodyTooLarge(Exception):
@@ -120,7 +122,9 @@ def create_app(settings: Settings, known_tasks: set[str]) -> FastAPI:  # noqa: C
         try:
             yield
         finally:
-            await client.close()
+            # Closing ends the server sessions; an unreachable MongoDB must not stop the exit.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(client.close(), CLOSE_TIMEOUT_S)
 
     app = FastAPI(
         title="Brook",
