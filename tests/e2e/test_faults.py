@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import time
@@ -75,23 +76,37 @@ async def assert_clean(
 async def test_a_failing_task_is_retried_with_backoff_then_failed_with_its_traceback(
     cluster: Cluster, store: JobStore
 ) -> None:
-    disp = cluster.dispatcher()
-    [job_id] = await submit(store, "fail", payload={"message": "boom"}, max_attempts=3)
+    # Retry n waits min(cap, base·2^(n-1))·U(0.5, 1): 0.25-0.5 s, 0.5-1 s, then 1-2 s. The
+    # sweep is slow, so only the due timer starts a retry.
+    base = 0.5
+    disp = cluster.dispatcher(
+        BROOK_RETRY_BASE_SECONDS=str(base), BROOK_RETRY_CAP_SECONDS="30", BROOK_SWEEP_SECONDS="30"
+    )
+    [job_id] = await submit(store, "fail", payload={"message": "boom"}, max_attempts=4)
     flaky = await submit(store, "flaky", payload={"succeed_on": 2})
     await wait_all_terminal(store, 2)
     job = await store.get(job_id)
-    assert job.status == "failed" and job.attempts == 3
+    assert job.status == "failed" and job.attempts == 4
     assert (
         job.error is not None
         and job.error["type"] == "DemoFailure"
         and job.error["message"] == "boom"
     )
     assert "Traceback" in job.error["traceback"] and "raise DemoFailure" in job.error["traceback"]
-    retries = [h for h in job.history if h["status"] == "pending"][1:]
-    assert len(retries) == 2
+    # The spacing: from each failed attempt to the claim of the next one.
+    steps = [(h["status"], h["at"]) for h in job.history]
+    gaps = [
+        (claimed - failed).total_seconds()
+        for (s1, failed), (s2, claimed) in itertools.pairwise(steps[1:])
+        if (s1, s2) == ("pending", "running")
+    ]
+    assert len(gaps) == 3, steps
+    for attempt, gap in enumerate(gaps, start=1):
+        full = base * 2 ** (attempt - 1)
+        assert full / 2 <= gap <= full + 0.3, (attempt, gaps)
     assert [e["event"] for e in disp.logs() if e.get("job_id") == job_id].count(
         "job.retry_scheduled"
-    ) == 2
+    ) == 3
     ok = await store.get(flaky[0])
     assert ok.status == "completed" and ok.result == 2 and ok.attempts == 2
     await assert_clean(store, [job_id, *flaky], disp)
@@ -208,18 +223,23 @@ async def test_a_sigkilled_dispatchers_jobs_are_requeued_and_run_exactly_once(
     cluster: Cluster, store: JobStore
 ) -> None:
     a = cluster.dispatcher()
-    ids = await submit(store, "record", 6, payload={"seconds": 1.0})
+    ids = await submit(store, "record", 6, payload={"seconds": 3.0})
     wait_until(lambda: len(a.events("task.started")) >= 2, timeout=15)
-    workers = a.children()
+    workers = [int(e["pid"]) for e in a.events("task.started")]
+    assert len(workers) == 2 and all(pid_alive(p) for p in workers)
+    taken = {e["job_id"] for e in a.events("job.claimed")}
+    assert len(taken) == 2  # concurrency 2, and 3 s jobs: none finished yet
     a.kill()  # SIGKILL: no release, no goodbye
     wait_until(lambda: not any(pid_alive(p) for p in workers), timeout=5)  # workers die with it
     b = cluster.dispatcher()
     await wait_all_terminal(store, 6, timeout=60)
     expired = b.events("lease.expired")
-    assert len(expired) == 2 and {e["owner"] for e in expired} == {a_owner(a)}
+    assert {e["job_id"] for e in expired} == taken and {e["owner"] for e in expired} == {a_owner(a)}
     report = await check_history(store, ids, all_logs(a, b), effects=True)
     assert report.problems == []
     assert report.by_status() == {"completed": 6}
+    for job_id in ids:  # the killed attempt counts; no other job was touched twice
+        assert report.jobs[job_id]["attempts"] == (2 if job_id in taken else 1), job_id
 
 
 def a_owner(proc: BrookProcess) -> str:
@@ -230,24 +250,27 @@ async def test_a_frozen_dispatcher_loses_its_lease_and_kills_its_worker_on_wakin
     cluster: Cluster, store: JobStore
 ) -> None:
     a = cluster.dispatcher()
-    [job_id] = await submit(store, "record", payload={"seconds": 8})
+    # Attempt 1 would take a minute; attempt 2 (elsewhere) half a second.
+    [job_id] = await submit(store, "record", payload={"seconds": [60, 0.5]})
     pid = worker_pid(a, job_id)
-    a.signal(signal.SIGSTOP)
+    os.killpg(a.pid, signal.SIGSTOP)  # the dispatcher and its workers: nothing of it runs
     try:
         b = cluster.dispatcher()
         b.wait_for_event("lease.expired", timeout=20)
-        b.wait_for_event("job.claimed", timeout=20, where=lambda e: e["job_id"] == job_id)
+        b.wait_for_event("job.completed", timeout=20, where=lambda e: e["job_id"] == job_id)
     finally:
-        a.signal(signal.SIGCONT)
+        os.killpg(a.pid, signal.SIGCONT)
+    # On waking, a's worker is still in attempt 1: a must find its lease gone and stop it.
     lost = a.wait_for_event("lease.lost", timeout=10)
     assert lost["job_id"] == job_id
     killed = a.wait_for_event("worker.killed", timeout=5)
     assert killed["reason"] == "lease_lost" and killed["pid"] == pid
     wait_until(lambda: not pid_alive(pid), timeout=5)
-    await wait_all_terminal(store, 1, timeout=30)
     job = await store.get(job_id)
     assert job.status == "completed" and job.attempts == 2 and job.result["attempt"] == 2
     assert not a.events("job.completed")
+    effects = await store.db["effects"].find({}, projection={"_id": 0}).to_list()
+    assert effects == [{"job_id": job_id, "attempt": 2, "n": None}]
     await assert_clean(store, [job_id], a, b, effects=True)
 
 
