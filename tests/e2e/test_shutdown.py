@@ -375,7 +375,6 @@ async def test_the_roles_die_with_a_sigkilled_brook_up_and_free_the_api_port(
     assert port_is_free(cluster.port)
 
 
-@pytest.mark.timeout(180)
 def test_brook_up_stops_its_own_frozen_replica_set_in_time(tmp_path: Path) -> None:
     from tests.conftest import ROOT
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from brook.replset import ReplicaSet
 from tests.conftest import ROOT, extra_port
@@ -19,6 +20,7 @@ from tests.e2e.conftest import free_port
 from tests.support.procs import pid_alive, wait_until
 
 
+@pytest.mark.timeout(330)  # its own waits: 90 + 30 + 60 + 30 + 60 + 40 s
 def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans_up(
     tmp_path: Path,
 ) -> None:
@@ -61,8 +63,8 @@ def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans
         )
 
     try:
-        wait_until(lambda: events("up.started"), timeout=120)
-        wait_until(lambda: _ok(f"http://127.0.0.1:{port}/readyz"), timeout=60)
+        wait_until(lambda: events("up.started"), timeout=90)
+        wait_until(lambda: _ok(f"http://127.0.0.1:{port}/readyz"), timeout=30)
         assert sorted(s for _, s in rs.member_states()) == ["PRIMARY", "SECONDARY", "SECONDARY"]
         done = cli("submit", "echo", "--payload", '{"x": 1}', "--wait", "--wait-timeout", "60")
         assert done.returncode == 0 and json.loads(done.stdout) == {"x": 1}, done.stderr
@@ -79,7 +81,7 @@ def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans
         workers = [int(e["pid"]) for e in events("worker.started")]
         assert len(workers) >= 4  # two per dispatcher, both generations
         up.send_signal(signal.SIGINT)  # Ctrl-C
-        assert up.wait(90) == 0
+        assert up.wait(40) == 0
     finally:
         if up.poll() is None:
             up.kill()

@@ -86,6 +86,7 @@ def test_killing_the_primary_elects_a_new_one_and_the_client_keeps_working(
         client.close()
 
 
+@pytest.mark.timeout(330)  # five `brook mongo` calls of up to 60 s
 def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path) -> None:
     port = extra_port("mongo_cli")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
@@ -99,7 +100,7 @@ def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path
             env=env,
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=60,
         )
 
     up = brook("up")
