@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -562,13 +562,19 @@ async def test_a_dispatcher_whose_token_fell_off_the_oplog_sweeps_and_runs_every
             #    jobs submitted in between are found by the reset path's sweep, at once.
             os.killpg(second.pid, signal.SIGSTOP)
             try:
+                # A decoy answers the stream's pending getMore, so no later insert can reach
+                # the frozen dispatcher except through the reset's sweep.
+                later = datetime.now(UTC) + timedelta(hours=1)
+                [decoy] = await submit(store, "noop", run_at=later)
+                await asyncio.sleep(0.5)
                 late = await submit(store, "noop", 10)
                 await fall_off_the_oplog(store, oplog)
             finally:
                 os.killpg(second.pid, signal.SIGCONT)
             wait_until(lambda: len(second.events("stream.history_lost")) == 2, timeout=30)
             await wait_all_terminal(store, len(ids) + 10, timeout=5)
-            ids += late + await start_at_once(store, 3)
+            await store.cancel(decoy)
+            ids += [decoy, *late, *await start_at_once(store, 3)]
             await assert_clean(store, ids, first, second)
         finally:
             cluster.close()

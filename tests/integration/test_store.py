@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -136,6 +136,16 @@ async def test_a_zombie_completion_from_a_stale_attempt_is_rejected(store: JobSt
         await store.complete(Lease(job_id=sub.job.id, attempt=1), OWNER, "stale")
     with pytest.raises(LeaseLost):  # right attempt, wrong owner
         await store.complete(Lease(job_id=sub.job.id, attempt=2), OWNER, "stale")
+    stale = Lease(job_id=sub.job.id, attempt=1)
+    writes: list[Callable[[], Awaitable[Job]]] = [  # every other outcome write is fenced too
+        lambda: store.fail_attempt(stale, OWNER, {"type": "E", "message": ""}, 0),
+        lambda: store.cancel_running(stale, OWNER),
+        lambda: store.release(stale, OWNER),
+    ]
+    for write in writes:
+        with pytest.raises(LeaseLost):
+            await write()
+    assert (await store.get(sub.job.id)).status == JobStatus.RUNNING
     done = await store.complete(Lease(job_id=sub.job.id, attempt=2), "other-owner", "fresh")
     assert done.status == JobStatus.COMPLETED and done.result == "fresh"
     with pytest.raises(LeaseLost):  # a completed job cannot be completed again
