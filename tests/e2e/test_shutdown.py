@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -113,9 +114,11 @@ def exits_within(proc: BrookProcess, since: float, limit: float) -> float:
     """Seconds from `since` until `proc` exited; fails (with its log) past `limit`."""
     try:
         proc.proc.wait(max(since + limit - time.monotonic(), 0.0))
-    except Exception:
+    except subprocess.TimeoutExpired:
+        log = proc.raw_log()[-3000:]
+        proc.kill()  # its workers and roles die with it (PR_SET_PDEATHSIG)
         raise AssertionError(
-            f"{proc.role} still running {limit}s after the signal:\n{proc.raw_log()[-3000:]}"
+            f"{proc.role} still running {limit}s after the signal:\n{log}"
         ) from None
     return time.monotonic() - since
 
