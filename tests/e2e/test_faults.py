@@ -108,7 +108,7 @@ async def test_a_failing_task_is_retried_with_backoff_then_failed_with_its_trace
     assert len(gaps) == 3, steps
     for attempt, gap in enumerate(gaps, start=1):
         full = base * 2 ** (attempt - 1)
-        assert full / 2 <= gap <= full + 0.3, (attempt, gaps)
+        assert full / 2 <= gap <= full + 0.5, (attempt, gaps)
     assert [e["event"] for e in disp.logs() if e.get("job_id") == job_id].count(
         "job.retry_scheduled"
     ) == 3
