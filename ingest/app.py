@@ -8,6 +8,8 @@ the error handlers (`ingest.errors`) and the request counter (`ingest.metrics`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -22,6 +24,7 @@ from ingest.routes import docs, jobs, ops, queues, schedules
 from ingest.state import RequestCounts, open_state
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+CLOSE_TIMEOUT_S = 1.0
 
 
 def _lifespan(settings: Settings, known_tasks: frozenset[str], requests: RequestCounts) -> Lifespan:
@@ -32,7 +35,9 @@ def _lifespan(settings: Settings, known_tasks: frozenset[str], requests: Request
         try:
             yield
         finally:
-            await state.client.close()
+            # Closing ends the server sessions; an unreachable MongoDB must not stop the exit.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.client.close(), CLOSE_TIMEOUT_S)
 
     return lifespan
 

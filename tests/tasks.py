@@ -12,8 +12,12 @@ from executor.registry import task
 
 @task("record")
 async def record(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
-    """Sleep `seconds`, then record this attempt in `effects` and return it."""
-    await asyncio.sleep(float(payload.get("seconds", 0)))
+    """Sleep `seconds` (a number, or a list: one per attempt), then record this attempt in
+    `effects` and return it."""
+    seconds = payload.get("seconds", 0)
+    if isinstance(seconds, list):
+        seconds = seconds[min(ctx.attempt, len(seconds)) - 1]
+    await asyncio.sleep(float(seconds))
     effect = {"job_id": ctx.job_id, "attempt": ctx.attempt, "n": payload.get("n")}
     await ctx.database()["effects"].insert_one(dict(effect))
     return effect
