@@ -611,20 +611,27 @@ class JobStore:
             )
             for lease, result in items
         ]
-        refused: dict[str, str] = {}
-        try:
-            res = await self.jobs.bulk_write(ops, ordered=False)
-            if res.matched_count == len(ops):
-                return {lease.job_id for lease, _ in items}, refused
-        except BulkWriteError as exc:
-            for err in exc.details.get("writeErrors", []):
-                refused[items[err["index"]][0].job_id] = str(err.get("errmsg", ""))[:2000]
-        # Which ones are ours? A completed job with our attempt number can only be ours:
-        # every claim takes a new attempt number.
-        wanted = {lease.job_id: lease.attempt for lease, _ in items}
-        docs = await self.jobs.find(
-            {"_id": {"$in": list(wanted)}}, projection={"status": 1, "attempts": 1}
-        ).to_list()
+        # One causally consistent session: after a write-concern error (the write applied on
+        # the primary but its majority wait failed) the read-back waits until the write is
+        # majority-committed (or gone), instead of reading the old state and calling the
+        # job lost when it is in fact completed.
+        async with self.db.client.start_session(causal_consistency=True) as session:
+            refused: dict[str, str] = {}
+            try:
+                res = await self.jobs.bulk_write(ops, ordered=False, session=session)
+                if res.matched_count == len(ops):
+                    return {lease.job_id for lease, _ in items}, refused
+            except BulkWriteError as exc:
+                for err in exc.details.get("writeErrors", []):
+                    refused[items[err["index"]][0].job_id] = str(err.get("errmsg", ""))[:2000]
+            # Which ones are ours? A completed job with our attempt number can only be ours:
+            # every claim takes a new attempt number.
+            wanted = {lease.job_id: lease.attempt for lease, _ in items}
+            docs = await self.jobs.find(
+                {"_id": {"$in": list(wanted)}},
+                projection={"status": 1, "attempts": 1},
+                session=session,
+            ).to_list()
         done = {
             d["_id"]
             for d in docs
