@@ -1,6 +1,6 @@
 """`python -m bench.run`: Brook's latency and throughput benchmark on real processes.
 
-    python -m bench.run [--scenario latency|throughput|probe|all] [--jobs 5000] [--rate 20]
+    python -m bench.run [--scenario latency|throughput|batch|probe|all] [--jobs 5000] [--rate 20]
                         [--duration 30] [--concurrency N] [--keep-mongo] [--py-spy PATH]
 
 Each scenario gets a fresh database (`bench_<stamp>_<scenario>`, dropped at the end) and
@@ -28,7 +28,14 @@ from typing import Any
 from bench.events import enable_post_images, events_fanout
 from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
-from bench.scenarios import Context, latency, probe, throughput_backlog, throughput_http
+from bench.scenarios import (
+    Context,
+    batch_submit,
+    latency,
+    probe,
+    throughput_backlog,
+    throughput_http,
+)
 
 TARGET_P50_MS = 15.0
 TARGET_P99_MS = 50.0
@@ -38,10 +45,12 @@ TARGET_JOBS_PER_S = 500.0
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument(
-        "--scenario", choices=["latency", "throughput", "probe", "events", "all"], default="all"
+        "--scenario",
+        choices=["latency", "throughput", "batch", "probe", "events", "all"],
+        default="all",
     )
+    p.add_argument("--jobs", type=int, default=5000, help="throughput, batch: jobs per variant")
     p.add_argument("--sse-clients", type=int, default=200, help="events: SSE clients")
-    p.add_argument("--jobs", type=int, default=5000, help="throughput: jobs per variant")
     p.add_argument("--rate", type=float, default=20.0, help="latency: submissions per second")
     p.add_argument("--duration", type=float, default=30.0, help="latency: seconds of submitting")
     p.add_argument(
@@ -247,6 +256,18 @@ def summarize(results: dict[str, Any]) -> str:
             f"{_d(ev['insert_ack_to_completed_event_ms'])}",
             f"  API CPU {api_cpu.get('share_of_one_core', 0) * 100:.0f}% of one core",
         ]
+    if "batch_submit" in results:
+        bs = results["batch_submit"]
+        lines += [
+            f"batch submit: {bs['jobs']} jobs each way, {bs['batch_size']} per call, one call "
+            "at a time",
+            f"  POST /jobs/batch           {bs['http']['jobs_per_s']:.0f} jobs/s; request ms "
+            f"{_d(bs['http']['request_ms'], ('p50', 'p99', 'max'))}",
+            f"  AsyncClient.submit_many    {bs['python']['jobs_per_s']:.0f} jobs/s; call ms "
+            f"{_d(bs['python']['call_ms'], ('p50', 'p99', 'max'))}",
+            _cpu_note(bs.get("resources", {}), 2 * bs["jobs"]),
+            _log_note(bs["logs"]),
+        ]
     for label, prof in results.get("profiles", {}).items():
         if prof.get("samples"):
             top = ", ".join(f"{name} {pct}%" for name, pct in prof["top_self"][:6])
@@ -311,6 +332,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         lambda: events_fanout(ctx, args.sse_clients, args.rate, args.duration),
                     )
                 )
+            if args.scenario in ("batch", "all"):
+                plan.append(("batch_submit", lambda: batch_submit(ctx, args.jobs)))
             for name, scenario in plan:
                 print(f"[bench] {name} ...", file=sys.stderr, flush=True)
                 t = time.monotonic()

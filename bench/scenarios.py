@@ -45,6 +45,7 @@ from bench.stats import (
     ms,
     per_second,
 )
+from brook import AsyncClient
 from common.db import database, make_client
 from common.models import JobSpec
 from common.settings import Settings
@@ -299,6 +300,64 @@ def throughput_http(ctx: Context, jobs: int, clients: int, per_client: int) -> d
         **_job_figures(found, ctx.concurrency),
         "resources": cpu,
         "logs": logs,
+    }
+
+
+# Batch submits are parked an hour ahead so the dispatcher does not run them while the
+# submits are measured (its due timer is armed once, for the earliest).
+PARKED = {"task": "noop", "payload": {"bench": "batch"}, "delay": 3600}
+
+
+async def _post_batches(api: Api, jobs: int, size: int) -> tuple[float, list[float]]:
+    """`jobs` specs through `POST /jobs/batch`, `size` per request, one request at a time."""
+    rtts: list[float] = []
+    async with httpx.AsyncClient(base_url=api.base_url, headers=api.headers, timeout=60) as http:
+        start = time.monotonic()
+        for first in range(0, jobs, size):
+            body = {"jobs": [PARKED] * min(size, jobs - first)}
+            sent = time.monotonic()
+            resp = await http.post("/jobs/batch", json=body)
+            rtts.append((time.monotonic() - sent) * 1000)
+            if resp.status_code != 202:
+                raise BenchError(f"batch submit: {resp.status_code} {resp.text[:300]}")
+        return time.monotonic() - start, rtts
+
+
+async def _client_batches(uri: str, db: str, jobs: int, size: int) -> tuple[float, list[float]]:
+    """`jobs` specs through `AsyncClient.submit_many`, `size` per call, one call at a time."""
+    calls: list[float] = []
+    async with AsyncClient(uri, db) as client:
+        await client.submit_many([PARKED])  # connect, indexes, task check: not measured
+        start = time.monotonic()
+        for first in range(0, jobs, size):
+            sent = time.monotonic()
+            await client.submit_many([PARKED] * min(size, jobs - first))
+            calls.append((time.monotonic() - sent) * 1000)
+        return time.monotonic() - start, calls
+
+
+def batch_submit(ctx: Context, jobs: int, size: int = 1000) -> dict[str, Any]:
+    """Submit throughput of the batch paths, `size` specs per call: over HTTP
+    (`POST /jobs/batch`) and from Python (`AsyncClient.submit_many`, straight to MongoDB)."""
+    db = ctx.new_db("batch")
+    with ctx.roles(db, "batch", api=True) as roles:
+        api = roles.http()
+        wait_dispatcher(api, roles.procs)
+        with ctx.window("batch", roles) as cpu:
+            http_s, rtts = asyncio.run(_post_batches(api, jobs, size))
+            py_s, calls = asyncio.run(_client_batches(ctx.deployment.uri, db, jobs, size))
+        stored = ctx.client[db]["jobs"].count_documents({"payload.bench": "batch"})
+    if stored != 2 * jobs + 1:
+        raise BenchError(f"batch submit stored {stored} jobs, expected {2 * jobs + 1}")
+    return {
+        "jobs": jobs,
+        "batch_size": size,
+        "http": {"seconds": round(http_s, 3), "jobs_per_s": round(jobs / http_s, 1)}
+        | {"request_ms": dist(rtts)},
+        "python": {"seconds": round(py_s, 3), "jobs_per_s": round(jobs / py_s, 1)}
+        | {"call_ms": dist(calls)},
+        "resources": cpu,
+        "logs": roles.logs(),
     }
 
 

@@ -1,0 +1,27 @@
+"""Brook: an event-driven job engine on MongoDB. The Python API::
+
+    from brook import Client, AsyncClient
+"""
+
+from brook.client import AsyncClient, Client
+from common.errors import (
+    BrookError,
+    InvalidInput,
+    JobConflict,
+    JobNotFound,
+    WaitTimeout,
+)
+from common.models import Job
+from common.status import JobStatus
+
+__all__ = [
+    "AsyncClient",
+    "BrookError",
+    "Client",
+    "InvalidInput",
+    "Job",
+    "JobConflict",
+    "JobNotFound",
+    "JobStatus",
+    "WaitTimeout",
+]

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from common.backoff import exponential
 from common.errors import BrookError
 from common.events import Event, emit
 from common.settings import Settings, load_settings
 from common.status import TERMINAL, JobStatus
+from common.validation import MAX_BATCH
+
+if TYPE_CHECKING:
+    from brook.replset import ReplicaSet
 
 JsonObject = dict[str, Any]  # a JSON object as the API sends it
 
@@ -36,6 +42,14 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     from executor.registry import load_tasks
     from ingest.app import create_app
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit:  # a second SIGTERM / Ctrl-C: stop now, whatever is pending
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                os._exit(130)
+            super().handle_exit(sig, frame)
+
     configure_logging(settings.log_level, role="api")
     app = create_app(settings, set(load_tasks(settings)))
     config = uvicorn.Config(
@@ -45,8 +59,10 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
         log_config=None,
         access_log=False,
         lifespan="on",
+        # Requests still waiting on MongoDB when the grace period ends are cancelled.
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
     )
-    server = uvicorn.Server(config)
+    server = Server(config)
     server.run()
     crashed = getattr(app.state, "crashed", False)  # a background task died: see its log
     return 0 if server.started and not crashed else 1
@@ -62,78 +78,157 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
     """Replica set (unless BROOK_MONGO_URI is set) + API + dispatcher, in the foreground.
 
     Ctrl-C / SIGTERM at any moment stops everything this command started, in order:
-    the dispatcher first (it hands running jobs back), then the API, then the replica set.
+    the dispatcher first (it hands running jobs back), then the API, then the replica set,
+    within the grace period + 5 s whatever the state of MongoDB. A second signal stops at
+    once. The roles die with this process even when it is SIGKILLed (PR_SET_PDEATHSIG).
     """
     from brook.replset import ReplicaSet
     from common.log import configure_logging
 
     configure_logging(settings.log_level, role="up")
-    stop = {"signal": 0}
-
-    def on_signal(signum: int, _: Any) -> None:
-        stop["signal"] = signum
-
     # Handlers first: the children run in their own sessions, so Ctrl-C reaches only this
     # process, which then stops them in a safe order.
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    signals = _Signals()
+    signals.install()
     env = dict(os.environ)
     started_rs: ReplicaSet | None = None
     children: dict[str, subprocess.Popen[bytes]] = {}
     code = 0
     try:
-        if settings.mongo_uri is None:
-            rs = ReplicaSet(home=settings.home, base_port=settings.mongo_port)
-            if not rs.running():
-                started_rs = rs
-            t0 = time.monotonic()
-            uri = rs.up()
-            emit(
-                Event.MONGO_UP,
-                uri=uri,
-                seconds=round(time.monotonic() - t0, 2),
-                members=rs.member_states(),
-            )
-            env["BROOK_MONGO_URI"] = uri
-        cmd = [sys.executable, "-m", "brook.cli"]
+        with signals.interruptible():  # start-up can wait on mongod for a minute
+            if settings.mongo_uri is None:
+                rs = ReplicaSet(home=settings.home, base_port=settings.mongo_port)
+                if not rs.running():
+                    started_rs = rs
+                t0 = time.monotonic()
+                uri = rs.up()
+                emit(
+                    Event.MONGO_UP,
+                    uri=uri,
+                    seconds=round(time.monotonic() - t0, 2),
+                    members=rs.member_states(),
+                )
+                env["BROOK_MONGO_URI"] = uri
 
-        def spawn(role: str) -> subprocess.Popen[bytes]:
-            return subprocess.Popen([*cmd, role], env=env, start_new_session=True)
+            def spawn(role: str) -> subprocess.Popen[bytes]:
+                return _spawn_role(role, env)
 
-        for role in ("dispatcher", "api"):
-            if stop["signal"]:
-                break
-            children[role] = spawn(role)
-        if not stop["signal"]:
+            for role in ("dispatcher", "api"):
+                children[role] = spawn(role)
             emit(
                 Event.UP_STARTED,
                 api=f"http://{settings.api_host}:{settings.api_port}",
                 pids={r: p.pid for r, p in children.items()},
             )
-            code = _supervise(children, spawn, stop)
+        code = _supervise(children, spawn, signals)
+    except _Interrupted:
+        pass
     finally:
-        emit(Event.UP_STOPPING, signal=stop["signal"] or None)
-        _stop_children(children, settings.shutdown_grace_seconds + 30)
+        emit(Event.UP_STOPPING, signal=signals.first_name)
+        grace_ends = (signals.first_at or time.monotonic()) + settings.shutdown_grace_seconds
+        _stop_children(children, signals, grace_ends + ROLE_MARGIN_S)
         if started_rs is not None:
-            started_rs.down()
+            _stop_replset(started_rs, signals, grace_ends + MONGO_MARGIN_S)
             emit(Event.MONGO_DOWN)
         emit(Event.UP_STOPPED)
-    return code
+    return 130 if signals.count > 1 else code
 
 
 RESTART_LIMIT = 5  # restarts of one role within RESTART_WINDOW_S before `up` gives up
 RESTART_WINDOW_S = 60.0
+# After a signal, `up` is done within the grace period + 5 s whatever MongoDB does: a role
+# still running ROLE_MARGIN_S after the grace period is killed (a dispatcher that cannot
+# reach MongoDB to hand its jobs back leaves them to lease expiry), and the replica set
+# `up` started is down MONGO_MARGIN_S after it.
+ROLE_MARGIN_S = 3.0
+MONGO_MARGIN_S = 4.0
+HURRY_S = 1.0  # after a second signal: how long the roles get to exit before SIGKILL
+PR_SET_PDEATHSIG = 1
+
+
+class _Interrupted(Exception):
+    """A signal arrived while `up` was starting."""
+
+
+class _Signals:
+    """SIGINT/SIGTERM for `up`. The handler only records them (the loops poll), except while
+    `interruptible()`, where the first one raises `_Interrupted` to abort start-up."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[int, float]] = []
+        self._raise = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum: int, _: Any) -> None:
+        self.received.append((signum, time.monotonic()))
+        if self._raise:
+            self._raise = False
+            raise _Interrupted
+
+    @property
+    def count(self) -> int:
+        return len(self.received)
+
+    @property
+    def first_at(self) -> float | None:
+        return self.received[0][1] if self.received else None
+
+    @property
+    def first_name(self) -> str | None:
+        return signal.Signals(self.received[0][0]).name if self.received else None
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        if self.received:
+            raise _Interrupted
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
+
+
+def _spawn_role(role: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start a role in its own session (Ctrl-C reaches only `up`, which stops the roles in
+    order) that dies with `up`, even when `up` is SIGKILLed: no orphan keeps the API port."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "brook.cli", role],
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent_hook(),
+    )
+
+
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """The child side of PR_SET_PDEATHSIG, prepared in the parent (the child between fork
+    and exec should only make the system call). The signal fires when the *thread* that
+    forked exits: `up` forks from its main thread only."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # `up` died before the call: do not outlive it
+            os._exit(1)
+
+    return hook
 
 
 def _supervise(
     children: dict[str, subprocess.Popen[bytes]],
-    spawn: Any,
-    stop: dict[str, int],
+    spawn: Callable[[str], subprocess.Popen[bytes]],
+    signals: _Signals,
 ) -> int:
     """Restart a role that dies (a killed dispatcher's jobs come back after lease expiry);
     give up, stopping everything, if one keeps dying."""
     restarts: dict[str, list[float]] = {role: [] for role in children}
-    while not stop["signal"]:
+    while not signals.count:
         for role, proc in list(children.items()):
             if proc.poll() is None:
                 continue
@@ -159,9 +254,9 @@ def _supervise(
                 restart_in_s=delay,
             )
             deadline = now + delay
-            while time.monotonic() < deadline and not stop["signal"]:
+            while time.monotonic() < deadline and not signals.count:
                 time.sleep(0.1)
-            if stop["signal"]:
+            if signals.count:
                 break
             restarts[role] = [*recent, time.monotonic()]
             children[role] = spawn(role)
@@ -170,18 +265,58 @@ def _supervise(
     return 0
 
 
-def _stop_children(children: dict[str, subprocess.Popen[bytes]], timeout: float) -> None:
+def _stop_children(
+    children: dict[str, subprocess.Popen[bytes]], signals: _Signals, deadline: float
+) -> None:
+    """SIGTERM every role and wait for them; a role still running at `deadline` is killed.
+    A second signal is passed on (a role's second signal stops it at once), and what is
+    still running HURRY_S later is killed."""
+    # Stopping because a role kept dying (no signal yet): the first signal is the second.
+    hurry_at = 2 if signals.count else 1
+    hurried = False
     for proc in children.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for role, proc in children.items():
-        try:
-            proc.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            emit(Event.UP_KILL, level="error", role=role, pid=proc.pid)
-            proc.kill()
-            proc.wait()
+    while True:
+        alive = {role: proc for role, proc in children.items() if proc.poll() is None}
+        if not alive:
+            return
+        if not hurried and signals.count >= hurry_at:
+            hurried = True
+            for proc in alive.values():
+                proc.send_signal(signal.SIGTERM)
+            deadline = min(deadline, time.monotonic() + HURRY_S)
+        if time.monotonic() >= deadline:
+            for role, proc in alive.items():
+                emit(Event.UP_KILL, level="error", role=role, pid=proc.pid)
+                proc.kill()
+            for proc in alive.values():
+                proc.wait()
+            return
+        time.sleep(0.05)
+
+
+def _stop_replset(rs: ReplicaSet, signals: _Signals, deadline: float) -> None:
+    """Stop the members of the replica set `up` started, all at once (each shuts down
+    cleanly on SIGTERM within a second or so); one still running at `deadline` (frozen,
+    say) is killed. After a second signal they are only told to stop."""
+    from brook.replset import pid_alive
+
+    pids = [pid for pid in (rs.pid(i) for i in range(rs.members)) if pid is not None]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    while any(pid_alive(pid) for pid in pids):
+        if signals.count > 1:
+            return
+        if time.monotonic() >= deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            while any(pid_alive(pid) for pid in pids):
+                time.sleep(0.05)
+            return
+        time.sleep(0.05)
 
 
 def cmd_mongo(settings: Settings, args: argparse.Namespace) -> int:
@@ -247,7 +382,7 @@ def _print(doc: JsonObject) -> None:
     print(json.dumps(doc, indent=2, sort_keys=False))
 
 
-def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
+def _spec(args: argparse.Namespace) -> JsonObject:
     try:
         payload = json.loads(args.payload)
     except ValueError as exc:
@@ -255,13 +390,25 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
     body: JsonObject = {
         "task": args.task,
         "payload": payload,
+        "queue": args.queue,
         "priority": args.priority,
         "max_attempts": args.max_attempts,
     }
     for key in ("run_at", "timeout_s", "idempotency_key"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
-    job = _api(settings, "POST", "/jobs", body)
+    return body
+
+
+def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
+    if args.count < 1:
+        die("--count must be at least 1", 2)
+    if args.count > 1 and (args.wait or args.idempotency_key is not None):
+        die("--count submits many jobs: it cannot go with --wait or --idempotency-key", 2)
+    spec = _spec(args)
+    if args.count > 1:
+        return _submit_count(settings, spec, args.count)
+    job = _api(settings, "POST", "/jobs", spec)
     if not args.wait:
         _print(job)
         return 0
@@ -274,20 +421,23 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
-    """Follow the job's event stream to its end, showing its progress if it reports any."""
-    from brook.watching import ProgressView, StreamFailed, follow
+    """Follow the job's event stream (no polling) until it is terminal, showing its status
+    and progress on stderr; a cut stream is resumed with Last-Event-ID."""
+    from brook.job_view import job_view
+    from brook.watching import StreamFailed, follow
 
-    view = ProgressView(job["id"])
+    view = job_view()
     latest = job
 
     def on_event(kind: str, data: JsonObject) -> bool:
         nonlocal latest
         if kind == "job":
             latest = data
-            view.show(data)
+            view.update(data)
         return str(latest["status"]) in TERMINAL
 
     try:
+        view.update(job)
         done = follow(
             settings, f"/jobs/{job['id']}/events", on_event, deadline=time.monotonic() + timeout
         )
@@ -298,6 +448,21 @@ def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
     if not done or latest["status"] not in TERMINAL:
         die(f"job {job['id']} still {latest['status']} after {timeout}s")
     return latest
+
+
+def _submit_count(settings: Settings, spec: JsonObject, count: int) -> int:
+    """`count` copies of `spec` through `POST /jobs/batch`, as few requests as the batch
+    size and the body limit allow; prints the new ids, one per line."""
+    per_spec = len(json.dumps(spec)) + 2
+    room = max((settings.max_body_bytes - 64) // per_spec, 1)
+    size = min(MAX_BATCH, room)
+    left = count
+    while left:
+        n = min(size, left)
+        out = _api(settings, "POST", "/jobs/batch", {"jobs": [spec] * n})
+        print("\n".join(job["id"] for job in out["jobs"]))
+        left -= n
+    return 0
 
 
 def cmd_watch(settings: Settings, args: argparse.Namespace) -> int:
@@ -327,12 +492,18 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
-    given = {"status": args.status, "task": args.task, "limit": args.limit, "after": args.after}
+    given = {
+        "status": args.status,
+        "task": args.task,
+        "queue": args.queue,
+        "limit": args.limit,
+        "after": args.after,
+    }
     params: dict[str, str | int] = {k: v for k, v in given.items() if v is not None}
     page = _api(settings, "GET", "/jobs", params=params)
     for job in page["jobs"]:
         print(
-            f"{job['id']}  {job['status']:<9}  {job['task']:<12}  "
+            f"{job['id']}  {job['status']:<9}  {job['task']:<12}  {job.get('queue', '-'):<10}  "
             f"attempts={job['attempts']}/{job['max_attempts']}  created={job['created_at']}"
         )
     if page.get("next"):
@@ -342,6 +513,46 @@ def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_cancel(settings: Settings, args: argparse.Namespace) -> int:
     _print(_api(settings, "POST", f"/jobs/{args.id}/cancel"))
+    return 0
+
+
+def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
+    if args.action != "ls":
+        if not args.name:
+            die(f"brook schedules {args.action} needs a schedule NAME", 2)
+        _print(_api(settings, "POST", f"/schedules/{quote(args.name, safe='')}/{args.action}"))
+        return 0
+    schedules = _api(settings, "GET", "/schedules")["schedules"]
+    if not schedules:
+        print("# no schedules (a dispatcher declares them when it starts)", file=sys.stderr)
+    for s in schedules:
+        print(
+            f"{s['name']:<20}  {s['cron']:<16}  {s['tz']:<16}  {s['task']:<12}  "
+            f"{'paused' if s['paused'] else 'active':<6}  next={s['next_run'] or '-'}  "
+            f"last_job={s['last_job_id'] or '-'}"
+        )
+    return 0
+
+
+def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
+    _print(_api(settings, "POST", f"/jobs/{args.id}/retry"))
+    return 0
+
+
+def cmd_queue_ls(settings: Settings, _: argparse.Namespace) -> int:
+    queues = _api(settings, "GET", "/queues")["queues"]
+    statuses = [s.value for s in JobStatus]
+    print("  ".join([f"{'queue':<20}", *(f"{s:>9}" for s in statuses), "limits"]))
+    for q in queues:
+        limits = [
+            f"concurrency={q['concurrency']}" if q.get("concurrency") is not None else "",
+            f"rate={q['rate']['limit']}/{q['rate']['per_seconds']}s" if q.get("rate") else "",
+            "paused" if q.get("paused") else "",
+        ]
+        counts = [f"{q['counts'].get(s, 0):>9}" for s in statuses]
+        print("  ".join([f"{q['name']:<20}", *counts, " ".join(x for x in limits if x) or "-"]))
     return 0
 
 
@@ -361,13 +572,21 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("submit", help="submit a job")
     s.add_argument("task")
     s.add_argument("--payload", default="{}", help="JSON object")
+    s.add_argument("--queue", default="default")
     s.add_argument("--priority", type=int, default=0)
     s.add_argument("--max-attempts", dest="max_attempts", type=int, default=3)
     s.add_argument("--run-at", dest="run_at", help="ISO-8601 datetime")
     s.add_argument("--timeout", dest="timeout_s", type=float)
     s.add_argument("--idempotency-key", dest="idempotency_key")
-    s.add_argument("--wait", action="store_true", help="wait and print the result")
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait and print the result (status and progress on stderr: a bar on a terminal)",
+    )
     s.add_argument("--wait-timeout", dest="wait_timeout", type=float, default=300.0)
+    s.add_argument(
+        "--count", type=int, default=1, help="submit N copies through the batch endpoint"
+    )
     s.set_defaults(fn=cmd_submit)
     st = sub.add_parser("status", help="show a job")
     st.add_argument("id")
@@ -375,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list jobs, newest first")
     ls.add_argument("--status", choices=sorted(s.value for s in JobStatus))
     ls.add_argument("--task")
+    ls.add_argument("--queue")
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--after", metavar="ID", help="the page after this job (the `# more:` hint)")
     ls.set_defaults(fn=cmd_ls)
@@ -388,6 +608,16 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("cancel", help="cancel a job")
     c.add_argument("id")
     c.set_defaults(fn=cmd_cancel)
+    sc = sub.add_parser("schedules", help="list cron schedules, or pause / resume one")
+    sc.add_argument("action", nargs="?", choices=["ls", "pause", "resume"], default="ls")
+    sc.add_argument("name", nargs="?", metavar="NAME")
+    sc.set_defaults(fn=cmd_schedules)
+    r = sub.add_parser("retry", help="retry a failed or cancelled job")
+    r.add_argument("id")
+    r.set_defaults(fn=cmd_retry)
+    q = sub.add_parser("queue", help="the queues")
+    qs = q.add_subparsers(dest="queue_command", required=True)
+    qs.add_parser("ls", help="each queue with its jobs by status").set_defaults(fn=cmd_queue_ls)
     return p
 
 

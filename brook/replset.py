@@ -63,6 +63,7 @@ class ReplicaSet:
     cache_gb: float = 0.25
     members: int = 3
     election_timeout_ms: int = 4000
+    ttl_monitor_s: int = 1
     extra_args: tuple[str, ...] = field(default=())
 
     @property
@@ -137,6 +138,10 @@ class ReplicaSet:
             # A signalled mongod otherwise sits 15 s in "quiesce mode" before it exits.
             "--setParameter",
             "shutdownTimeoutMillisForSignaledShutdown=500",
+            # Retention (a TTL index on `expire_at`) then deletes a finished job within a
+            # second of its time, not up to a minute later (MongoDB's default).
+            "--setParameter",
+            f"ttlMonitorSleepSecs={self.ttl_monitor_s}",
         ]
         if self.oplog_mb is not None:
             args += ["--oplogSize", str(self.oplog_mb)]

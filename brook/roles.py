@@ -1,7 +1,7 @@
 """The composition root of the dispatcher role: one client, one worker pool, one dispatcher.
 
 `dispatcher/` knows only the `Runner` protocol; this is where the executor's pool is
-chosen and handed to it.
+chosen and handed to it, and where the schedules the task modules declared reach it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from typing import NoReturn
 
 from common.db import database, make_client
@@ -18,24 +19,40 @@ from common.events import Event, emit
 from common.log import configure_logging
 from common.metrics import serve_metrics
 from common.runner import Runner
+from common.schedules import Schedule
 from common.settings import Settings
 from common.store import JobStore
 from dispatcher.service import Dispatcher
 from executor.pool import WorkerPool
 from executor.registry import load_tasks
+from executor.schedules import declared_schedules
 
 # After the dispatcher stopped: how long closing the pool and the client may take.
 CLOSE_S = 1.0
 
 
+def load_dispatcher_tasks(settings: Settings) -> tuple[frozenset[str], tuple[Schedule, ...]]:
+    """Import the task modules: the task names this dispatcher runs (all it claims) and the
+    schedules they declare. A bad BROOK_TASKS or a schedule naming an unknown task raises
+    `ConfigError` before anything starts."""
+    tasks = frozenset(load_tasks(settings))
+    return tasks, declared_schedules(set(tasks))
+
+
 async def serve_dispatcher(
-    settings: Settings, stop: asyncio.Event, runner: Runner | None = None
+    settings: Settings,
+    stop: asyncio.Event,
+    tasks: frozenset[str],
+    runner: Runner | None = None,
+    schedules: Sequence[Schedule] = (),
 ) -> None:
+    """`tasks`: what the workers run (they import the same modules); all it claims."""
     client = make_client(settings, appname="brook-dispatcher")
-    store = JobStore(database(client, settings))
-    pool = runner or WorkerPool(settings, settings.concurrency)
-    dispatcher = Dispatcher(settings, store, pool)
+    store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
+    pool = runner or WorkerPool(settings, settings.worker_slots)
+    dispatcher = Dispatcher(settings, store, pool, tasks, schedules)
     pool.on_free = dispatcher.wake
+    pool.on_progress = dispatcher.on_progress
     metrics = serve_metrics(settings)
     await pool.start()
     try:
@@ -62,8 +79,9 @@ def exit_now(code: int) -> NoReturn:
 
 
 def run_dispatcher(settings: Settings) -> int:
+    # A configuration error is one line on stderr (exit 2), before any log or process.
+    tasks, schedules = load_dispatcher_tasks(settings)
     configure_logging(settings.log_level, role="dispatcher")
-    load_tasks(settings)  # a bad BROOK_TASKS fails here, in one line, before any worker spawns
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -81,7 +99,7 @@ def run_dispatcher(settings: Settings) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
         try:
-            await serve_dispatcher(settings, stop)
+            await serve_dispatcher(settings, stop, tasks, schedules=schedules)
         except Exception as exc:
             emit(
                 Event.DISPATCHER_CRASHED,

@@ -1,18 +1,16 @@
 """The CLI's view of the API's event streams: `brook watch` and `brook submit --wait`.
 
 Both follow a server-sent event stream (never polling); when the connection is cut (the
-API restarted, say) they reconnect with `Last-Event-ID` and miss nothing. Progress, when
-a job reports it, is a progress bar on a terminal and plain lines otherwise, on stderr, so
-that stdout stays the result (or the events) alone.
+API restarted, say) they reconnect with `Last-Event-ID` and miss nothing. (`--wait` shows
+what it follows through `brook.job_view`.)
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any
 
 import httpx
 from httpx_sse import EventSource, SSEError
@@ -126,55 +124,3 @@ def event_line(job: JsonObject) -> str:
 def _pct(progress: JsonObject) -> str:
     fraction = progress.get("fraction")
     return f"{float(fraction) * 100:.0f}%" if isinstance(fraction, int | float) else "?"
-
-
-class ProgressView:
-    """`brook submit --wait`'s display: a rich progress bar on a terminal, else a plain line
-    per change of progress; nothing at all for a job that reports none."""
-
-    def __init__(self, job_id: str, out: TextIO = sys.stderr) -> None:
-        self.job_id = job_id
-        self.out = out
-        self.tty = out.isatty()
-        self._bar: Any = None
-        self._task: Any = None
-        self._last: tuple[Any, Any] | None = None
-
-    def show(self, job: JsonObject) -> None:
-        progress = job.get("progress")
-        if not isinstance(progress, dict):
-            return
-        key = (progress.get("fraction"), progress.get("message"))
-        if key == self._last:
-            return
-        self._last = key
-        if self.tty:
-            self._show_bar(progress)
-        else:
-            message = progress.get("message")
-            line = f"{self.job_id} {_pct(progress)}" + (f" {message}" if message else "")
-            print(line, file=self.out, flush=True)
-
-    def _show_bar(self, progress: JsonObject) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
-
-        fraction = progress.get("fraction")
-        done = float(fraction) * 100 if isinstance(fraction, int | float) else 0.0
-        description = str(progress.get("message") or self.job_id)
-        if self._bar is None:
-            self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                TaskProgressColumn(),
-                console=Console(file=self.out),
-                transient=True,
-            )
-            self._bar.start()
-            self._task = self._bar.add_task(description, total=100)
-        self._bar.update(self._task, completed=done, description=description)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None

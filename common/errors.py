@@ -27,6 +27,33 @@ class UnknownTask(BrookError):
     """A job names a task that no registered module provides."""
 
 
+# What a 422 carries: one message, or pydantic's errors as {"loc", "msg", "type"}.
+ErrorDetail = str | list[dict[str, object]]
+
+
+class InvalidInput(BrookError):
+    """A job spec that would not be stored: `detail` is exactly what the API's `422` says."""
+
+    def __init__(self, detail: ErrorDetail) -> None:
+        super().__init__(_readable(detail))
+        self.detail = detail
+
+
+def _readable(detail: ErrorDetail) -> str:
+    if isinstance(detail, str):
+        return detail
+    parts = []
+    for error in detail:
+        loc = error.get("loc")
+        where = ".".join(str(p) for p in loc) if isinstance(loc, list) and loc else "body"
+        parts.append(f"{where}: {error.get('msg')}")
+    return "; ".join(parts)
+
+
+class WaitTimeout(BrookError, TimeoutError):
+    """`wait(id, timeout)` ran out of time before the job finished."""
+
+
 class Retry(BrookError):
     """Raised by a task to ask for another attempt after `delay` seconds."""
 
@@ -37,3 +64,7 @@ class Retry(BrookError):
 
 class EmbeddedMongoError(BrookError):
     """The embedded replica set could not be started, stopped or reached."""
+
+
+class ScheduleNotFound(BrookError):
+    """No schedule has that name (no dispatcher has declared it)."""

@@ -17,6 +17,7 @@ class Event(StrEnum):
     JOB_FAILED = "job.failed"
     JOB_CANCELLED = "job.cancelled"
     JOB_CANCEL_REQUESTED = "job.cancel_requested"
+    JOB_RETRIED = "job.retried"  # a caller brought a failed or cancelled job back
     JOB_RELEASED = "job.released"
     JOB_RELEASE_FAILED = "job.release_failed"  # shutdown could not hand it back: lease expiry will
     JOB_TIMED_OUT = "job.timed_out"
@@ -29,6 +30,11 @@ class Event(StrEnum):
     WORKER_STOPPED = "worker.stopped"
     TASK_STARTED = "task.started"
     TASK_FINISHED = "task.finished"
+    PROGRESS_DISCARDED = "progress.discarded"  # a stale attempt's progress: fenced out
+    SCHEDULE_DECLARED = "schedule.declared"
+    SCHEDULE_MISSED = "schedule.missed"  # ticks passed while no dispatcher ran (catch_up)
+    SCHEDULE_PAUSED = "schedule.paused"
+    SCHEDULE_RESUMED = "schedule.resumed"
     STREAM_OPENED = "stream.opened"
     STREAM_RESUMED = "stream.resumed"
     STREAM_HISTORY_LOST = "stream.history_lost"

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from prometheus_client import Counter, Histogram, disable_created_metrics, start_http_server
 
 from common.events import Event, emit
+from common.models import DEFAULT_QUEUE
 from common.settings import Settings
-from common.store import DEFAULT_QUEUE
 
 # One series per counter, not a second `_created` one per label set.
 disable_created_metrics()  # type: ignore[no-untyped-call]

@@ -10,18 +10,26 @@ from common.status import JobStatus
 
 Doc = dict[str, Any]
 
+DEFAULT_QUEUE = "default"
+
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """What a client asks for; validated at the edge before it reaches the store."""
+    """What a client asks for; validated at the edge (`common.validation`) before the store."""
 
     task: str
     payload: dict[str, Any]
+    queue: str = DEFAULT_QUEUE
     priority: int = 0
     run_at: datetime | None = None
+    delay_s: float | None = None  # run_at = the server's now + delay_s
     max_attempts: int = 3
     timeout_s: float | None = None
     idempotency_key: str | None = None
+    # {"name", "tick"} for a job a cron schedule submitted (its key names both).
+    schedule: dict[str, Any] | None = None
+    unique_for_s: float | None = None  # how long `idempotency_key` returns this job
+    retention_s: float | None = None  # None: the deployment's BROOK_RETENTION_SECONDS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +38,7 @@ class Job:
     task: str
     payload: dict[str, Any]
     status: JobStatus
+    queue: str
     priority: int
     attempts: int
     max_attempts: int
@@ -41,10 +50,16 @@ class Job:
     error: dict[str, Any] | None
     timeout_s: float | None
     idempotency_key: str | None
+    unique_until: datetime | None
+    retention_s: float | None
+    expire_at: datetime | None  # set when the job finishes; the TTL index deletes it then
     owner: str | None
     lease_expires_at: datetime | None
     cancel_requested: bool
     history: list[dict[str, Any]]
+    schedule: dict[str, Any] | None = None  # {"name", "tick"}
+    progress: dict[str, Any] | None = None  # {"fraction", "message", "at", "attempt"}
+    history_truncated: int  # entries dropped from the middle of `history` by its cap
 
     @property
     def job_id(self) -> str:
@@ -55,6 +70,11 @@ class Job:
         """The current attempt: the fencing token of the lease that holds the job."""
         return self.attempts
 
+    @property
+    def lease_owner(self) -> str | None:
+        """The dispatcher holding the job's lease (the API's name for `owner`)."""
+        return self.owner
+
     @classmethod
     def from_doc(cls, doc: Doc) -> Job:
         return cls(
@@ -62,6 +82,7 @@ class Job:
             task=doc["task"],
             payload=doc.get("payload") or {},
             status=JobStatus(doc["status"]),
+            queue=doc.get("queue") or DEFAULT_QUEUE,
             priority=int(doc.get("priority", 0)),
             attempts=int(doc.get("attempts", 0)),
             max_attempts=int(doc.get("max_attempts", 1)),
@@ -73,10 +94,16 @@ class Job:
             error=doc.get("error"),
             timeout_s=doc.get("timeout_s"),
             idempotency_key=doc.get("idempotency_key"),
+            unique_until=doc.get("unique_until"),
+            retention_s=doc.get("retention_s"),
+            expire_at=doc.get("expire_at"),
             owner=doc.get("owner"),
             lease_expires_at=doc.get("lease_expires_at"),
             cancel_requested=bool(doc.get("cancel_requested", False)),
             history=list(doc.get("history") or []),
+            schedule=doc.get("schedule"),
+            progress=doc.get("progress"),
+            history_truncated=int(doc.get("history_truncated", 0)),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -86,6 +113,7 @@ class Job:
             "task": self.task,
             "payload": self.payload,
             "status": self.status.value,
+            "queue": self.queue,
             "priority": self.priority,
             "attempts": self.attempts,
             "max_attempts": self.max_attempts,
@@ -97,8 +125,14 @@ class Job:
             "error": self.error,
             "timeout_s": self.timeout_s,
             "idempotency_key": self.idempotency_key,
+            "unique_until": self.unique_until,
+            "retention_s": self.retention_s,
+            "expire_at": self.expire_at,
             "cancel_requested": self.cancel_requested,
             "lease_owner": self.owner,
             "lease_expires_at": self.lease_expires_at,
             "history": self.history,
+            "schedule": self.schedule,
+            "progress": self.progress,
+            "history_truncated": self.history_truncated,
         }

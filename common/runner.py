@@ -31,6 +31,18 @@ class Outcome:
     exitcode: int | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProgressReport:
+    """A running attempt's `ctx.progress(...)`, sent by its worker process (coalesced there
+    to a few a second) and written by the dispatcher holding the lease."""
+
+    job_id: str
+    attempt: int
+    task: str
+    fraction: float
+    message: str | None = None
+
+
 class Slot:
     """A reserved idle worker: the runner's own handle, opaque to the dispatcher."""
 
@@ -39,6 +51,7 @@ class Runner(Protocol):
     """Worker slots that run jobs in isolated processes (implemented by `executor.pool`)."""
 
     on_free: Callable[[], None]
+    on_progress: Callable[[ProgressReport], None]
 
     async def start(self) -> None: ...
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,6 +13,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from common.errors import ConfigError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_QUEUE_NAME = re.compile(QUEUE_NAME)
+WEEK_S = 7 * 86400.0
 
 
 def _default_concurrency() -> int:
@@ -33,6 +37,10 @@ class Settings(BaseSettings):
     tasks: Annotated[tuple[str, ...], NoDecode] = ()
     demo_tasks: bool = True
     log_level: str = "INFO"
+    # Queue -> local worker slots ("default:8,emails:2"); None: every queue, sharing
+    # `concurrency`.
+    queues: Annotated[dict[str, int] | None, NoDecode] = None
+    retention_seconds: float = Field(default=WEEK_S, ge=0.0, le=100 * 365 * 86400.0)
 
     # Beyond the contract: tuning knobs with safe defaults.
     home: Path = Path(".brook")
@@ -60,6 +68,13 @@ class Settings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
+    @field_validator("queues", mode="before")
+    @classmethod
+    def _parse_queues(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return parse_queues(value)
+        return value
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _check_level(cls, value: Any) -> Any:
@@ -82,9 +97,32 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def worker_slots(self) -> int:
+        """Worker processes of a dispatcher: the sum of its queues' slots, else `concurrency`."""
+        return sum(self.queues.values()) if self.queues else self.concurrency
+
+    @property
     def heartbeat_seconds(self) -> float:
         """Leases are renewed at a third of their length, well before they expire."""
         return max(self.lease_seconds / 3.0, 0.2)
+
+
+def parse_queues(text: str) -> dict[str, int] | None:
+    """`"default:8,emails:2"` -> `{"default": 8, "emails": 2}`; blank -> None (every queue)."""
+    queues: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, slots = part.partition(":")
+        name = name.strip()
+        if not sep or not slots.strip().isdigit() or int(slots) < 1:
+            raise ValueError(f"{part!r}: write each queue as name:slots, slots >= 1")
+        if not _QUEUE_NAME.match(name):
+            raise ValueError(f"{name!r} is not a queue name (letters, digits, '_', '.', '-')")
+        if name in queues:
+            raise ValueError(f"queue {name!r} is listed twice")
+        queues[name] = int(slots)
+    return queues or None
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -9,9 +9,9 @@ Times that matter for leases and due dates come from the server clock (`$$NOW`).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from bson import ObjectId
@@ -22,13 +22,23 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, CollectionInvalid, DuplicateKeyError, OperationFailure
 
 from common.errors import JobConflict, JobNotFound, LeaseLost
-from common.models import Doc, Job, JobSpec
-from common.status import TERMINAL, JobStatus
+from common.models import DEFAULT_QUEUE, Doc, Job, JobSpec
+from common.settings import WEEK_S
+from common.status import RETRYABLE, TERMINAL, JobStatus
 
 JOBS = "jobs"
 STATE = "brook_state"
+DISPATCHERS = "brook_dispatchers"
 HISTORY_CAP = 50
-DEFAULT_QUEUE = "default"  # the queue of a job stored without one
+KEY_TRIES = 5  # a key freed and taken again by a peer, over and over: give up, say so
+
+# MongoDB merges at most this many index scans to give a sort (internalQueryMaxScansToExplode);
+# a routed claim over more tasks than this uses the general claim order instead.
+MAX_MERGED_SCANS = 200
+# A dispatcher is live while it was seen within this many of its lease lengths.
+LIVE_LEASES = 3
+# What is left of a dispatcher that vanished without retiring is deleted after a day.
+PRESENCE_TTL_S = 86400
 
 P, R = JobStatus.PENDING.value, JobStatus.RUNNING.value
 
@@ -37,26 +47,38 @@ CLAIM_SORT: list[tuple[str, int]] = [
     ("run_at", ASCENDING),
     ("_id", ASCENDING),
 ]
+_PENDING = {"status": P}
 
 INDEXES = [
     # The queue indexes are partial: they hold only pending (or running) jobs, so they stay
     # small however many finished jobs the collection keeps, and a finished job costs them
-    # nothing. Claim: pending, run_at <= now, best priority then earliest due (IXSCAN + bounds).
+    # nothing. Claims read them in claim order (best priority, then earliest due), so a
+    # claim is an index scan that stops at the first match and never sorts in memory.
+    # The general claim order; queue and task ride in the key so that a routed claim that
+    # cannot use the two below (too many tasks to merge) filters on index keys alone.
     IndexModel(
-        [
-            ("status", ASCENDING),
-            ("priority", DESCENDING),
-            ("run_at", ASCENDING),
-            ("_id", ASCENDING),
-        ],
+        [("status", ASCENDING), *CLAIM_SORT, ("queue", ASCENDING), ("task", ASCENDING)],
         name="claim_order",
-        partialFilterExpression={"status": P},
+        partialFilterExpression=_PENDING,
     ),
-    # Next due time (the dispatcher's timer).
+    # A dispatcher serving every queue: one scan per task it runs, merged in claim order;
+    # jobs of tasks it does not run (however many) cost it nothing.
     IndexModel(
-        [("status", ASCENDING), ("run_at", ASCENDING)],
+        [("status", ASCENDING), ("task", ASCENDING), *CLAIM_SORT, ("queue", ASCENDING)],
+        name="claim_by_task",
+        partialFilterExpression=_PENDING,
+    ),
+    # A dispatcher claiming for one of its queues: one scan per task, in that queue only.
+    IndexModel(
+        [("status", ASCENDING), ("queue", ASCENDING), ("task", ASCENDING), *CLAIM_SORT],
+        name="claim_by_queue",
+        partialFilterExpression=_PENDING,
+    ),
+    # Next due time among the tasks a dispatcher runs (the dispatcher's timer).
+    IndexModel(
+        [("status", ASCENDING), ("task", ASCENDING), ("run_at", ASCENDING), ("queue", ASCENDING)],
         name="due",
-        partialFilterExpression={"status": P},
+        partialFilterExpression=_PENDING,
     ),
     # Watchdog: running jobs whose lease expired.
     IndexModel(
@@ -64,21 +86,55 @@ INDEXES = [
         name="lease_expiry",
         partialFilterExpression={"status": R},
     ),
-    # Listing, newest first, by status or task.
+    # Listing, newest first, by status, task or queue.
     IndexModel([("status", ASCENDING), ("_id", DESCENDING)], name="list_status"),
     IndexModel([("task", ASCENDING), ("_id", DESCENDING)], name="list_task"),
+    IndexModel([("queue", ASCENDING), ("_id", DESCENDING)], name="list_queue"),
+    # An idempotency key is reserved while its job exists (or until its unique window ends).
     IndexModel(
         [("idempotency_key", ASCENDING)],
         name="idempotency_key_unique",
         unique=True,
         partialFilterExpression={"idempotency_key": {"$type": "string"}},
     ),
+    # Retention: a finished job gets `expire_at` (its finish + its retention) at its terminal
+    # write, and MongoDB's TTL monitor deletes it then. Active jobs have no `expire_at`.
+    IndexModel(
+        [("expire_at", ASCENDING)],
+        name="retention",
+        expireAfterSeconds=0,
+        partialFilterExpression={"expire_at": {"$exists": True}},
+    ),
+]
+
+PRESENCE_INDEXES = [
+    IndexModel([("seen_at", ASCENDING)], name="forget", expireAfterSeconds=PRESENCE_TTL_S),
 ]
 
 NOW = "$$NOW"
 
+# Change-stream events after which a stream is over.
+INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")
+
 # Due pending jobs, by the server's clock; with CLAIM_SORT this is an IXSCAN on claim_order.
 CLAIM_FILTER: dict[str, Any] = {"status": P, "$expr": {"$lte": ["$run_at", NOW]}}
+
+
+def claim_filter(tasks: Collection[str] | None, queue: str | None) -> dict[str, Any]:
+    """Due pending jobs of these tasks (None: any) in this queue (None: any queue)."""
+    query = dict(CLAIM_FILTER)
+    if tasks is not None:
+        query["task"] = {"$in": sorted(tasks)}
+    if queue is not None:
+        query["queue"] = queue
+    return query
+
+
+def claim_index(tasks: Collection[str] | None, queue: str | None) -> str:
+    """The index a claim reads, named (a hint) so the plan never depends on the cache."""
+    if tasks is None or len(tasks) > MAX_MERGED_SCANS:
+        return "claim_order"
+    return "claim_by_queue" if queue is not None else "claim_by_task"
 
 
 def _lit(value: Any) -> dict[str, Any]:
@@ -91,26 +147,69 @@ def _after(ms: float) -> dict[str, Any]:
 
 
 def _history(entry: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "$slice": [
-            {"$concatArrays": [{"$ifNull": ["$history", []]}, [entry]]},
-            -HISTORY_CAP,
+    """`history` plus `entry`, capped at HISTORY_CAP entries: the first (the submit) and the
+    latest ones are kept, and `history_truncated` counts the entries dropped between."""
+    grown = {"$concatArrays": [{"$ifNull": ["$history", []]}, [entry]]}
+    over = {"$max": [0, {"$subtract": [{"$size": "$$grown"}, HISTORY_CAP]}]}
+    capped = {
+        "$cond": [
+            {"$gt": [{"$size": "$$grown"}, HISTORY_CAP]},
+            {
+                "$concatArrays": [
+                    {"$slice": ["$$grown", 1]},
+                    {"$slice": ["$$grown", -(HISTORY_CAP - 1)]},
+                ]
+            },
+            "$$grown",
         ]
+    }
+    return {
+        "history": {"$let": {"vars": {"grown": grown}, "in": capped}},
+        "history_truncated": {
+            "$let": {
+                "vars": {"grown": grown},
+                "in": {"$add": [{"$ifNull": ["$history_truncated", 0]}, over]},
+            }
+        },
     }
 
 
-def _new_job(spec: JobSpec) -> dict[str, Any]:
-    """A pending job's fields; the server stamps the times (`$$NOW`)."""
+def _expiry(default_retention_s: float) -> dict[str, Any]:
+    """When a job finishing now is to be deleted: its own `retention_s`, else the default."""
+    seconds = {"$ifNull": ["$retention_s", default_retention_s]}
+    return {"$add": [NOW, {"$toLong": {"$multiply": [seconds, 1000]}}]}
+
+
+def _new_job(spec: JobSpec, now: datetime | None = None) -> dict[str, Any]:
+    """A pending job's fields. Without `now`: `$set` expressions for an update pipeline, the
+    server stamping the times (`$$NOW`) and user data wrapped in `$literal`. With `now` (the
+    server's time, read just before): the same fields as a document to insert as it is."""
+
+    def lit(value: Any) -> Any:
+        return _lit(value) if now is None else value
+
+    def at(ms: float = 0) -> Any:
+        if now is None:
+            return _after(ms) if ms else NOW
+        return now + timedelta(milliseconds=int(ms))
+
+    run_at: Any = at()
+    if spec.run_at is not None:
+        run_at = lit(spec.run_at)
+    elif spec.delay_s is not None:
+        run_at = at(spec.delay_s * 1000)
     fields: dict[str, Any] = {
-        "task": _lit(spec.task),
-        "payload": _lit(spec.payload),
+        "task": lit(spec.task),
+        "payload": lit(spec.payload),
         "status": P,
+        "queue": lit(spec.queue),
         "priority": spec.priority,
         "attempts": 0,
         "max_attempts": spec.max_attempts,
-        "run_at": _lit(spec.run_at) if spec.run_at is not None else NOW,
-        "created_at": NOW,
-        "updated_at": NOW,
+        "attempt_budget": spec.max_attempts,  # what a `retry` grants again
+        "run_at": run_at,
+        "created_at": at(),
+        "updated_at": at(),
         "started_at": None,
         "finished_at": None,
         "result": None,
@@ -119,10 +218,17 @@ def _new_job(spec: JobSpec) -> dict[str, Any]:
         "owner": None,
         "lease_expires_at": None,
         "cancel_requested": False,
-        "history": [{"status": P, "at": NOW, "attempt": 0}],
+        "history": [{"status": P, "at": at(), "attempt": 0}],
+        "progress": None,
     }
     if spec.idempotency_key is not None:
-        fields["idempotency_key"] = _lit(spec.idempotency_key)
+        fields["idempotency_key"] = lit(spec.idempotency_key)
+    if spec.unique_for_s is not None:
+        fields["unique_until"] = at(spec.unique_for_s * 1000)
+    if spec.retention_s is not None:
+        fields["retention_s"] = spec.retention_s
+    if spec.schedule is not None:
+        fields["schedule"] = lit(spec.schedule)
     return fields
 
 
@@ -135,22 +241,41 @@ def _claimed(owner: str, lease_seconds: float) -> dict[str, Any]:
         "started_at": NOW,
         "updated_at": NOW,
         "lease_expires_at": _after(lease_seconds * 1000),
-        "history": _history({"status": R, "at": NOW, "attempt": attempt, "owner": _lit(owner)}),
+        **_history({"status": R, "at": NOW, "attempt": attempt, "owner": _lit(owner)}),
+        "progress": None,  # a new attempt starts from nothing
     }
 
 
-def _completed(lease: Lease, result: Any) -> dict[str, Any]:
+def _completed(lease: Lease, result: Any, retention_s: float) -> dict[str, Any]:
     return {
         "status": JobStatus.COMPLETED.value,
         "result": _lit(result),
         "error": None,
         "finished_at": NOW,
+        "expire_at": _expiry(retention_s),
         "updated_at": NOW,
         "owner": None,
         "lease_expires_at": None,
-        "history": _history(
-            {"status": JobStatus.COMPLETED.value, "at": NOW, "attempt": lease.attempt}
-        ),
+        **_history({"status": JobStatus.COMPLETED.value, "at": NOW, "attempt": lease.attempt}),
+    }
+
+
+def _retried() -> dict[str, Any]:
+    """A finished job back to pending, with as many attempts again as it was submitted with.
+    `attempts` keeps counting: it is the fencing token, and must never be reused."""
+    return {
+        "status": P,
+        "max_attempts": {
+            "$add": ["$attempts", {"$ifNull": ["$attempt_budget", "$max_attempts"]}]
+        },
+        "run_at": NOW,
+        "finished_at": None,
+        "expire_at": "$$REMOVE",
+        "updated_at": NOW,
+        "owner": None,
+        "lease_expires_at": None,
+        "cancel_requested": False,
+        **_history({"status": P, "at": NOW, "attempt": "$attempts", "reason": "retry"}),
     }
 
 
@@ -178,92 +303,137 @@ class ExpiredLease:
     owner: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class LiveDispatcher:
+    """A live dispatcher as it published itself: the tasks it runs and the queues it serves
+    (None: every queue)."""
+
+    owner: str
+    name: str
+    tasks: frozenset[str]
+    queues: dict[str, int] | None
+    seen_at: datetime
+
+
 class JobStore:
-    def __init__(self, db: AsyncDatabase[Doc]) -> None:
+    def __init__(self, db: AsyncDatabase[Doc], *, retention_s: float = WEEK_S) -> None:
         self.db = db
         self.jobs: AsyncCollection[Doc] = db[JOBS]
         self.state: AsyncCollection[Doc] = db[STATE]
+        self.dispatchers: AsyncCollection[Doc] = db[DISPATCHERS]
+        # How long a finished job without its own `retention_s` is kept (the TTL's input).
+        self.retention_s = retention_s
 
     async def ensure_indexes(self) -> None:
         """Idempotent: an index that exists with the same spec is a no-op; one that exists
         under the same name with another spec (an older Brook) is rebuilt."""
-        try:
-            await self.jobs.create_indexes(INDEXES)
-        except OperationFailure as exc:
-            if exc.code not in (85, 86):  # IndexOptionsConflict, IndexKeySpecsConflict
-                raise
-            for model in INDEXES:
-                await self._rebuild_index(model)
+        for collection, models in ((self.jobs, INDEXES), (self.dispatchers, PRESENCE_INDEXES)):
+            try:
+                await collection.create_indexes(models)
+            except OperationFailure as exc:
+                if exc.code not in (85, 86):  # IndexOptionsConflict, IndexKeySpecsConflict
+                    raise
+                for model in models:
+                    await self._rebuild_index(collection, model)
 
-    async def _rebuild_index(self, model: IndexModel) -> None:
+    async def _rebuild_index(self, collection: AsyncCollection[Doc], model: IndexModel) -> None:
         # Several processes (API, dispatchers) may do this at once: a peer may drop or
         # recreate the index between our steps, so tolerate both and try again.
         for _ in range(5):
             try:
-                await self.jobs.create_indexes([model])
+                await collection.create_indexes([model])
                 return
             except OperationFailure as exc:
                 if exc.code not in (85, 86):
                     raise
             try:
-                await self.jobs.drop_index(model.document["name"])
+                await collection.drop_index(model.document["name"])
             except OperationFailure as exc:
                 if exc.code != 27:  # IndexNotFound: a peer dropped it first
                     raise
-        await self.jobs.create_indexes([model])
+        await collection.create_indexes([model])
 
     # -- submit / read ---------------------------------------------------------------------
 
     async def submit(self, spec: JobSpec) -> Submitted:
         """Insert a pending job, majority-acknowledged; a known idempotency key returns its job."""
-        try:
-            # An upsert on a fresh _id always inserts, and lets the server stamp the times.
-            doc = await self.jobs.find_one_and_update(
-                {"_id": str(ObjectId())},
-                [{"$set": _new_job(spec)}],
-                upsert=True,
-                return_document=ReturnDocument.AFTER,
-            )
-        except DuplicateKeyError:
-            return Submitted(job=await self._by_key(spec), created=False)
-        assert doc is not None
-        return Submitted(job=Job.from_doc(doc), created=True)
+        for _ in range(KEY_TRIES):
+            try:
+                # An upsert on a fresh _id always inserts, and lets the server stamp the times.
+                doc = await self.jobs.find_one_and_update(
+                    {"_id": str(ObjectId())},
+                    [{"$set": _new_job(spec)}],
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
+            except DuplicateKeyError:
+                holder = await self._key_holder(spec)
+                if holder is not None:
+                    return Submitted(job=holder, created=False)
+                continue  # the key was freed meanwhile: insert again
+            assert doc is not None
+            return Submitted(job=Job.from_doc(doc), created=True)
+        raise JobConflict(f"idempotency key {spec.idempotency_key!r} keeps changing hands")
 
     async def submit_many(self, specs: Sequence[JobSpec]) -> list[Submitted]:
-        """`submit` for many jobs in one write (one majority wait), in order. A job whose
-        idempotency key exists (or repeats within the batch) returns the existing job."""
-        ids = [str(ObjectId()) for _ in specs]
-        ops = [
-            UpdateOne({"_id": job_id}, [{"$set": _new_job(spec)}], upsert=True)
-            for job_id, spec in zip(ids, specs, strict=True)
-        ]
-        duplicates: set[int] = set()
+        """`submit` for many jobs in one write (one `insert_many`, one majority wait), in
+        order. A job whose idempotency key exists (or repeats within the batch) returns the
+        job holding it; only a key whose unique window ended meanwhile costs more round
+        trips."""
+        # One read of the server's clock stamps the whole batch: an insert cannot evaluate
+        # `$$NOW`, and an upsert per job costs the server several times more.
+        now = await self.server_now()
+        docs = [{"_id": str(ObjectId()), **_new_job(spec, now)} for spec in specs]
+        duplicates = await self._insert_new(docs)
+        out: list[Submitted] = []
+        for i, spec in enumerate(specs):
+            if i not in duplicates:
+                out.append(Submitted(job=Job.from_doc(docs[i]), created=True))
+                continue
+            holder = await self._key_holder(spec)
+            out.append(
+                Submitted(job=holder, created=False) if holder else await self.submit(spec)
+            )
+        return out
+
+    async def _insert_new(self, docs: Sequence[Doc]) -> set[int]:
+        """Insert these new jobs (one unordered `insert_many`); return the indexes refused
+        for an idempotency key that is already taken."""
         try:
-            await self.jobs.bulk_write(ops, ordered=False)
+            await self.jobs.insert_many(docs, ordered=False)
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
             if any(err.get("code") != 11000 for err in errors):
                 raise
-            duplicates = {err["index"] for err in errors}
-        docs = {
-            d["_id"]: d
-            for d in await self.jobs.find(
-                {"_id": {"$in": [ids[i] for i in range(len(ids)) if i not in duplicates]}}
-            ).to_list()
-        }
-        out: list[Submitted] = []
-        for i, spec in enumerate(specs):
-            if i in duplicates:
-                out.append(Submitted(job=await self._by_key(spec), created=False))
-            else:
-                out.append(Submitted(job=Job.from_doc(docs[ids[i]]), created=True))
-        return out
+            return {int(err["index"]) for err in errors}
+        return set()
 
-    async def _by_key(self, spec: JobSpec) -> Job:
-        existing = await self.jobs.find_one({"idempotency_key": spec.idempotency_key})
-        if existing is None:  # pragma: no cover - the key's unique index guarantees it
-            raise JobNotFound(f"idempotency key {spec.idempotency_key!r}")
-        return Job.from_doc(existing)
+    async def _key_holder(self, spec: JobSpec) -> Job | None:
+        """The job holding `spec`'s idempotency key, or None if the key is free again: its
+        job is gone (retention), or its unique window is over, in which case the key is
+        released from that job here, by one conditional write on the server's clock (the
+        old job keeps existing, under `released_key`)."""
+        key = spec.idempotency_key
+        for _ in range(KEY_TRIES):
+            doc = await self.jobs.find_one({"idempotency_key": key})
+            if doc is None or doc.get("unique_until") is None:
+                return Job.from_doc(doc) if doc is not None else None
+            window_over = {"$expr": {"$lte": ["$unique_until", NOW]}}
+            released = await self.jobs.update_one(
+                {"_id": doc["_id"], "idempotency_key": key, **window_over},
+                [
+                    {"$set": {"released_key": _lit(key), "updated_at": NOW}},
+                    {"$unset": "idempotency_key"},
+                ],
+            )
+            if released.modified_count:
+                return None
+            # Not released: its window is still open, or a peer released the key (and
+            # maybe took it) meanwhile. Whoever holds it now is the answer.
+            holder = await self.jobs.find_one({"idempotency_key": key})
+            if holder is None or holder["_id"] == doc["_id"]:
+                return Job.from_doc(holder) if holder is not None else None
+        raise JobConflict(f"idempotency key {key!r} keeps changing hands")
 
     async def get(self, job_id: str) -> Job:
         doc = await self.jobs.find_one({"_id": job_id})
@@ -276,6 +446,7 @@ class JobStore:
         *,
         status: JobStatus | None = None,
         task: str | None = None,
+        queue: str | None = None,
         limit: int = 50,
         after: str | None = None,
     ) -> tuple[list[Job], str | None]:
@@ -285,6 +456,8 @@ class JobStore:
             query["status"] = status.value
         if task is not None:
             query["task"] = task
+        if queue is not None:
+            query["queue"] = queue
         if after is not None:
             query["_id"] = {"$lt": after}
         docs = await self.jobs.find(query).sort("_id", DESCENDING).limit(limit + 1).to_list()
@@ -301,20 +474,59 @@ class JobStore:
             counts[str(row["_id"])] = int(row["n"])
         return counts
 
+    async def count_by_queue(self) -> dict[str, dict[str, int]]:
+        """Jobs per queue and status, in one aggregation; queues in name order."""
+        rows = await (
+            await self.jobs.aggregate(
+                [
+                    {
+                        "$group": {
+                            "_id": {
+                                "queue": {"$ifNull": ["$queue", DEFAULT_QUEUE]},
+                                "status": "$status",
+                            },
+                            "n": {"$sum": 1},
+                        }
+                    }
+                ]
+            )
+        ).to_list()
+        counts: dict[str, dict[str, int]] = {}
+        for row in rows:
+            queue = str(row["_id"]["queue"])
+            counts.setdefault(queue, {s.value: 0 for s in JobStatus})
+            counts[queue][str(row["_id"]["status"])] = int(row["n"])
+        return dict(sorted(counts.items()))
+
     # -- dispatcher operations -------------------------------------------------------------
 
-    async def claim(self, owner: str, lease_seconds: float) -> Job | None:
-        """Lease the best due pending job to `owner`; `attempts` + 1 is the new fencing token."""
+    async def claim(
+        self,
+        owner: str,
+        lease_seconds: float,
+        *,
+        tasks: Collection[str] | None = None,
+        queue: str | None = None,
+    ) -> Job | None:
+        """Lease the best due pending job (of these tasks, in this queue) to `owner`;
+        `attempts` + 1 is the new fencing token."""
         doc = await self.jobs.find_one_and_update(
-            CLAIM_FILTER,
+            claim_filter(tasks, queue),
             [{"$set": _claimed(owner, lease_seconds)}],
             sort=CLAIM_SORT,
+            hint=claim_index(tasks, queue),
             return_document=ReturnDocument.AFTER,
         )
         return Job.from_doc(doc) if doc is not None else None
 
     async def claim_many(
-        self, owner: str, lease_seconds: float, limit: int
+        self,
+        owner: str,
+        lease_seconds: float,
+        limit: int,
+        *,
+        tasks: Collection[str] | None = None,
+        queue: str | None = None,
     ) -> tuple[list[Job], bool]:
         """Lease up to `limit` of the best due pending jobs with one write; also say whether
         fewer than `limit` were due (the queue ran dry, as opposed to losing races).
@@ -325,7 +537,11 @@ class JobStore:
         dispatcher may win some of them; it never claims one twice.
         """
         candidates = await self.jobs.find(
-            CLAIM_FILTER, projection={"_id": 1}, sort=CLAIM_SORT, limit=limit
+            claim_filter(tasks, queue),
+            projection={"_id": 1},
+            sort=CLAIM_SORT,
+            limit=limit,
+            hint=claim_index(tasks, queue),
         ).to_list()
         if not candidates:
             return [], True
@@ -341,10 +557,18 @@ class JobStore:
         won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
         return [Job.from_doc(d) for d in won], len(candidates) < limit
 
-    async def next_due(self) -> datetime | None:
-        """The earliest `run_at` among pending jobs (the dispatcher's timer)."""
+    async def next_due(
+        self, *, tasks: Collection[str] | None = None, queues: Collection[str] | None = None
+    ) -> datetime | None:
+        """The earliest `run_at` among pending jobs of these tasks and queues (the
+        dispatcher's timer; None: any)."""
+        query: dict[str, Any] = {"status": P}
+        if tasks is not None:
+            query["task"] = {"$in": sorted(tasks)}
+        if queues is not None:
+            query["queue"] = {"$in": sorted(queues)}
         doc = await self.jobs.find_one(
-            {"status": P}, projection={"run_at": 1}, sort=[("run_at", ASCENDING)]
+            query, projection={"run_at": 1}, sort=[("run_at", ASCENDING)]
         )
         return doc["run_at"] if doc is not None else None
 
@@ -383,24 +607,31 @@ class JobStore:
         ops = [
             UpdateOne(
                 {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
-                [{"$set": _completed(lease, result)}],
+                [{"$set": _completed(lease, result, self.retention_s)}],
             )
             for lease, result in items
         ]
-        refused: dict[str, str] = {}
-        try:
-            res = await self.jobs.bulk_write(ops, ordered=False)
-            if res.matched_count == len(ops):
-                return {lease.job_id for lease, _ in items}, refused
-        except BulkWriteError as exc:
-            for err in exc.details.get("writeErrors", []):
-                refused[items[err["index"]][0].job_id] = str(err.get("errmsg", ""))[:2000]
-        # Which ones are ours? A completed job with our attempt number can only be ours:
-        # every claim takes a new attempt number.
-        wanted = {lease.job_id: lease.attempt for lease, _ in items}
-        docs = await self.jobs.find(
-            {"_id": {"$in": list(wanted)}}, projection={"status": 1, "attempts": 1}
-        ).to_list()
+        # One causally consistent session: after a write-concern error (the write applied on
+        # the primary but its majority wait failed) the read-back waits until the write is
+        # majority-committed (or gone), instead of reading the old state and calling the
+        # job lost when it is in fact completed.
+        async with self.db.client.start_session(causal_consistency=True) as session:
+            refused: dict[str, str] = {}
+            try:
+                res = await self.jobs.bulk_write(ops, ordered=False, session=session)
+                if res.matched_count == len(ops):
+                    return {lease.job_id for lease, _ in items}, refused
+            except BulkWriteError as exc:
+                for err in exc.details.get("writeErrors", []):
+                    refused[items[err["index"]][0].job_id] = str(err.get("errmsg", ""))[:2000]
+            # Which ones are ours? A completed job with our attempt number can only be ours:
+            # every claim takes a new attempt number.
+            wanted = {lease.job_id: lease.attempt for lease, _ in items}
+            docs = await self.jobs.find(
+                {"_id": {"$in": list(wanted)}},
+                projection={"status": 1, "attempts": 1},
+                session=session,
+            ).to_list()
         done = {
             d["_id"]
             for d in docs
@@ -434,11 +665,12 @@ class JobStore:
             {
                 "status": JobStatus.CANCELLED.value,
                 "finished_at": NOW,
+                "expire_at": _expiry(self.retention_s),
                 "updated_at": NOW,
                 "owner": None,
                 "lease_expires_at": None,
                 "error": _lit({"type": "Cancelled", "message": "cancelled while running"}),
-                "history": _history(
+                **_history(
                     {"status": JobStatus.CANCELLED.value, "at": NOW, "attempt": lease.attempt}
                 ),
             },
@@ -457,10 +689,11 @@ class JobStore:
                 "attempts": {"$cond": [cancelled, "$attempts", {"$add": ["$attempts", -1]}]},
                 "run_at": NOW,
                 "finished_at": {"$cond": [cancelled, NOW, None]},
+                "expire_at": {"$cond": [cancelled, _expiry(self.retention_s), "$$REMOVE"]},
                 "updated_at": NOW,
                 "owner": None,
                 "lease_expires_at": None,
-                "history": _history(
+                **_history(
                     {"status": status, "at": NOW, "attempt": lease.attempt, "reason": "released"}
                 ),
             },
@@ -504,6 +737,8 @@ class JobStore:
         ).to_list()
         return [str(d["_id"]) for d in docs]
 
+    # -- a caller's operations on one job --------------------------------------------------
+
     async def cancel(self, job_id: str) -> Job:
         """Pending → cancelled at once; running → `cancel_requested` (its holder stops it)."""
         for _ in range(5):
@@ -514,8 +749,9 @@ class JobStore:
                         "$set": {
                             "status": JobStatus.CANCELLED.value,
                             "finished_at": NOW,
+                            "expire_at": _expiry(self.retention_s),
                             "updated_at": NOW,
-                            "history": _history(
+                            **_history(
                                 {
                                     "status": JobStatus.CANCELLED.value,
                                     "at": NOW,
@@ -536,12 +772,52 @@ class JobStore:
             )
             if doc is not None:
                 return Job.from_doc(doc)
-            current = await self.jobs.find_one({"_id": job_id}, projection={"status": 1})
-            if current is None:
-                raise JobNotFound(job_id)
-            if JobStatus(current["status"]) in TERMINAL:
-                raise JobConflict(f"job {job_id} is already {current['status']}")
+            await self._must_be_active(job_id)
         raise JobConflict(f"job {job_id} kept changing state; try again")  # pragma: no cover
+
+    async def _must_be_active(self, job_id: str) -> None:
+        current = await self.jobs.find_one({"_id": job_id}, projection={"status": 1})
+        if current is None:
+            raise JobNotFound(job_id)
+        if JobStatus(current["status"]) in TERMINAL:
+            raise JobConflict(f"job {job_id} is already {current['status']}")
+
+    async def retry(self, job_id: str) -> Job:
+        """A failed or cancelled job back to `pending`, due now, with its attempt budget
+        renewed and its history kept; any other state is a conflict."""
+        doc = await self.jobs.find_one_and_update(
+            {"_id": job_id, "status": {"$in": sorted(s.value for s in RETRYABLE)}},
+            [{"$set": _retried()}],
+            return_document=ReturnDocument.AFTER,
+        )
+        if doc is not None:
+            return Job.from_doc(doc)
+        current = await self.jobs.find_one({"_id": job_id}, projection={"status": 1})
+        if current is None:
+            raise JobNotFound(job_id)
+        raise JobConflict(
+            f"job {job_id} is {current['status']}; only failed or cancelled jobs can be retried"
+        )
+
+    async def job_changes(self, job_id: str, *, max_await_ms: int) -> AsyncChangeStream[Doc]:
+        """A change stream of one job's status changes and of its deletion (open it with
+        `async with`). It carries only wake-ups: the job is read again after each."""
+        changed = "updateDescription.updatedFields.status"
+        return await self.jobs.watch(
+            [
+                {
+                    "$match": {
+                        "documentKey._id": job_id,
+                        "$or": [
+                            {"operationType": "update", changed: {"$exists": True}},
+                            {"operationType": {"$in": ["replace", "delete", *INVALIDATING]}},
+                        ],
+                    }
+                },
+                {"$project": {"operationType": 1, "documentKey": 1}},
+            ],
+            max_await_time_ms=max_await_ms,
+        )
 
     # -- change stream -------------------------------------------------------------------------
 
@@ -580,6 +856,61 @@ class JobStore:
     async def drop_token(self, name: str) -> None:
         await self.state.delete_one({"_id": f"stream:{name}"})
 
+    # -- dispatcher presence -------------------------------------------------------------------
+
+    async def announce(
+        self,
+        owner: str,
+        *,
+        name: str,
+        tasks: Collection[str],
+        queues: Mapping[str, int] | None,
+        lease_seconds: float,
+    ) -> None:
+        """Publish (or refresh) what this dispatcher runs: clients and the API check task
+        names against the live dispatchers' tasks."""
+        await self.dispatchers.update_one(
+            {"_id": owner},
+            [
+                {
+                    "$set": {
+                        "name": _lit(name),
+                        "tasks": _lit(sorted(tasks)),
+                        "queues": _lit(dict(queues) if queues is not None else None),
+                        "lease_seconds": lease_seconds,
+                        "started_at": {"$ifNull": ["$started_at", NOW]},
+                        "seen_at": NOW,
+                    }
+                }
+            ],
+            upsert=True,
+        )
+
+    async def seen(self, owner: str) -> bool:
+        """The dispatcher is alive (its heartbeat); False if its document is gone."""
+        res = await self.dispatchers.update_one({"_id": owner}, [{"$set": {"seen_at": NOW}}])
+        return res.matched_count == 1
+
+    async def retire(self, owner: str) -> None:
+        await self.dispatchers.delete_one({"_id": owner})
+
+    async def live_dispatchers(self) -> list[LiveDispatcher]:
+        """Dispatchers seen within LIVE_LEASES of their lease length, by the server's clock."""
+        window = {"$multiply": ["$lease_seconds", LIVE_LEASES * 1000]}
+        docs = await self.dispatchers.find(
+            {"$expr": {"$gte": [{"$add": ["$seen_at", window]}, NOW]}}
+        ).to_list()
+        return [
+            LiveDispatcher(
+                owner=str(d["_id"]),
+                name=str(d.get("name", "")),
+                tasks=frozenset(d.get("tasks") or ()),
+                queues=d.get("queues"),
+                seen_at=d["seen_at"],
+            )
+            for d in docs
+        ]
+
     # -- internals -----------------------------------------------------------------------------
 
     async def _fenced(self, lease: Lease, owner: str, fields: dict[str, Any]) -> Job:
@@ -604,6 +935,7 @@ class JobStore:
     ) -> Job:
         cancelled = {"$eq": ["$cancel_requested", True]}
         retry = {"$and": [{"$not": [final]}, {"$lt": ["$attempts", "$max_attempts"]}]}
+        again = {"$eq": ["$status", P]}
         doc = await self.jobs.find_one_and_update(
             query,
             [
@@ -623,18 +955,13 @@ class JobStore:
                 {
                     "$set": {
                         "error": _lit(dict(error)),
-                        "run_at": {
-                            "$cond": [
-                                {"$eq": ["$status", P]},
-                                _after(retry_delay_s * 1000),
-                                "$run_at",
-                            ]
-                        },
-                        "finished_at": {"$cond": [{"$eq": ["$status", P]}, None, NOW]},
+                        "run_at": {"$cond": [again, _after(retry_delay_s * 1000), "$run_at"]},
+                        "finished_at": {"$cond": [again, None, NOW]},
+                        "expire_at": {"$cond": [again, "$$REMOVE", _expiry(self.retention_s)]},
                         "updated_at": NOW,
                         "owner": None,
                         "lease_expires_at": None,
-                        "history": _history(
+                        **_history(
                             {
                                 "status": "$status",
                                 "at": NOW,
@@ -651,10 +978,47 @@ class JobStore:
             raise LeaseLost(f"job {query['_id']} attempt {query['attempts']} is no longer held")
         return Job.from_doc(doc)
 
+    # -- progress (a running attempt reports how far it got) ---------------------------------
+
+    async def set_progress_many(
+        self, owner: str, items: Sequence[tuple[Lease, float, str | None]]
+    ) -> set[str]:
+        """Write each attempt's latest progress in one round trip, fenced like every other
+        write of a running job (`_id`, attempt, owner, running): a stale attempt's progress
+        matches nothing. Returns the job ids written."""
+        ops = [
+            UpdateOne(
+                {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
+                [
+                    {
+                        "$set": {
+                            "progress": {
+                                "fraction": _lit(fraction),
+                                "message": _lit(message),
+                                "at": NOW,
+                                "attempt": lease.attempt,
+                            }
+                        }
+                    }
+                ],
+            )
+            for lease, fraction, message in items
+        ]
+        if not ops:
+            return set()
+        res = await self.jobs.bulk_write(ops, ordered=False)
+        if res.matched_count == len(ops):
+            return {lease.job_id for lease, _, _ in items}
+        wanted = {lease.job_id: lease.attempt for lease, _, _ in items}
+        held = await self.jobs.find(
+            {"_id": {"$in": list(wanted)}, "owner": owner, "status": R},
+            projection={"attempts": 1},
+        ).to_list()
+        return {d["_id"] for d in held if d["attempts"] == wanted[d["_id"]]}
+
     # -- live events ---------------------------------------------------------------------------
-    # What the API's event streams and dashboard read: post-images on the change stream,
-    # a job's raw document, the current state after a client lost its history, and the
-    # counts by queue and status that /metrics and the dashboard share.
+    # What the API's event streams read: post-images on the change stream, a job's raw
+    # document, and the current state after a client lost its history.
 
     async def enable_post_images(self) -> None:
         """Have the change stream carry each job as that change left it (a post-image), not
@@ -696,18 +1060,3 @@ class JobStore:
         if status is not None:
             query["status"] = status.value
         return await self.jobs.find(query).sort("updated_at", ASCENDING).limit(limit).to_list()
-
-    async def count_by_queue_and_status(self) -> dict[tuple[str, str], int]:
-        """Jobs per (queue, status), in one aggregation; jobs without a queue are `default`'s."""
-        counts: dict[tuple[str, str], int] = {}
-        pipeline: list[dict[str, Any]] = [
-            {
-                "$group": {
-                    "_id": {"q": {"$ifNull": ["$queue", DEFAULT_QUEUE]}, "s": "$status"},
-                    "n": {"$sum": 1},
-                }
-            }
-        ]
-        async for row in await self.jobs.aggregate(pipeline):
-            counts[(str(row["_id"]["q"]), str(row["_id"]["s"]))] = int(row["n"])
-        return counts

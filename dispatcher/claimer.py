@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
 from pymongo.errors import PyMongoError
@@ -26,6 +26,9 @@ from dispatcher.holdings import Holdings
 MAX_BATCH = 64
 
 StartJob = Callable[[Slot, Job], None]
+NextDue = Callable[[], Awaitable[datetime | None]]
+# A claim's target: one queue, or None for "every queue" (BROOK_QUEUES unset).
+Target = str | None
 
 
 def _claimed(job: Job) -> None:
@@ -54,8 +57,8 @@ class ServerClock:
 class DueTimer:
     """One timer for the earliest due job; firing it is a reason to look for work."""
 
-    def __init__(self, store: JobStore, clock: ServerClock, fire: Callable[[], None]) -> None:
-        self.store = store
+    def __init__(self, next_due: NextDue, clock: ServerClock, fire: Callable[[], None]) -> None:
+        self.next_due = next_due
         self.clock = clock
         self.fire = fire
         self.rearm = True  # after the next empty look, ask the store for the next due time
@@ -74,7 +77,7 @@ class DueTimer:
     async def arm_for_next_due(self) -> None:
         self.rearm = False
         try:
-            due = await self.store.next_due()
+            due = await self.next_due()
         except PyMongoError:
             return  # the sweep re-arms it
         if due is None:
@@ -103,6 +106,10 @@ class DueTimer:
 
 
 class Claimer:
+    """Claims only jobs whose task this dispatcher runs, in the queues it serves: with
+    `BROOK_QUEUES`, each queue up to its own slots; without, every queue within the
+    concurrency."""
+
     def __init__(
         self,
         settings: Settings,
@@ -112,6 +119,7 @@ class Claimer:
         holdings: Holdings,
         clock: ServerClock,
         start: StartJob,
+        tasks: frozenset[str],
     ) -> None:
         self.settings = settings
         self.store = store
@@ -119,20 +127,31 @@ class Claimer:
         self.runner = runner
         self.holdings = holdings
         self.start = start
-        self.timer = DueTimer(store, clock, self.signal)
+        self.tasks = tasks
+        self.queues: Mapping[str, int] | None = settings.queues
+        self._targets: set[Target] = set(self.queues) if self.queues else {None}
+        self.timer = DueTimer(self._next_due, clock, self.signal)
         self.clock = clock
         self._wake = asyncio.Event()
         self._stopping = False
         # `_signals` counts reasons to look for work; `_maybe_more` says the last look may
-        # have left due work behind.
+        # have left due work behind; `_dry` holds the targets found empty since the last
+        # reason to look.
         self._signals = 0
         self._maybe_more = True
+        self._dry: set[Target] = set()
         self._batch = 1
+
+    def runs(self, task: object, queue: object) -> bool:
+        """Whether a job of this task in this queue is one this dispatcher would claim."""
+        served = self.queues is None or queue in self.queues
+        return task in self.tasks and served
 
     def signal(self) -> None:
         """There may be due work: look for it."""
         self._signals += 1
         self._maybe_more = True
+        self._dry.clear()
         self._wake.set()
 
     def due_at(self, run_at: datetime | None) -> None:
@@ -164,37 +183,59 @@ class Claimer:
                 if not await self._look():
                     break
 
+    async def _next_due(self) -> datetime | None:
+        return await self.store.next_due(tasks=self.tasks, queues=self.queues)
+
+    def _rooms(self) -> dict[Target, int]:
+        """Free room per target. A lease counts against its slots until its final write is
+        done, so the jobs collection never shows more running jobs than there are slots."""
+        free = self.runner.free_slots()
+        if self.queues is None:
+            room = min(self.settings.worker_slots - self.holdings.count(), free)
+            return {None: room} if room > 0 else {}
+        rooms: dict[Target, int] = {}
+        for queue, slots in self.queues.items():
+            room = min(slots - self.holdings.count(queue), free)
+            if room > 0:
+                rooms[queue] = room
+        return rooms
+
     async def _look(self) -> bool:
         """Claim once for the free room; False when there is no room to fill."""
-        # A lease counts against the concurrency until its final write is done, so the
-        # jobs collection never shows more running jobs than there are slots.
-        room = min(self.settings.concurrency - self.holdings.count(), self.runner.free_slots())
-        if room <= 0:
-            return False  # a finished job or a ready worker wakes us again
+        rooms = {t: room for t, room in self._rooms().items() if t not in self._dry}
+        if not rooms:
+            # No room, or room only in targets found empty: a finished job, a ready worker
+            # or news of work wakes us again.
+            return False
         seen = self._signals
+        results = {target: await self._claim_for(target, room) for target, room in rooms.items()}
+        filled = all(all(got) for got in results.values())
+        self._batch = min(self._batch * 2, MAX_BATCH) if filled else 1
+        if self._signals == seen:  # news while we claimed: a dry target may not be dry
+            self._dry.update(t for t, got in results.items() if None in got)
+        if any(None not in got for got in results.values()):
+            return True  # a target filled its room or lost races: there may be more
+        if self._signals == seen and self._dry >= self._targets:
+            self._maybe_more = False  # nothing due anywhere, and no news meanwhile
+        if self.timer.rearm:
+            await self.timer.arm_for_next_due()
+        if not any(True in got for got in results.values()) and self._maybe_more:
+            await asyncio.sleep(0)  # let the news that raced us land
+        return True
+
+    async def _claim_for(self, target: Target, room: int) -> list[bool | None]:
         # Claims in flight together overlap their round trips. Start with one and double
         # while every claim finds a job (a backlog); one event then costs one claim.
         n = min(room, self._batch)
-        got = [await self._claim_one()] if n == 1 else await self._claim_batch(n)
-        self._batch = min(self._batch * 2, MAX_BATCH) if all(got) else 1
-        if False in got and None not in got:
-            return True  # lost races to another dispatcher: there is more, look again
-        if None in got:
-            if self._signals == seen:
-                self._maybe_more = False  # nothing due, and no news meanwhile
-            if self.timer.rearm:
-                await self.timer.arm_for_next_due()
-            if got.count(True) == 0 and self._maybe_more:
-                await asyncio.sleep(0)  # let the news that raced us land
-        return True
+        return [await self._claim_one(target)] if n == 1 else await self._claim_batch(target, n)
 
-    async def _claim_batch(self, n: int) -> list[bool | None]:
+    async def _claim_batch(self, target: Target, n: int) -> list[bool | None]:
         """Claim up to `n` jobs in one write; True per job started, None for a slot the
         queue could not fill, False for one lost to another dispatcher's race."""
         slots = [slot for slot in (self.runner.reserve() for _ in range(n)) if slot is not None]
         try:
             jobs, dry = await self.store.claim_many(
-                self.owner, self.settings.lease_seconds, len(slots)
+                self.owner, self.settings.lease_seconds, len(slots), tasks=self.tasks, queue=target
             )
         except PyMongoError as exc:
             await self._claim_failed(slots, exc)
@@ -207,13 +248,15 @@ class Claimer:
         unfilled: bool | None = None if dry else False
         return [True] * len(jobs) + [unfilled] * (len(slots) - len(jobs))
 
-    async def _claim_one(self) -> bool | None:
+    async def _claim_one(self, target: Target) -> bool | None:
         """Claim and start one job; True if one started, None if nothing was due."""
         slot = self.runner.reserve()
         if slot is None:
             return False
         try:
-            job = await self.store.claim(self.owner, self.settings.lease_seconds)
+            job = await self.store.claim(
+                self.owner, self.settings.lease_seconds, tasks=self.tasks, queue=target
+            )
         except PyMongoError as exc:
             await self._claim_failed([slot], exc)
             return False

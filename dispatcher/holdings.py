@@ -37,8 +37,11 @@ class Holdings:
         self._running.pop(job_id, None)
         self._jobs.pop(job_id, None)
 
-    def count(self) -> int:
-        return len(self._jobs)
+    def count(self, queue: str | None = None) -> int:
+        """Jobs held (in `queue`, or in all queues)."""
+        if queue is None:
+            return len(self._jobs)
+        return sum(1 for job in self._jobs.values() if job.queue == queue)
 
     def job(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)

@@ -6,8 +6,11 @@
   claimer    while a worker slot is free: lease the best due jobs (`claimer.py`)
   heartbeat  renews this dispatcher's leases in one write; kills workers of lost leases
   watchdog   slow sweep: requeue expired leases, claim what no event announced (`leases.py`)
-Each claimed job runs as a supervised task that ends with one fenced write (`outcomes.py`);
-a crash of any background task stops the dispatcher loudly.
+  schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
+  presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
+Each claimed job runs as a supervised task that ends with one fenced write (`outcomes.py`),
+after its last progress report (`progress.py`) has landed; a crash of any background task
+stops the dispatcher loudly.
 
 Start-up order loses nothing: the stream is opened first, then the backlog is swept,
 then the stream is followed.
@@ -20,15 +23,15 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
-
-from pymongo.errors import PyMongoError
 
 from common.events import Event, emit, job_fields
 from common.models import Job
 from common.retrying import ride_out
-from common.runner import RunJob, Runner, Slot
+from common.runner import ProgressReport, RunJob, Runner, Slot
+from common.schedules import Schedule
+from common.schedules_store import ScheduleStore
 from common.settings import Settings
 from common.store import JobStore, Lease
 from common.supervision import Supervisor
@@ -36,6 +39,9 @@ from dispatcher.claimer import Claimer, ServerClock
 from dispatcher.holdings import Holdings
 from dispatcher.leases import LeaseKeeper
 from dispatcher.outcomes import Outcomes
+from dispatcher.presence import Presence
+from dispatcher.progress import ProgressKeeper
+from dispatcher.schedules import ScheduleRunner
 from dispatcher.stream import StreamFollower, TokenSaver
 
 # After the grace period: how long stopped jobs may take to be handed back, and the
@@ -46,10 +52,19 @@ CANCEL_WAIT_S = 0.5
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings, store: JobStore, runner: Runner) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        runner: Runner,
+        tasks: frozenset[str],
+        schedules: Sequence[Schedule] = (),
+    ) -> None:
+        """`tasks`: the task names this dispatcher's workers run; it claims only those."""
         self.settings = settings
         self.store = store
         self.runner = runner
+        self.tasks = tasks
         self.name = settings.dispatcher_name or socket.gethostname()
         # Unique per process run: a restarted dispatcher never matches its old leases.
         self.owner = f"{self.name}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -58,7 +73,7 @@ class Dispatcher:
         self.holdings = Holdings()
         clock = ServerClock(store)
         self.claimer = Claimer(
-            settings, store, self.owner, runner, self.holdings, clock, self._start
+            settings, store, self.owner, runner, self.holdings, clock, self._start, tasks
         )
         self.leases = LeaseKeeper(
             settings, store, self.owner, self.holdings, clock, runner.kill, self.claimer.sweep_done
@@ -68,6 +83,11 @@ class Dispatcher:
         self.stream = StreamFollower(
             store, self.name, self.tokens, self._on_change, self.leases.try_sweep
         )
+        self.progress = ProgressKeeper(store, self.owner, self.supervisor.spawn)
+        self.schedules = ScheduleRunner(
+            schedules, store, ScheduleStore(store.db), clock, self.owner
+        )
+        self.presence = Presence(settings, store, self.owner, self.name, tasks, settings.queues)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -77,7 +97,9 @@ class Dispatcher:
         emit(
             Event.DISPATCHER_STARTED,
             owner=self.owner,
-            concurrency=self.settings.concurrency,
+            concurrency=self.settings.worker_slots,
+            queues=self.settings.queues,
+            tasks=sorted(self.tasks),
             lease_seconds=self.settings.lease_seconds,
         )
         self.loops.spawn(self._start_up(), "start-up")
@@ -101,6 +123,8 @@ class Dispatcher:
 
     async def _start_up(self) -> None:
         await ride_out("ensure_indexes", self.store.ensure_indexes)
+        await self.presence.announce()
+        self.loops.spawn(self.presence.run(), "presence")
         self.loops.spawn(self.stream.run(), "stream")
         self.loops.spawn(self.tokens.run(), "tokens")
         await self.stream.opened.wait()
@@ -108,6 +132,7 @@ class Dispatcher:
         self.loops.spawn(self.claimer.run(), "claimer")
         self.loops.spawn(self.leases.heartbeat(), "heartbeat")
         self.loops.spawn(self.leases.watchdog(), "watchdog")
+        self.loops.spawn(self.schedules.run(), "schedules")
         emit(Event.DISPATCHER_READY, owner=self.owner)
 
     async def _shutdown(self) -> None:
@@ -138,13 +163,19 @@ class Dispatcher:
         self.supervisor.cancel_all()
         try:
             async with asyncio.timeout(TOKEN_FLUSH_S):
-                await self.tokens.flush()
-        except (PyMongoError, TimeoutError):
+                await asyncio.gather(
+                    self.tokens.flush(), self.presence.retire(), return_exceptions=True
+                )
+        except TimeoutError:
             pass
 
     def wake(self) -> None:
         """A worker process became ready (called by the runner)."""
         self.claimer.signal()
+
+    def on_progress(self, report: ProgressReport) -> None:
+        """A running task reported progress (called by the runner)."""
+        self.progress.report(report)
 
     # -- events ----------------------------------------------------------------------------
 
@@ -154,7 +185,12 @@ class Dispatcher:
         if fields.get("cancel_requested") is True:
             self.leases.cancel_requested(job_id)
             return
-        self.claimer.due_at(fields.get("run_at") or change.get("fullDocument", {}).get("run_at"))
+        inserted = change.get("fullDocument")
+        if inserted is not None and not self.claimer.runs(
+            inserted.get("task"), inserted.get("queue")
+        ):
+            return  # a new job this dispatcher would never claim
+        self.claimer.due_at(fields.get("run_at") or (inserted or {}).get("run_at"))
 
     # -- one attempt -----------------------------------------------------------------------
 
@@ -183,6 +219,7 @@ class Dispatcher:
                 outcome = await self.runner.run(slot, run, timeout)
             finally:
                 self.holdings.worker_done(job.id)
+            await self.progress.settle(job.id)
             await self.outcomes.record(job, lease, outcome, time.monotonic() - started)
         finally:
             self.holdings.drop(job.id)

@@ -49,6 +49,8 @@ PIPELINE: list[dict[str, Any]] = [
             "operationType": 1,
             "documentKey": 1,
             "fullDocument.run_at": 1,
+            "fullDocument.task": 1,
+            "fullDocument.queue": 1,
             "updateDescription.updatedFields.run_at": 1,
             "updateDescription.updatedFields.status": 1,
             "updateDescription.updatedFields.cancel_requested": 1,

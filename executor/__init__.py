@@ -1,10 +1,11 @@
-"""Worker processes and the task registry. Task modules need only this::
+"""Worker processes, the task registry and cron schedules. Task modules need only this::
 
-from executor import Retry, TaskContext, task
+from executor import Retry, SyncTaskContext, TaskContext, schedule, task
 """
 
 from common.errors import Retry
-from executor.context import TaskContext
+from executor.context import SyncTaskContext, TaskContext
 from executor.registry import task
+from executor.schedules import schedule
 
-__all__ = ["Retry", "TaskContext", "task"]
+__all__ = ["Retry", "SyncTaskContext", "TaskContext", "schedule", "task"]

@@ -6,7 +6,8 @@ Brook supervises its own long-lived `aiomultiprocess.Process` children instead:
 * each worker has a private pipe; the parent always knows which job each process holds;
 * the parent watches each process's sentinel, so a death (crash, SIGKILL, OOM) is seen
   within milliseconds, the job's waiter gets a `crashed` outcome and the slot is refilled;
-* timeouts, cancellations and lost leases are enforced by the parent killing the process.
+* timeouts, cancellations and lost leases are enforced by the parent killing the process;
+* a running task's progress reports come up the same pipe and go to `on_progress`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import aiomultiprocess.core
 
 from common.backoff import exponential
 from common.events import Event, emit, job_fields
-from common.runner import KillReason, Outcome, RunJob, Slot
+from common.runner import KillReason, Outcome, ProgressReport, RunJob, Slot
 from common.settings import Settings
 from common.supervision import Spawn, spawn_logged
 from executor.worker import READY, STOP, JobDone, worker_main
@@ -73,10 +74,12 @@ class WorkerPool:
         on_free: Callable[[], None] = lambda: None,
         *,
         spawn: Spawn = spawn_logged,
+        on_progress: Callable[[ProgressReport], None] = lambda report: None,
     ) -> None:
         self.settings = settings
         self.size = size
         self.on_free = on_free
+        self.on_progress = on_progress
         self._spawn_task = spawn
         self._workers: dict[str, _Worker] = {}
         self._names = itertools.count(1)
@@ -212,15 +215,27 @@ class WorkerPool:
             emit(Event.WORKER_STARTED, worker=worker.name, pid=worker.pid)
             self.on_free()
             return
-        if isinstance(msg, JobDone) and worker.job is not None and worker.kill_reason is None:
-            if (msg.job_id, msg.attempt) != (worker.job.job_id, worker.job.attempt):
-                return
+        if isinstance(msg, ProgressReport):
+            if self._holds(worker, msg.job_id, msg.attempt):
+                self.on_progress(msg)
+            return
+        if isinstance(msg, JobDone) and self._holds(worker, msg.job_id, msg.attempt):
             outcome = (
                 Outcome(kind="ok", result=msg.result)
                 if msg.ok
                 else Outcome(kind="error", error=msg.error, retry_delay=msg.retry_delay)
             )
             self._settle(worker, outcome)
+
+    @staticmethod
+    def _holds(worker: _Worker, job_id: str, attempt: int) -> bool:
+        """The worker still runs this attempt, and nobody is stopping it."""
+        job = worker.job
+        return (
+            job is not None
+            and worker.kill_reason is None
+            and (job.job_id, job.attempt) == (job_id, attempt)
+        )
 
     def _settle(self, worker: _Worker, outcome: Outcome) -> None:
         waiter = worker.waiter

@@ -68,6 +68,11 @@ def load_tasks(settings: Settings) -> dict[str, TaskDef]:
     return dict(_REGISTRY)
 
 
+def registered() -> frozenset[str]:
+    """The names registered in this process so far (nothing is imported to find more)."""
+    return frozenset(_REGISTRY)
+
+
 def get_task(name: str) -> TaskDef:
     try:
         return _REGISTRY[name]

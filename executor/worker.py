@@ -1,7 +1,8 @@
 """The worker process: a long-lived child that runs one job at a time.
 
 It never touches the jobs collection: the parent (the dispatcher) owns every state write,
-fenced by the lease. A task that wants MongoDB gets this process's own client.
+fenced by the lease, progress included (sent up the pipe, see `executor.progress`). A
+task that wants MongoDB gets this process's own client.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import ctypes
 import os
 import signal
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -22,9 +24,10 @@ import structlog
 from common.errors import Retry
 from common.events import Event, emit
 from common.log import configure_logging
-from common.runner import RunJob
+from common.runner import ProgressReport, RunJob
 from common.settings import Settings
-from executor.context import TaskContext
+from executor.context import SyncTaskContext, TaskContext
+from executor.progress import ProgressReporter
 from executor.registry import get_task, load_tasks
 
 PR_SET_PDEATHSIG = 1
@@ -83,19 +86,45 @@ def error_doc(exc: BaseException) -> dict[str, Any]:
     }
 
 
-async def run_one(msg: RunJob, settings: Settings) -> JobDone:
+def _context(
+    msg: RunJob, settings: Settings, is_async: bool, reporter: ProgressReporter | None
+) -> TaskContext | SyncTaskContext:
+    if is_async:
+        return TaskContext(
+            job_id=msg.job_id,
+            attempt=msg.attempt,
+            task=msg.task,
+            settings=settings,
+            reporter=reporter,
+        )
+    return SyncTaskContext(
+        job_id=msg.job_id,
+        attempt=msg.attempt,
+        task=msg.task,
+        settings=settings,
+        reporter=reporter,
+        loop=asyncio.get_running_loop(),
+    )
+
+
+async def run_one(
+    msg: RunJob, settings: Settings, send: Callable[[ProgressReport], None] | None = None
+) -> JobDone:
+    """Run one attempt; its progress reports go to `send`, the last one before this returns."""
     structlog.contextvars.bind_contextvars(job_id=msg.job_id, attempt=msg.attempt, task=msg.task)
+    reporter = ProgressReporter(send, msg) if send is not None else None
     try:
         emit(Event.TASK_STARTED)
         try:
             spec = get_task(msg.task)
             args: list[Any] = [msg.payload]
             if spec.wants_context:
-                ctx = TaskContext(
-                    job_id=msg.job_id, attempt=msg.attempt, task=msg.task, settings=settings
-                )
-                args.append(ctx)
-            result = await spec.fn(*args) if spec.is_async else spec.fn(*args)
+                args.append(_context(msg, settings, spec.is_async, reporter))
+            # A plain `def` runs on a thread, so this process's event loop stays free to
+            # serve its context (`ctx.submit` blocks on it).
+            result = await spec.fn(*args) if spec.is_async else await asyncio.to_thread(
+                spec.fn, *args
+            )
             # Fail here, with a clear error, not at the store, if it can't be stored.
             size = len(bson.encode({"result": result}))
             if size > MAX_RESULT_BYTES:
@@ -117,6 +146,8 @@ async def run_one(msg: RunJob, settings: Settings) -> JobDone:
         emit(Event.TASK_FINISHED, ok=True)
         return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, result=result)
     finally:
+        if reporter is not None:
+            reporter.close()
         structlog.contextvars.unbind_contextvars("job_id", "attempt", "task")
 
 
@@ -136,7 +167,7 @@ async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
             return  # the parent closed the pipe: nothing to do but leave
         if msg == STOP:
             return
-        done = await run_one(msg, settings)
+        done = await run_one(msg, settings, conn.send)
         try:
             conn.send(done)
         except Exception as exc:  # e.g. a result that cannot be pickled

@@ -1,5 +1,5 @@
-"""The HTTP API: submit, read, list and cancel jobs; live events, the dashboard, health,
-readiness and metrics.
+"""The HTTP API: submit (one or a batch), read, list, cancel and retry jobs; queues;
+schedules; live events and the dashboard; health, readiness and metrics.
 
 `create_app` only wires the parts together: the typed state (`ingest.state`, built by the
 lifespan, which also runs the live-event hub), the dependencies that reach it
@@ -10,6 +10,7 @@ the metrics (`ingest.metrics`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -23,10 +24,11 @@ from ingest.deps import require_token
 from ingest.errors import install_error_handlers
 from ingest.metrics import ApiMetrics, RequestCounter
 from ingest.openapi import install_openapi
-from ingest.routes import dashboard, docs, events, jobs, ops
+from ingest.routes import dashboard, docs, events, jobs, ops, queues, schedules
 from ingest.state import open_state
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+CLOSE_TIMEOUT_S = 1.0
 
 
 def _lifespan(settings: Settings, known_tasks: frozenset[str], metrics: ApiMetrics) -> Lifespan:
@@ -42,7 +44,9 @@ def _lifespan(settings: Settings, known_tasks: frozenset[str], metrics: ApiMetri
         finally:
             hub.cancel()
             await asyncio.gather(hub, return_exceptions=True)  # a crash was logged already
-            await state.client.close()
+            # Closing ends the server sessions; an unreachable MongoDB must not stop the exit.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.client.close(), CLOSE_TIMEOUT_S)
 
     return lifespan
 
@@ -74,9 +78,11 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     )
     app.add_middleware(RequestCounter, metrics=metrics)
     install_error_handlers(app)
-    install_openapi(app, known_tasks=known_tasks, bearer=settings.api_token is not None)
+    install_openapi(app, bearer=settings.api_token is not None)
     protected = [Depends(require_token)]
     app.include_router(jobs.router, dependencies=protected)
+    app.include_router(queues.router, dependencies=protected)
+    app.include_router(schedules.router, dependencies=protected)
     app.include_router(events.router, dependencies=protected)
     app.include_router(ops.probes)
     app.include_router(ops.router, dependencies=protected)

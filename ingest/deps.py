@@ -1,4 +1,4 @@
-"""FastAPI dependencies: the typed state, the bearer-token check, and the submit body."""
+"""FastAPI dependencies: the typed state, the bearer-token check, and the submit bodies."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from common.core import ClientCore
+from common.models import JobSpec
 from common.store import JobStore
 from ingest.state import ApiState
-from ingest.validation import InvalidInput, SubmitJob, parse_submit
+from ingest.validation import parse_batch, parse_submit
 
 # Dependencies are `async def`: FastAPI runs plain `def` ones in a thread pool.
 
@@ -28,7 +30,12 @@ async def get_store(state: State) -> JobStore:
     return state.store
 
 
+async def get_core(state: State) -> ClientCore:
+    return state.core
+
+
 Store = Annotated[JobStore, Depends(get_store)]
+Core = Annotated[ClientCore, Depends(get_core)]
 
 
 async def require_token(request: Request, state: State) -> None:
@@ -63,16 +70,19 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def submit_body(request: Request, state: State) -> SubmitJob:
-    """A valid `POST /jobs` body naming a known task: `413` if too large, else `422`."""
+async def _limited_body(request: Request, state: ApiState) -> bytes:
     limit = state.settings.max_body_bytes
     try:
-        body = parse_submit(await read_body(request, limit))
+        return await read_body(request, limit)
     except BodyTooLarge:
         raise HTTPException(413, f"body larger than {limit} bytes") from None
-    except InvalidInput as exc:
-        raise HTTPException(422, exc.detail) from None
-    if body.task not in state.known_tasks:
-        known = ", ".join(sorted(state.known_tasks)) or "(none)"
-        raise HTTPException(422, f"unknown task {body.task!r}; known tasks: {known}")
-    return body
+
+
+async def submit_body(request: Request, state: State) -> JobSpec:
+    """A valid `POST /jobs` body: `413` if too large, else `422` (`InvalidInput`)."""
+    return parse_submit(await _limited_body(request, state))
+
+
+async def batch_body(request: Request, state: State) -> list[JobSpec]:
+    """A valid `POST /jobs/batch` body: `413` if too large, else `422` naming the bad spec."""
+    return parse_batch(await _limited_body(request, state))

@@ -1,33 +1,56 @@
-"""The one way the API turns Brook's documents into JSON responses."""
+"""The one way the API turns Brook's documents into JSON responses.
+
+`json.dumps` with a `default` for the few non-JSON types a job holds (datetimes, and BSON
+values a stored payload or result may hold): FastAPI's `jsonable_encoder` walks every value
+in Python first, which costs ~0.2 ms a job, most of a 1,000-job batch's response.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import uuid
+from datetime import date, datetime
+from decimal import Decimal
 from typing import Any
 
-from bson import ObjectId
+from bson import Decimal128, ObjectId
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from common.models import Doc, Job
+from common.models import Job
 
-# BSON values a stored payload or result may hold that JSON has no type for.
-# Typed as `jsonable_encoder` declares its `custom_encoder`.
-_BSON_ENCODERS: dict[Any, Callable[[Any], Any]] = {
-    ObjectId: str,
-    bytes: lambda b: b.hex(),
-}
+
+def _default(value: object) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, ObjectId | uuid.UUID | Decimal128 | Decimal):
+        return str(value)
+    return jsonable_encoder(value)  # anything rarer: FastAPI's rules
+
+
+def dumps(content: object) -> str:
+    """`content` as compact JSON text, the way every response of the API encodes it."""
+    return json.dumps(
+        content,
+        ensure_ascii=False,
+        allow_nan=False,
+        separators=(",", ":"),
+        default=_default,
+    )
+
+
+class _JSON(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return dumps(content).encode("utf-8")
 
 
 def json_response(
     content: object, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     """`content` (datetimes, ObjectIds and bytes included) as a JSON response."""
-    return JSONResponse(
-        jsonable_encoder(content, custom_encoder=_BSON_ENCODERS),
-        status_code=status_code,
-        headers=headers,
-    )
+    return _JSON(content, status_code=status_code, headers=headers)
 
 
 def job_response(
@@ -36,21 +59,7 @@ def job_response(
     return json_response(job.to_api(), status_code, headers)
 
 
-# Fields a newer Brook may store on a job before this version's `Job` knows them (`queue`,
-# `progress`): event streams pass them on as stored, so watchers see them.
-PASS_THROUGH = ("queue", "progress")
 
-
-def jsonable(content: object) -> Any:
-    """`content` as plain JSON types (datetimes as ISO-8601, ObjectIds and bytes as text)."""
-    return jsonable_encoder(content, custom_encoder=_BSON_ENCODERS)
-
-
-def job_json(doc: Doc) -> dict[str, Any]:
-    """A stored job document as the API's job JSON, plus the fields passed through."""
-    job = Job.from_doc(doc).to_api()
-    for key in PASS_THROUGH:
-        if key in doc and key not in job:
-            job[key] = doc[key]
-    out: dict[str, Any] = jsonable(job)
-    return out
+def job_text(job: Job) -> str:
+    """The job as the JSON text of `GET /jobs/{id}` (an event stream's `data:`)."""
+    return dumps(job.to_api())

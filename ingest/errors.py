@@ -8,6 +8,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pymongo.errors import PyMongoError
 
+from common.errors import InvalidInput
 from common.events import Event, emit
 
 RETRY_AFTER_S = "2"
@@ -31,6 +32,12 @@ async def _invalid(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": errors}, status_code=422)
 
 
+async def _invalid_job(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidInput)
+    return JSONResponse({"detail": exc.detail}, status_code=422)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(PyMongoError, _mongo_down)
+    app.add_exception_handler(InvalidInput, _invalid_job)
     app.add_exception_handler(RequestValidationError, _invalid)

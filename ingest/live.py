@@ -20,7 +20,6 @@ byte order is the oplog's order.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -34,10 +33,10 @@ from common.backoff import Backoff
 from common.db import is_history_lost, is_transient
 from common.events import Event, emit
 from common.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
-from common.models import Doc
-from common.status import TERMINAL
-from common.store import DEFAULT_QUEUE, JobStore
-from ingest.encoding import job_json
+from common.models import DEFAULT_QUEUE, Doc, Job
+from common.status import TERMINAL, JobStatus
+from common.store import JobStore
+from ingest.encoding import job_text
 from ingest.metrics import SSE_DROPPED
 
 STREAM = "live"  # the `stream` label of this process's change stream in logs and metrics
@@ -147,25 +146,23 @@ def wall_ms(when: datetime) -> int:
     return int(when.timestamp() * 1000)
 
 
-def _wait_ms(doc: Doc) -> float | None:
-    started, due = doc.get("started_at"), doc.get("run_at")
-    if doc.get("status") != "running" or not isinstance(started, datetime):
+def _wait_ms(job: Job) -> float | None:
+    """A start's wait: from due (`run_at`) to `started_at`, both the server's clock."""
+    if job.status != JobStatus.RUNNING or job.started_at is None:
         return None
-    if not isinstance(due, datetime):
-        return None
-    return max((started - due).total_seconds() * 1000, 0.0)
+    return max((job.started_at - job.run_at).total_seconds() * 1000, 0.0)
 
 
 def live_event(at: Position, doc: Doc) -> LiveEvent:
-    job = job_json(doc)
+    job = Job.from_doc(doc)
     return LiveEvent(
         at=at,
-        job_id=str(job["id"]),
-        task=str(job["task"]),
-        queue=str(job.get("queue") or DEFAULT_QUEUE),
-        status=str(job["status"]),
-        data=json.dumps(job, separators=(",", ":"), ensure_ascii=False),
-        wait_ms=_wait_ms(doc),
+        job_id=job.id,
+        task=job.task,
+        queue=job.queue or DEFAULT_QUEUE,
+        status=job.status.value,
+        data=job_text(job),
+        wait_ms=_wait_ms(job),
     )
 
 

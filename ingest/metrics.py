@@ -18,12 +18,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from common.models import DEFAULT_QUEUE
 from common.status import JobStatus
-from common.store import DEFAULT_QUEUE, JobStore
+from common.store import JobStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-Depth = dict[tuple[str, str], int]  # (queue, status) → jobs
+Depth = dict[str, dict[str, int]]  # queue → status → jobs
 
 SSE_DROPPED = Counter("brook_sse_dropped", "SSE clients dropped for falling too far behind.")
 SSE_RESETS = Counter(
@@ -58,7 +59,7 @@ class DepthCache:
     async def _load(self) -> Depth:
         try:
             self.aggregations += 1
-            counts = await self.store.count_by_queue_and_status()
+            counts = await self.store.count_by_queue()
             self.latest, self._at = counts, self.clock()
             return counts
         finally:
@@ -74,11 +75,10 @@ class _DepthCollector(Collector):
             "brook_queue_depth", "Jobs by queue and status.", labels=["queue", "status"]
         )
         depth = self.metrics.depth
-        queues = {DEFAULT_QUEUE} | {queue for queue, _ in depth}
-        statuses = {s.value for s in JobStatus} | {status for _, status in depth}
-        for queue in sorted(queues):
+        statuses = {s.value for s in JobStatus}.union(*depth.values())
+        for queue in sorted({DEFAULT_QUEUE, *depth}):
             for status in sorted(statuses):
-                family.add_metric([queue, status], depth.get((queue, status), 0))
+                family.add_metric([queue, status], depth.get(queue, {}).get(status, 0))
         yield family
 
 

@@ -11,13 +11,11 @@ so they are added here, by rule, to every operation, including routes added late
 - a body: `413`;
 - `POST` on an action of one job (`/jobs/{job_id}/cancel`, …): `409` (not in that state).
 
-It also says what the API accepts that a model alone cannot: a job spec's `task` is one of
-the tasks this API knows, and, with a token set, the bearer scheme.
+With a token set, it also names the bearer scheme on every route behind it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -100,26 +98,6 @@ def _error_codes(path: str, method: str, operation: dict[str, Any]) -> list[int]
     return codes
 
 
-def _job_specs(node: Any) -> Iterator[dict[str, Any]]:
-    """Every object schema in the document that describes a job spec (task and payload)."""
-    if isinstance(node, dict):
-        props = node.get("properties")
-        if isinstance(props, dict) and {"task", "payload"} <= set(props):
-            yield node
-        for child in node.values():
-            yield from _job_specs(child)
-    elif isinstance(node, list):
-        for child in node:
-            yield from _job_specs(child)
-
-
-def document_tasks(schema: dict[str, Any], known_tasks: frozenset[str]) -> None:
-    for spec in _job_specs(schema):
-        task = spec["properties"]["task"]
-        if task.get("type") == "string":
-            task["enum"] = sorted(known_tasks)
-
-
 def document_bearer(schema: dict[str, Any]) -> None:
     components = schema.setdefault("components", {})
     components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
@@ -149,8 +127,8 @@ def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def install_openapi(app: FastAPI, *, known_tasks: frozenset[str], bearer: bool) -> None:
-    """Generate the document once, with the errors, tasks and auth documented."""
+def install_openapi(app: FastAPI, *, bearer: bool) -> None:
+    """Generate the document once, with the errors and the auth documented."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -161,7 +139,6 @@ def install_openapi(app: FastAPI, *, known_tasks: frozenset[str], bearer: bool) 
                 routes=app.routes,
             )
             document_errors(schema)
-            document_tasks(schema, known_tasks)
             if bearer:
                 document_bearer(schema)
             app.openapi_schema = schema

@@ -10,7 +10,9 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
 from common.batching import GroupCommit
+from common.core import ClientCore
 from common.db import database, make_client
+from common.directory import TaskDirectory
 from common.events import Event, emit
 from common.models import Doc, JobSpec
 from common.settings import Settings
@@ -29,7 +31,9 @@ class ApiState:
     known_tasks: frozenset[str]
     client: AsyncMongoClient[Doc]
     store: JobStore
-    submits: GroupCommit[JobSpec, Submitted]  # concurrent submits share one majority write
+    # Validation, task-name check, writes and their log lines, as for the Python client;
+    # its single submits go through a group commit (concurrent submits share one write).
+    core: ClientCore
     metrics: ApiMetrics
     hub: Hub  # this process's one change stream, fanned out to event-stream clients
     stats: LiveStats  # throughput and latency over the last minutes, fed by the hub
@@ -56,7 +60,12 @@ async def open_state(
             settings.server_selection_timeout_ms, API_SERVER_SELECTION_CAP_MS
         ),
     )
-    store = JobStore(database(client, settings))
+    store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
+    # The API accepts its own tasks, and those a live dispatcher runs.
+    directory = TaskDirectory(store, lambda: known_tasks, open_while_none_live=False)
+    submits: GroupCommit[JobSpec, Submitted] = GroupCommit(
+        lambda specs: _submit_batch(store, specs)
+    )
     try:
         await asyncio.wait_for(store.ensure_indexes(), INDEX_TIMEOUT_S)
     except (PyMongoError, TimeoutError) as exc:
@@ -74,7 +83,7 @@ async def open_state(
         known_tasks=known_tasks,
         client=client,
         store=store,
-        submits=GroupCommit(lambda specs: _submit_batch(store, specs)),
+        core=ClientCore(store, directory, submit_one=submits.submit),
         metrics=metrics,
         hub=Hub(store, buffer=settings.sse_buffer, observe=stats.observe),
         stats=stats,

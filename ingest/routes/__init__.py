@@ -1,1 +1,1 @@
-"""The API's routers: `jobs` (the job resource), `ops` (health, readiness, metrics), `docs`."""
+"""The API's routers: `jobs`, `queues`, `ops` (health, readiness, metrics), `docs`."""

@@ -84,12 +84,11 @@ class Stats(BaseModel):
 async def stats(state: State) -> Stats:
     """What the dashboard draws: jobs by status and queue (the same cached aggregation as
     `/metrics`), and the last ten minutes of throughput and submit→start latency."""
-    depth = await state.depth.get()
+    queues = await state.depth.get()
     counts = {s.value: 0 for s in JobStatus}
-    queues: dict[str, dict[str, int]] = {}
-    for (queue, status), n in depth.items():
-        counts[status] = counts.get(status, 0) + n
-        queues.setdefault(queue, {})[status] = n
+    for by_status in queues.values():
+        for status, n in by_status.items():
+            counts[status] = counts.get(status, 0) + n
     return Stats(
         counts=counts,
         queues=queues,

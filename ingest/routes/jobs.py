@@ -1,61 +1,99 @@
-"""Submit, read, list and cancel jobs."""
+"""Submit (one or a batch), read, list, cancel and retry jobs."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import JSONResponse
 
 from common.errors import JobConflict, JobNotFound
-from common.events import Event, emit, job_fields
 from common.models import JobSpec
+from common.settings import QUEUE_NAME
 from common.status import JobStatus
-from ingest.deps import State, Store, submit_body
+from common.validation import MAX_BATCH, SubmitJob
+from ingest.deps import Core, Store, batch_body, submit_body
 from ingest.encoding import job_response, json_response
-from ingest.validation import SubmitJob
 
 router = APIRouter(tags=["jobs"])
 
-# The body is read by hand (size limit first, then depth, then parsing); its schema is
-# declared here so the OpenAPI document still shows it.
-_SUBMIT_OPENAPI = {
+# Bodies are read by hand (size limit first, then depth, then parsing); their schemas are
+# declared here so the OpenAPI document still shows them.
+_SPEC_SCHEMA = SubmitJob.model_json_schema()
+_SUBMIT_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "content": {"application/json": {"schema": SubmitJob.model_json_schema()}},
+        "content": {"application/json": {"schema": _SPEC_SCHEMA}},
     }
+}
+_BATCH_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "title": "SubmitBatch",
+                    "type": "object",
+                    "properties": {
+                        "jobs": {
+                            "type": "array",
+                            "items": _SPEC_SCHEMA,
+                            "minItems": 1,
+                            "maxItems": MAX_BATCH,
+                        }
+                    },
+                    "required": ["jobs"],
+                    "additionalProperties": False,
+                }
+            }
+        },
+    }
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"description": "no job has this id"},
+    409: {"description": "the job's state does not allow this"},
 }
 
 
-@router.post("/jobs", status_code=202, openapi_extra=_SUBMIT_OPENAPI)
-async def submit(body: Annotated[SubmitJob, Depends(submit_body)], state: State) -> JSONResponse:
-    """Submit a job. `202` with the new job, or `200` with the job an idempotency key names."""
-    spec = JobSpec(
-        task=body.task,
-        payload=body.payload,
-        priority=body.priority,
-        run_at=body.run_at,
-        max_attempts=body.max_attempts,
-        timeout_s=body.timeout_s,
-        idempotency_key=body.idempotency_key,
-    )
-    submitted = await state.submits.submit(spec)
+@router.post(
+    "/jobs",
+    status_code=202,
+    openapi_extra=_SUBMIT_OPENAPI,
+    responses={
+        200: {"description": "the job this `idempotency_key` already names"},
+        413: {"description": "body over the limit"},
+        422: {"description": "invalid spec or unknown task; nothing stored"},
+    },
+)
+async def submit(spec: Annotated[JobSpec, Depends(submit_body)], core: Core) -> JSONResponse:
+    """Submit a job. `202` with the new job, or `200` with the job an idempotency key names
+    (within its `unique_for_s` window, if it has one)."""
+    submitted = await core.submit_spec(spec)
     job = submitted.job
     headers = {"Location": f"/jobs/{job.id}"}
-    if not submitted.created:
-        emit(Event.JOB_DEDUPLICATED, **job_fields(job), idempotency_key=body.idempotency_key)
-        return job_response(job, 200, headers)
-    emit(
-        Event.JOB_SUBMITTED,
-        **job_fields(job),
-        priority=job.priority,
-        run_at=job.run_at.isoformat(),
-        max_attempts=job.max_attempts,
-    )
-    return job_response(job, 202, headers)
+    return job_response(job, 202 if submitted.created else 200, headers)
 
 
-@router.get("/jobs/{job_id}")
+@router.post(
+    "/jobs/batch",
+    status_code=202,
+    openapi_extra=_BATCH_OPENAPI,
+    responses={
+        413: {"description": "body over the limit"},
+        422: {"description": "a spec is invalid (`loc` names its index); nothing stored"},
+    },
+)
+async def submit_batch(
+    specs: Annotated[list[JobSpec], Depends(batch_body)], core: Core
+) -> JSONResponse:
+    """Submit up to 1,000 jobs in one write: `202 {"jobs": [...]}` in spec order. All or
+    nothing: one invalid spec (or unknown task) → `422` naming its index, and nothing is
+    stored. A spec whose idempotency key is taken gets the job holding it."""
+    submitted = await core.submit_specs(specs)
+    return json_response({"jobs": [s.job.to_api() for s in submitted]}, 202)
+
+
+@router.get("/jobs/{job_id}", responses=_ERRORS)
 async def get_job(job_id: str, store: Store) -> JSONResponse:
     try:
         return job_response(await store.get(job_id))
@@ -68,23 +106,37 @@ async def list_jobs(
     store: Store,
     status: JobStatus | None = None,
     task: Annotated[str | None, Query(max_length=200)] = None,
+    queue: Annotated[str | None, Query(pattern=QUEUE_NAME)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     after: Annotated[str | None, Query(max_length=64)] = None,
 ) -> JSONResponse:
     """Jobs newest first; pass `next` back as `after` for the following page."""
-    jobs, nxt = await store.list_jobs(status=status, task=task, limit=limit, after=after)
+    jobs, nxt = await store.list_jobs(
+        status=status, task=task, queue=queue, limit=limit, after=after
+    )
     return json_response({"jobs": [j.to_api() for j in jobs], "next": nxt})
 
 
-@router.post("/jobs/{job_id}/cancel")
-async def cancel(job_id: str, store: Store) -> JSONResponse:
-    """Pending → cancelled at once; running → its worker is stopped, then cancelled."""
+@router.post("/jobs/{job_id}/cancel", responses=_ERRORS)
+async def cancel(job_id: str, core: Core) -> JSONResponse:
+    """Pending → cancelled at once; running → its worker is stopped, then cancelled;
+    finished → `409`."""
     try:
-        job = await store.cancel(job_id)
+        return job_response(await core.cancel(job_id))
     except JobNotFound:
         raise HTTPException(404, f"no job {job_id}") from None
     except JobConflict as exc:
         raise HTTPException(409, str(exc)) from None
-    event = Event.JOB_CANCELLED if job.status == JobStatus.CANCELLED else Event.JOB_CANCEL_REQUESTED
-    emit(event, **job_fields(job), by="api")
-    return job_response(job)
+
+
+@router.post("/jobs/{job_id}/retry", responses=_ERRORS)
+async def retry(job_id: str, core: Core) -> JSONResponse:
+    """A failed or cancelled job back to `pending`, due now, with its attempt budget renewed
+    (`max_attempts` grows by what it was submitted with; `attempts` keeps counting) and its
+    history kept. Any other state → `409`."""
+    try:
+        return job_response(await core.retry(job_id))
+    except JobNotFound:
+        raise HTTPException(404, f"no job {job_id}") from None
+    except JobConflict as exc:
+        raise HTTPException(409, str(exc)) from None

@@ -18,6 +18,7 @@ from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_events import LIVE, api, dispatcher, submit
 from tests.support.metrics import value
+from tests.support.procs import wait_until
 
 
 def brook(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -35,16 +36,12 @@ def test_submit_wait_streams_progress_as_plain_lines_and_prints_the_result(
 ) -> None:
     api(cluster)
     dispatcher(cluster)
-    out = brook(cluster, "submit", "steps", "--payload", '{"steps": 4, "seconds": 0.2}', "--wait")
+    out = brook(cluster, "submit", "steps", "--payload", '{"steps": 4, "seconds": 2}', "--wait")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == {"steps": 4}
-    lines = out.stderr.splitlines()
-    assert [line.split(" ", 1)[1] for line in lines] == [
-        "25% step 1 of 4",
-        "50% step 2 of 4",
-        "75% step 3 of 4",
-        "100% step 4 of 4",
-    ]
+    assert json.loads(out.stdout) == 4
+    lines = [line.split(" ", 1)[1] for line in out.stderr.splitlines()]
+    assert lines[0] == "pending" and lines[-1] == "completed 100% attempt 1 step 4/4", lines
+    assert "running 50% attempt 1 step 2/4" in lines, lines
     # It followed the job's event stream, and never polled the job.
     requests = http.get("/metrics").text
     route = "brook_api_requests_total"
@@ -60,7 +57,7 @@ def test_submit_wait_draws_a_progress_bar_on_a_terminal(cluster: Cluster) -> Non
         fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
         out = subprocess.run(
             [sys.executable, "-m", "brook.cli", "submit", "steps", "--wait",
-             "--payload", '{"steps": 2, "seconds": 0.4}'],
+             "--payload", '{"steps": 2, "seconds": 1}'],
             env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **LIVE),
             stdout=subprocess.PIPE,
             stderr=terminal,
@@ -79,9 +76,10 @@ def test_submit_wait_draws_a_progress_bar_on_a_terminal(cluster: Cluster) -> Non
             screen += chunk
     finally:
         os.close(controller)
-    assert out.returncode == 0 and json.loads(out.stdout) == {"steps": 2}
+    assert out.returncode == 0 and json.loads(out.stdout) == 2
     text = screen.decode(errors="replace")
-    assert "━" in text and "50%" in text and "step 1 of 2" in text
+    assert "━" in text and "50%" in text and "attempt 1 step 1/2" in text
+    assert "steps completed" in text
 
 
 def test_submit_wait_exits_1_with_the_error_of_a_failed_job(cluster: Cluster) -> None:
@@ -136,18 +134,22 @@ def test_submit_wait_rides_out_an_api_restart_without_missing_the_end(cluster: C
     dispatcher(cluster)
     waiting = subprocess.Popen(
         [sys.executable, "-m", "brook.cli", "submit", "steps", "--wait",
-         "--payload", '{"steps": 3, "seconds": 1.0}'],
+         "--payload", '{"steps": 3, "seconds": 3}'],
         env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **LIVE),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.5)  # submitted, and following the job's stream
+    # Submitted, and following the job's stream: then the API dies.
+    with httpx.Client(base_url=cluster.api_url, timeout=10) as http:
+        wait_until(
+            lambda: value(http.get("/metrics").text, "brook_sse_clients") == 1, timeout=30
+        )
     first.signal(9)
     first.proc.wait()
     time.sleep(1.0)  # the job moves on while no API runs
     api(cluster)
     out, err = waiting.communicate(timeout=60)
     assert waiting.returncode == 0, err
-    assert json.loads(out) == {"steps": 3}
-    assert err.splitlines()[-1].endswith("100% step 3 of 3")
+    assert json.loads(out) == 3
+    assert err.splitlines()[-1].endswith("completed 100% attempt 1 step 3/3")

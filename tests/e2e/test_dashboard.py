@@ -154,6 +154,19 @@ def test_the_job_page_shows_history_payload_result_and_errors(
     assert '"message": "disk full"' in text(browser, "#job-payload")
     assert not browser.find_element(By.ID, "job-cancel").is_displayed()
     screenshot(browser, "job.png")
+    # Retry (the API offers it): a new attempt budget, the same history, followed live.
+    browser.find_element(By.ID, "job-retry").click()
+    column = "#job-history tbody td:nth-child(2)"
+    wait_for(
+        browser,
+        lambda d: [td.text for td in d.find_elements(By.CSS_SELECTOR, column)].count("failed") == 2
+        and text(d, "#job-status") == "failed",
+        timeout=60,
+    )
+    history = [td.text for td in browser.find_elements(By.CSS_SELECTOR, column)]
+    assert history[:5] == ["pending", "running", "pending", "running", "failed"]
+    assert history[5] == "pending" and history[-1] == "failed"
+    assert http.get(f"/jobs/{failed}").json()["max_attempts"] == 4
     browser.get(f"{cluster.api_url}/#/jobs/{done}")
     browser.refresh()
     wait_for(browser, lambda d: text(d, "#job-status") == "completed")

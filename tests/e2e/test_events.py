@@ -21,7 +21,7 @@ from tests.e2e.conftest import Cluster, free_port
 from tests.support.procs import BrookProcess, wait_until
 from tests.support.sse import Ev, Reader, by_job, read_events
 
-LIVE = {"BROOK_TASKS": "tests.tasks,tests.live_tasks", "BROOK_SSE_PING_SECONDS": "0.5"}
+LIVE = {"BROOK_TASKS": "tests.tasks,tests.progress_tasks", "BROOK_SSE_PING_SECONDS": "0.5"}
 
 
 def api(cluster: Cluster, **env: str) -> BrookProcess:
@@ -63,15 +63,18 @@ def test_a_jobs_stream_shows_pending_running_progress_completed_in_order_then_en
     api(cluster)
     dispatcher(cluster)
     soon = (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat()
-    [job_id] = submit(http, "steps", payload={"steps": 3, "seconds": 0.3}, run_at=soon)
+    [job_id] = submit(http, "steps", payload={"steps": 3, "seconds": 1.5}, run_at=soon)
     events = read_events(f"{cluster.api_url}/jobs/{job_id}/events", timeout=30)
-    assert [e.event for e in events] == ["job"] * 6  # and then the server ended the stream
-    assert [e.status for e in events] == ["pending", "running", "running", "running", "running", "completed"]
+    assert {e.event for e in events} == {"job"}  # and then the server ended the stream
+    statuses = [e.status for e in events]
+    assert statuses[0] == "pending" and statuses[-1] == "completed"
+    assert set(statuses[1:-1]) == {"running"} and len(statuses) >= 5
     progress: list[Any] = [e.data.get("progress") for e in events]
-    assert progress[:2] == [None, None]
-    assert [p["fraction"] for p in progress[2:5]] == [1 / 3, 2 / 3, 1.0]
-    assert progress[4]["message"] == "step 3 of 3"
-    assert events[-1].data["result"] == {"steps": 3}
+    assert progress[:2] == [None, None]  # submitted; claimed
+    fractions = [p["fraction"] for p in progress[2:]]
+    assert fractions == sorted(fractions) and {1 / 3, 2 / 3, 1.0} <= set(fractions)
+    assert progress[-1]["message"] == "attempt 1 step 3/3"
+    assert events[-1].data["result"] == 3
     # Resuming after the last event: nothing more, and say so (204 stops EventSource retrying).
     again = httpx.get(
         f"{cluster.api_url}/jobs/{job_id}/events", headers={"Last-Event-ID": events[-1].id}

@@ -11,14 +11,15 @@ from pymongo import MongoClient
 
 from brook.replset import ReplicaSet
 from common.settings import Settings
-from tests.conftest import TEST_PORT
+from tests.conftest import extra_port
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_events import LIVE
 from tests.support.sse import read_events
 
 # A set of its own with a 1 MB oplog (and a checkpoint every second, so it really is
-# truncated), on ports derived from the suite's, clear of the other tests' extra sets.
-TINY_PORT = TEST_PORT + 590
+# truncated): the slot of the fault suite's tiny-oplog set, which is down again by the time
+# this runs (tests run one at a time, each stops its set).
+TINY_PORT = extra_port("tiny_oplog")
 
 
 def flood_oplog_past(client: MongoClient[dict[str, Any]], db: str, timeout: float = 90) -> None:

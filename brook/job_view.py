@@ -1,0 +1,101 @@
+"""How the CLI shows a job while it is waited for: a progress bar on a terminal (`rich`),
+one plain line per change otherwise.
+
+A view is fed the job as the API returns it, once per update, wherever the updates come
+from (polling `GET /jobs/{id}` today, an event stream later). It writes to stderr, so
+stdout carries only the result and `brook submit --wait ... | jq` stays clean.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Protocol, TextIO
+
+JsonObject = dict[str, Any]
+
+
+class JobView(Protocol):
+    def update(self, job: JsonObject) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def job_view(stream: TextIO | None = None) -> JobView:
+    """A bar if `stream` (default stderr) is a terminal, else plain lines."""
+    out = stream if stream is not None else sys.stderr
+    return BarView(out) if out.isatty() else LineView(out)
+
+
+def describe(job: JsonObject) -> str:
+    """`<id> <status>[ <percent>%][ <message>]`: one line for a job's state."""
+    line = f"{job.get('id')} {job.get('status')}"
+    progress = job.get("progress")
+    if isinstance(progress, dict):
+        fraction = progress.get("fraction")
+        if isinstance(fraction, (int, float)):
+            line += f" {fraction * 100:.0f}%"
+        if progress.get("message"):
+            line += f" {progress['message']}"
+    return line
+
+
+class LineView:
+    """One line each time the job's status or progress changes."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self._last = ""
+
+    def update(self, job: JsonObject) -> None:
+        line = describe(job)
+        if line != self._last:
+            print(line, file=self.stream, flush=True)
+            self._last = line
+
+    def close(self) -> None:
+        pass
+
+
+class BarView:
+    """A `rich` progress bar: the job's status, its fraction (a pulse until the task
+    reports one), its message and the time elapsed; full once the job completed."""
+
+    def __init__(self, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.fields[message]}"),
+            TimeElapsedColumn(),
+            console=Console(file=stream),
+        )
+        self._task = self._bar.add_task("", total=None, message="")
+        self._bar.start()
+
+    def update(self, job: JsonObject) -> None:
+        progress = job.get("progress") if isinstance(job.get("progress"), dict) else None
+        fraction = progress.get("fraction") if progress else None
+        total: float | None = 1.0
+        if job.get("status") == "completed":
+            fraction = 1.0
+        elif not isinstance(fraction, (int, float)):
+            total = None  # nothing reported yet: a pulsing bar
+        self._bar.update(
+            self._task,
+            description=f"{job.get('task')} {job.get('status')}",
+            total=total,
+            completed=float(fraction or 0.0),
+            message=str((progress or {}).get("message") or ""),
+        )
+
+    def close(self) -> None:
+        self._bar.stop()

@@ -1,0 +1,265 @@
+"""`ClientCore`: every operation a client offers, written once (async).
+
+`brook.AsyncClient` is this core on its own `AsyncMongoClient`; `brook.Client` runs the same
+coroutines on a private event-loop thread (`common.blocking`); a task's `ctx.submit` uses
+the core of its worker process; the HTTP API submits and retries through it too. So every
+surface validates, checks task names, writes and logs the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from pymongo.errors import PyMongoError
+
+from common.backoff import Backoff
+from common.db import is_transient
+from common.directory import TaskDirectory
+from common.errors import JobNotFound, WaitTimeout
+from common.events import Event, emit, job_fields
+from common.models import DEFAULT_QUEUE, Job, JobSpec
+from common.status import TERMINAL, JobStatus
+from common.store import JobStore, Submitted
+from common.validation import validate_batch, validate_spec
+
+# How long one wait on the job's change stream lasts on the server before the driver asks
+# again (a `getMore`, not a read of the job).
+WAIT_AWAIT_MS = 5000
+
+# `ClientCore.list` shadows the builtin in the class body: annotations there use these.
+JobList = list[Job]
+Submissions = list[Submitted]
+SubmitOne = Callable[[JobSpec], Awaitable[Submitted]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueInfo:
+    """A queue as `GET /queues` shows it. `concurrency`, `rate` and `paused` are set by
+    `PUT /queues/{name}` (cluster-wide limits); until then they are null and false."""
+
+    name: str
+    counts: dict[str, int]
+    concurrency: int | None = None
+    rate: dict[str, float] | None = None
+    paused: bool = False
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "counts": self.counts,
+            "concurrency": self.concurrency,
+            "rate": self.rate,
+            "paused": self.paused,
+        }
+
+
+def _seconds(value: object) -> object:
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+def _from_python(spec: object) -> object:
+    """The only liberty Python takes over JSON: `delay` may be a `timedelta`. Anything
+    else, a spec that is not a dict included, goes to the validator as it is."""
+    if not isinstance(spec, Mapping) or "delay" not in spec:
+        return spec
+    return {**spec, "delay": _seconds(spec["delay"])}
+
+
+class ClientCore:
+    def __init__(
+        self,
+        store: JobStore,
+        directory: TaskDirectory,
+        *,
+        submit_one: SubmitOne | None = None,
+    ) -> None:
+        self._store = store
+        self._directory = directory
+        # The API passes its group commit here (concurrent submits share one write).
+        self._submit_one: SubmitOne = submit_one or store.submit
+        self._indexed: asyncio.Future[None] | None = None
+
+    async def _ensure_indexes(self) -> None:
+        """Before this client's first write: the unique index that makes idempotency keys
+        race-free must exist even if no API or dispatcher ever started (once per client)."""
+        failed = self._indexed is not None and self._indexed.done() and (
+            self._indexed.cancelled() or self._indexed.exception() is not None
+        )
+        if self._indexed is None or failed:
+            self._indexed = asyncio.ensure_future(self._store.ensure_indexes())
+        await asyncio.shield(self._indexed)
+
+    # -- submit ------------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        task: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        run_at: datetime | str | None = None,
+        delay: float | timedelta | None = None,
+        max_attempts: int = 3,
+        timeout_s: float | None = None,
+        idempotency_key: str | None = None,
+        unique_for_s: float | None = None,
+        retention_s: float | None = None,
+        depends_on: Sequence[str] | None = None,
+    ) -> Job:
+        """Submit one job and return it (the existing job for a known `idempotency_key`).
+        `run_at` may be naive (read as UTC); `delay` (seconds or a `timedelta`) is counted
+        on the server's clock. Invalid input raises `InvalidInput`, whose `detail` is the
+        API's `422` detail."""
+        spec = validate_spec(
+            {
+                "task": task,
+                "payload": {} if payload is None else payload,
+                "queue": queue,
+                "priority": priority,
+                "run_at": run_at,
+                "delay": _seconds(delay),
+                "max_attempts": max_attempts,
+                "timeout_s": timeout_s,
+                "idempotency_key": idempotency_key,
+                "unique_for_s": unique_for_s,
+                "retention_s": retention_s,
+                "depends_on": None if depends_on is None else list(depends_on),
+            }
+        )
+        return (await self.submit_spec(spec)).job
+
+    async def submit_many(self, specs: Sequence[Mapping[str, Any]]) -> JobList:
+        """Submit up to 1,000 jobs, each a dict shaped like the HTTP spec, in one write; all
+        or nothing (an `InvalidInput` names the bad spec's index), results in spec order."""
+        batch = validate_batch({"jobs": [_from_python(s) for s in specs]})
+        return [s.job for s in await self.submit_specs(batch)]
+
+    async def submit_spec(self, spec: JobSpec) -> Submitted:
+        """A validated spec: check its task, insert it, log it."""
+        await self._directory.check([spec], batch=False)
+        await self._ensure_indexes()
+        submitted = await self._submit_one(spec)
+        _log_submitted(submitted)
+        return submitted
+
+    async def submit_specs(self, specs: Sequence[JobSpec]) -> Submissions:
+        """Validated specs, all or nothing: check every task first, then one write."""
+        await self._directory.check(specs, batch=True)
+        await self._ensure_indexes()
+        out = await self._store.submit_many(specs)
+        for submitted in out:
+            _log_submitted(submitted)
+        return out
+
+    # -- read ----------------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> Job:
+        """The job; `JobNotFound` for an unknown id (or one deleted by retention)."""
+        return await self._store.get(job_id)
+
+    async def list(
+        self,
+        *,
+        status: JobStatus | str | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+        limit: int = 50,
+        after: str | None = None,
+    ) -> JobList:
+        """Jobs newest first; pass the last job's id as `after` for the next page."""
+        jobs, _ = await self._store.list_jobs(
+            status=None if status is None else JobStatus(status),
+            task=task,
+            queue=queue,
+            limit=limit,
+            after=after,
+        )
+        return jobs
+
+    async def queues(self) -> Sequence[QueueInfo]:
+        """Every queue that holds jobs, with its job counts by status (one aggregation)."""
+        counts = await self._store.count_by_queue()
+        return [QueueInfo(name=name, counts=by_status) for name, by_status in counts.items()]
+
+    # -- change one job ------------------------------------------------------------------------
+
+    async def cancel(self, job_id: str) -> Job:
+        """A pending job is cancelled at once; a running one is stopped by its dispatcher
+        (`cancel_requested` until then). `JobConflict` for a finished job."""
+        job = await self._store.cancel(job_id)
+        cancelled = job.status == JobStatus.CANCELLED
+        _emit(Event.JOB_CANCELLED if cancelled else Event.JOB_CANCEL_REQUESTED, job)
+        return job
+
+    async def retry(self, job_id: str) -> Job:
+        """A failed or cancelled job back to `pending` with its attempt budget renewed and its
+        history kept; `JobConflict` for any other state."""
+        job = await self._store.retry(job_id)
+        _emit(Event.JOB_RETRIED, job, max_attempts=job.max_attempts)
+        return job
+
+    # -- wait ----------------------------------------------------------------------------------
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """Block until the job is completed, failed or cancelled and return it. It follows a
+        change stream on that one job, never polling; `WaitTimeout` (a `TimeoutError`)
+        after `timeout` seconds."""
+        last: JobList = []
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline:
+                return await self._follow(job_id, last)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            status = last[-1].status.value if last else "unknown"
+            raise WaitTimeout(f"job {job_id} is still {status} after {timeout} s") from None
+
+    async def _follow(self, job_id: str, last: JobList) -> Job:
+        backoff = Backoff(0.1, 2.0)
+        while True:
+            try:
+                # The stream is open before the job is read, so a change between the read
+                # and the first event is still delivered: no wake-up is lost.
+                async with await self._store.job_changes(
+                    job_id, max_await_ms=WAIT_AWAIT_MS
+                ) as stream:
+                    last.append(await self._store.get(job_id))
+                    while last[-1].status not in TERMINAL:
+                        change = await stream.next()
+                        if change["operationType"] != "update":
+                            raise JobNotFound(job_id)  # deleted, or the collection is gone
+                        last.append(await self._store.get(job_id))
+                    return last[-1]
+            except PyMongoError as exc:
+                if not is_transient(exc):
+                    raise
+                await asyncio.sleep(backoff.next())  # failover: open again, read again
+
+
+def _emit(event: Event, job: Job, **fields: Any) -> None:
+    # Brook's own processes configure logging; a program using the client logs Brook's
+    # events only if it configured structlog itself.
+    if structlog.is_configured():
+        emit(event, **job_fields(job), **fields)
+
+
+def _log_submitted(submitted: Submitted) -> None:
+    job = submitted.job
+    if not submitted.created:
+        _emit(Event.JOB_DEDUPLICATED, job, idempotency_key=job.idempotency_key)
+        return
+    _emit(
+        Event.JOB_SUBMITTED,
+        job,
+        queue=job.queue,
+        priority=job.priority,
+        run_at=job.run_at.isoformat(),
+        max_attempts=job.max_attempts,
+    )

@@ -1,0 +1,66 @@
+"""Presence: what this dispatcher runs, published for clients and the API.
+
+A client may submit a task it cannot import; it is checked against the tasks live
+dispatchers published here (`brook_dispatchers`). The document is refreshed every
+heartbeat (`seen_at`, the server's clock), so a dead dispatcher stops counting as live
+within a few lease lengths; a clean shutdown removes it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+
+from pymongo.errors import PyMongoError
+
+from common.events import Event, emit
+from common.retrying import ride_out
+from common.settings import Settings
+from common.store import JobStore
+
+
+class Presence:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        owner: str,
+        name: str,
+        tasks: frozenset[str],
+        queues: Mapping[str, int] | None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.owner = owner
+        self.name = name
+        self.tasks = tasks
+        self.queues = queues
+
+    async def _announce(self) -> None:
+        await self.store.announce(
+            self.owner,
+            name=self.name,
+            tasks=self.tasks,
+            queues=self.queues,
+            lease_seconds=self.settings.lease_seconds,
+        )
+
+    async def announce(self) -> None:
+        """Publish at start, riding out an unavailable MongoDB."""
+        await ride_out("announce", self._announce)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            try:
+                if not await self.store.seen(self.owner):
+                    await self._announce()  # removed meanwhile (by hand, or long frozen)
+            except PyMongoError as exc:
+                emit(Event.MONGO_UNAVAILABLE, level="warning", op="presence", error=str(exc)[:200])
+
+    async def retire(self) -> None:
+        """At shutdown, best effort (the caller bounds it in time): otherwise the document
+        simply stops being live."""
+        with contextlib.suppress(PyMongoError):
+            await self.store.retire(self.owner)

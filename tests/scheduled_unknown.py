@@ -1,0 +1,7 @@
+"""A schedule whose task nobody registers: a dispatcher loading it must refuse to start."""
+
+from __future__ import annotations
+
+from executor import schedule
+
+schedule("orphan", "*/5 * * * *", task="no-such-task")
