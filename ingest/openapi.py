@@ -9,7 +9,8 @@ so they are added here, by rule, to every operation, including routes added late
 - a path with an `{id}`: `404`;
 - parameters or a body: `422` (`detail` is a message, or the list of validation errors);
 - a body: `413`;
-- `POST` on an action of one job (`/jobs/{job_id}/cancel`, …): `409` (not in that state).
+- `POST` on an action of one resource (`/jobs/{job_id}/cancel`, …): `409` (not in a state
+  that allows it).
 
 With a token set, it also names the bearer scheme on every route behind it.
 """
