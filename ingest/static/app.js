@@ -302,6 +302,10 @@ async function renderSchedules() {
   if (!overview.features.schedules) return;
   $("#schedules-panel").hidden = false;
   const { schedules } = await getJson("/schedules");
+  if (!schedules.length) {
+    $("#schedules tbody").replaceChildren(el("tr", {}, el("td", { colspan: 5, class: "empty" }, "No schedules declared.")));
+    return;
+  }
   $("#schedules tbody").replaceChildren(...schedules.map((s) => el("tr", {},
     el("td", {}, el("code", {}, s.name), s.paused ? " (paused)" : ""), el("td", {}, el("code", {}, s.cron)),
     el("td", {}, s.task), el("td", {}, s.next_run ? new Date(s.next_run).toLocaleString() : "—"),

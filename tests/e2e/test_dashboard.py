@@ -63,9 +63,18 @@ def wait_for(driver: WebDriver, condition: Any, timeout: float = 20) -> Any:
     return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: condition(d))
 
 
+def texts(driver: WebDriver, css: str) -> list[str]:
+    """The text of every element `css` selects, read at once (the page re-renders live, so
+    element handles go stale)."""
+    found: list[str] = driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent.trim())", css
+    )
+    return found
+
+
 def text(driver: WebDriver, css: str) -> str:
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    found = texts(driver, css)
+    return found[0] if found else ""
 
 
 def screenshot(driver: WebDriver, name: str) -> None:
@@ -147,23 +156,19 @@ def test_the_job_page_shows_history_payload_result_and_errors(
     wait_for(browser, lambda d: text(d, "#job-status") == "failed", timeout=30)
     assert "DemoFailure: disk full" in text(browser, "#job-error")
     assert "Traceback" in text(browser, "#job-traceback")
-    history = [
-        td.text for td in browser.find_elements(By.CSS_SELECTOR, "#job-history tbody td:nth-child(2)")
-    ]
-    assert history == ["pending", "running", "pending", "running", "failed"]
+    column = "#job-history tbody td:nth-child(2)"
+    assert texts(browser, column) == ["pending", "running", "pending", "running", "failed"]
     assert '"message": "disk full"' in text(browser, "#job-payload")
     assert not browser.find_element(By.ID, "job-cancel").is_displayed()
     screenshot(browser, "job.png")
     # Retry (the API offers it): a new attempt budget, the same history, followed live.
     browser.find_element(By.ID, "job-retry").click()
-    column = "#job-history tbody td:nth-child(2)"
     wait_for(
         browser,
-        lambda d: [td.text for td in d.find_elements(By.CSS_SELECTOR, column)].count("failed") == 2
-        and text(d, "#job-status") == "failed",
+        lambda d: texts(d, column).count("failed") == 2 and text(d, "#job-status") == "failed",
         timeout=60,
     )
-    history = [td.text for td in browser.find_elements(By.CSS_SELECTOR, column)]
+    history = texts(browser, column)
     assert history[:5] == ["pending", "running", "pending", "running", "failed"]
     assert history[5] == "pending" and history[-1] == "failed"
     assert http.get(f"/jobs/{failed}").json()["max_attempts"] == 4
