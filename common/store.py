@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bson import ObjectId
@@ -279,6 +279,52 @@ def _retried() -> dict[str, Any]:
     }
 
 
+def key_window_over(job_id: str, key: str | None) -> dict[str, Any]:
+    """The job holding `key` whose unique window is over (by the server's clock)."""
+    return {"_id": job_id, "idempotency_key": key, "$expr": {"$lte": ["$unique_until", NOW]}}
+
+
+def release_key(key: str | None) -> list[dict[str, Any]]:
+    """Free a key whose window is over: the old job keeps it as `released_key`."""
+    return [
+        {"$set": {"released_key": _lit(key), "updated_at": NOW}},
+        {"$unset": "idempotency_key"},
+    ]
+
+
+def new_job_upsert(job_id: str, spec: JobSpec) -> UpdateOne:
+    """Insert a pending job as an upsert on a fresh `_id`, so that the server stamps its
+    times (`$$NOW`) without a read of its clock: usable inside a transaction too."""
+    return UpdateOne({"_id": job_id}, [{"$set": _new_job(spec)}], upsert=True)
+
+
+def running_fence(lease: Lease, owner: str) -> dict[str, Any]:
+    """The filter of every write of a running attempt: its job, attempt, owner, `running`."""
+    return {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R}
+
+
+def completed_in_transaction(
+    lease: Lease, result: Any, retention_s: float, progress: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The completion write a task's own transaction makes (`ctx.transaction()`): the same
+    fields as the dispatcher's, its history entry marked, and the attempt's last progress
+    (which the worker folds in rather than send it up its pipe to race the commit)."""
+    fields = _completed(lease, result, retention_s)
+    fields.update(
+        _history(
+            {
+                "status": JobStatus.COMPLETED.value,
+                "at": NOW,
+                "attempt": lease.attempt,
+                "transaction": True,
+            }
+        )
+    )
+    if progress is not None:
+        fields["progress"] = {**{k: _lit(v) for k, v in progress.items()}, "at": NOW}
+    return [{"$set": fields}]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Submitted:
     job: Job
@@ -313,6 +359,22 @@ class LiveDispatcher:
     tasks: frozenset[str]
     queues: dict[str, int] | None
     seen_at: datetime
+
+    @classmethod
+    def from_doc(cls, d: Doc) -> LiveDispatcher:
+        return cls(
+            owner=str(d["_id"]),
+            name=str(d.get("name", "")),
+            tasks=frozenset(d.get("tasks") or ()),
+            queues=d.get("queues"),
+            seen_at=d["seen_at"],
+        )
+
+
+def live_query() -> dict[str, Any]:
+    """Dispatchers seen within LIVE_LEASES of their lease length, by the server's clock."""
+    window = {"$multiply": ["$lease_seconds", LIVE_LEASES * 1000]}
+    return {"$expr": {"$gte": [{"$add": ["$seen_at", window]}, NOW]}}
 
 
 class JobStore:
@@ -418,13 +480,8 @@ class JobStore:
             doc = await self.jobs.find_one({"idempotency_key": key})
             if doc is None or doc.get("unique_until") is None:
                 return Job.from_doc(doc) if doc is not None else None
-            window_over = {"$expr": {"$lte": ["$unique_until", NOW]}}
             released = await self.jobs.update_one(
-                {"_id": doc["_id"], "idempotency_key": key, **window_over},
-                [
-                    {"$set": {"released_key": _lit(key), "updated_at": NOW}},
-                    {"$unset": "idempotency_key"},
-                ],
+                key_window_over(doc["_id"], key), release_key(key)
             )
             if released.modified_count:
                 return None
@@ -575,7 +632,8 @@ class JobStore:
     async def server_now(self) -> datetime:
         hello = await self.db.client.admin.command("hello")
         now: datetime = hello["localTime"]
-        return now
+        # A wrapped application client may not decode datetimes as aware ones.
+        return now if now.tzinfo is not None else now.replace(tzinfo=UTC)
 
     async def renew(self, owner: str, leases: Sequence[Lease], lease_seconds: float) -> set[str]:
         """Extend every lease `owner` still holds in one write; return the job ids it lost."""
@@ -591,7 +649,10 @@ class JobStore:
         )
         if res.matched_count == len(leases):
             return set()
-        still = await self.jobs.find(held, projection={"_id": 1}).to_list()
+        # Not lost: a job its attempt completed itself, in its own transaction
+        # (`ctx.transaction()`), an instant before its worker says so.
+        done = {"status": JobStatus.COMPLETED.value, "$or": held["$or"]}
+        still = await self.jobs.find({"$or": [held, done]}, projection={"_id": 1}).to_list()
         kept = {d["_id"] for d in still}
         return {lease.job_id for lease in leases} - kept
 
@@ -649,6 +710,22 @@ class JobStore:
             retry_delay_s,
             final=final,
         )
+
+    async def completed_by(self, lease: Lease) -> bool:
+        """Whether this attempt completed the job itself (in its own transaction): every claim
+        takes a new attempt number, so a job completed at this number was completed by it."""
+        doc = await self.jobs.find_one(
+            {"_id": lease.job_id, "attempts": lease.attempt, "status": JobStatus.COMPLETED.value},
+            projection={"_id": 1},
+        )
+        return doc is not None
+
+    async def kill_sessions(self, session_ids: Sequence[Mapping[str, Any]]) -> None:
+        """End these server sessions, aborting any transaction they left open (a worker that
+        died or was killed mid-transaction): its locks go at once, not at the server's
+        `transactionLifetimeLimitSeconds`, and nothing it wrote can commit afterwards."""
+        if session_ids:
+            await self.db.client.admin.command("killSessions", list(session_ids))
 
     async def cancel_running(self, lease: Lease, owner: str) -> Job:
         """The holder stopped the worker of a job whose cancel was requested."""
@@ -889,20 +966,8 @@ class JobStore:
 
     async def live_dispatchers(self) -> list[LiveDispatcher]:
         """Dispatchers seen within LIVE_LEASES of their lease length, by the server's clock."""
-        window = {"$multiply": ["$lease_seconds", LIVE_LEASES * 1000]}
-        docs = await self.dispatchers.find(
-            {"$expr": {"$gte": [{"$add": ["$seen_at", window]}, NOW]}}
-        ).to_list()
-        return [
-            LiveDispatcher(
-                owner=str(d["_id"]),
-                name=str(d.get("name", "")),
-                tasks=frozenset(d.get("tasks") or ()),
-                queues=d.get("queues"),
-                seen_at=d["seen_at"],
-            )
-            for d in docs
-        ]
+        docs = await self.dispatchers.find(live_query()).to_list()
+        return [LiveDispatcher.from_doc(d) for d in docs]
 
     # -- internals -----------------------------------------------------------------------------
 

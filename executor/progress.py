@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from common.runner import ProgressReport, RunJob
 
@@ -50,6 +51,7 @@ class ProgressReporter:
         self._last_sent = -math.inf
         self._timer: threading.Timer | None = None
         self._closed = False
+        self._latest: ProgressReport | None = None  # sent or not
 
     def report(self, fraction: float, message: str | None = None) -> None:
         value, text = check_progress(fraction, message)
@@ -60,6 +62,7 @@ class ProgressReporter:
             self._pending = ProgressReport(
                 job_id=job.job_id, attempt=job.attempt, task=job.task, fraction=value, message=text
             )
+            self._latest = self._pending
             wait = self._last_sent + self._interval - time.monotonic()
             if wait <= 0:
                 self._send_pending()
@@ -73,6 +76,21 @@ class ProgressReporter:
         with self._lock:
             self._send_pending()
             self._closed = True
+
+    def take_last(self) -> dict[str, Any] | None:
+        """Stop, sending nothing more, and return the newest report (sent or not) as the
+        job's `progress` fields: a transactional task writes it with its completion, rather
+        than send it up the pipe to race its own commit."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._pending = None
+            self._closed = True
+            latest = self._latest
+        if latest is None:
+            return None
+        return {"fraction": latest.fraction, "message": latest.message, "attempt": latest.attempt}
 
     def _flush(self) -> None:
         with self._lock:
