@@ -279,6 +279,15 @@ def _retried() -> dict[str, Any]:
     }
 
 
+def _session_of(doc: Doc, attempt: int) -> dict[str, Any] | None:
+    """The transaction session an attempt recorded (`note_transaction`), if this one did."""
+    tx = doc.get("tx_session")
+    if isinstance(tx, dict) and tx.get("attempt") == attempt and isinstance(tx.get("id"), dict):
+        session: dict[str, Any] = tx["id"]
+        return session
+    return None
+
+
 def key_window_over(job_id: str, key: str | None) -> dict[str, Any]:
     """The job holding `key` whose unique window is over (by the server's clock)."""
     return {"_id": job_id, "idempotency_key": key, "$expr": {"$lte": ["$unique_until", NOW]}}
@@ -347,6 +356,9 @@ class ExpiredLease:
     attempt: int
     task: str
     owner: str
+    # The server session of a transaction this attempt opened (`ctx.transaction()`), if its
+    # dispatcher recorded one: the watchdog ends it before requeueing the job.
+    tx_session: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -720,6 +732,18 @@ class JobStore:
         )
         return doc is not None
 
+    async def note_transaction(
+        self, lease: Lease, owner: str, session_id: Mapping[str, Any]
+    ) -> bool:
+        """Record the server session of the transaction a running attempt opened, fenced like
+        every write of a running job: if the attempt is abandoned (its holder froze or died),
+        whoever requeues it ends that session first. False if the lease is gone."""
+        res = await self.jobs.update_one(
+            running_fence(lease, owner),
+            [{"$set": {"tx_session": _lit({"id": dict(session_id), "attempt": lease.attempt})}}],
+        )
+        return res.matched_count == 1
+
     async def kill_sessions(self, session_ids: Sequence[Mapping[str, Any]]) -> None:
         """End these server sessions, aborting any transaction they left open (a worker that
         died or was killed mid-transaction): its locks go at once, not at the server's
@@ -773,12 +797,16 @@ class JobStore:
         """Running jobs whose lease is over by the server's clock."""
         docs = await self.jobs.find(
             {"status": R, "$expr": {"$lt": ["$lease_expires_at", NOW]}},
-            projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1},
+            projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1, "tx_session": 1},
             limit=limit,
         ).to_list()
         return [
             ExpiredLease(
-                job_id=str(d["_id"]), attempt=d["attempts"], task=d["task"], owner=d["owner"]
+                job_id=str(d["_id"]),
+                attempt=d["attempts"],
+                task=d["task"],
+                owner=d["owner"],
+                tx_session=_session_of(d, d["attempts"]),
             )
             for d in docs
         ]

@@ -142,6 +142,7 @@ class AsyncTxOps:
         await asyncio.sleep(seconds)
 
     async def end(self) -> None:
+        _retire(self.session)
         await self.session.end_session()
 
 
@@ -174,6 +175,7 @@ class SyncTxOps:
         time.sleep(seconds)  # noqa: ASYNC251 - a blocking session: this never suspends
 
     async def end(self) -> None:
+        _retire(self.session)
         self.session.end_session()
 
 
@@ -183,6 +185,18 @@ def task_ops(session: AsyncClientSession | ClientSession, settings: Settings) ->
     if isinstance(session, AsyncClientSession):
         return AsyncTxOps(database(session.client, settings)[JOBS], session)
     return SyncTxOps(sync_database(session.client, settings)[JOBS], session)
+
+
+def _retire(session: AsyncClientSession | ClientSession) -> None:
+    """Keep this server session out of the driver's pool when it ends: its id was published
+    (`TxOpened`, `tx_session`) so that an abandoned attempt's transaction can be killed, and
+    a later kill must never reach another attempt's transaction on a reused id. (pymongo's
+    own way to drop a session after a network error; ids are free, the server forgets the
+    old one.)"""
+    server_session = getattr(session, "_server_session", None)
+    mark_dirty = getattr(server_session, "mark_dirty", None)
+    if callable(mark_dirty):
+        mark_dirty()
 
 
 async def on_ops(ops: TxOps, coro: Coroutine[Any, Any, T]) -> T:
