@@ -52,7 +52,6 @@ async def serve_dispatcher(
     dispatcher = Dispatcher(settings, store, pool, tasks, schedules)
     pool.on_free = dispatcher.wake
     pool.on_progress = dispatcher.on_progress
-    pool.on_tx_opened = dispatcher.on_tx_opened
     await pool.start()
     try:
         await dispatcher.run(stop)

@@ -71,7 +71,6 @@ class Runner(Protocol):
 
     on_free: Callable[[], None]
     on_progress: Callable[[ProgressReport], None]
-    on_tx_opened: Callable[[TxOpened], None]
 
     async def start(self) -> None: ...
 

@@ -280,12 +280,37 @@ def _retried() -> dict[str, Any]:
 
 
 def _session_of(doc: Doc, attempt: int) -> dict[str, Any] | None:
-    """The transaction session an attempt recorded (`note_transaction`), if this one did."""
-    tx = doc.get("tx_session")
-    if isinstance(tx, dict) and tx.get("attempt") == attempt and isinstance(tx.get("id"), dict):
-        session: dict[str, Any] = tx["id"]
-        return session
-    return None
+    """The session of the transaction this attempt opened (`transaction_opened`), if any."""
+    tx = doc.get("tx")
+    if not isinstance(tx, dict) or tx.get("attempt") != attempt:
+        return None
+    session = tx.get("session")
+    return session if isinstance(session, dict) else None
+
+
+def transaction_opened(
+    lease: Lease, session_id: Mapping[str, Any], lease_seconds: float
+) -> list[dict[str, Any]]:
+    """A running attempt is about to open its own transaction (`ctx.transaction()`); its
+    worker writes this, fenced, just before. From here until the transaction ends, nothing
+    else writes the job (heartbeats and progress pass it by, see `tx_open`): any write to it
+    after the transaction's snapshot would make the completion write inside it a write
+    conflict, aborting the attempt's work. So the lease is renewed once, now, for the whole
+    transaction; and the session is recorded, so that whoever requeues an abandoned attempt
+    ends that transaction first."""
+    tx = {"attempt": lease.attempt, "session": _lit(dict(session_id)), "at": NOW}
+    return [{"$set": {"tx": tx, "lease_expires_at": _after(lease_seconds * 1000)}}]
+
+
+def transaction_closed(lease_seconds: float) -> list[dict[str, Any]]:
+    """The attempt's transaction ended without its completion (it was aborted) and the task
+    goes on: its lease is renewed by heartbeats again."""
+    return [{"$set": {"lease_expires_at": _after(lease_seconds * 1000)}}, {"$unset": "tx"}]
+
+
+def not_in_transaction(attempt: int) -> dict[str, Any]:
+    """A filter clause: this attempt has no transaction of its own open on the job."""
+    return {"tx.attempt": {"$ne": attempt}}
 
 
 def key_window_over(job_id: str, key: str | None) -> dict[str, Any]:
@@ -329,6 +354,7 @@ def completed_in_transaction(
             }
         )
     )
+    fields["tx"] = "$$REMOVE"
     if progress is not None:
         fields["progress"] = {**{k: _lit(v) for k, v in progress.items()}, "at": NOW}
     return [{"$set": fields}]
@@ -356,8 +382,8 @@ class ExpiredLease:
     attempt: int
     task: str
     owner: str
-    # The server session of a transaction this attempt opened (`ctx.transaction()`), if its
-    # dispatcher recorded one: the watchdog ends it before requeueing the job.
+    # The server session of a transaction this attempt opened (`ctx.transaction()`): the
+    # watchdog ends it before requeueing the job.
     tx_session: dict[str, Any] | None = None
 
 
@@ -651,19 +677,26 @@ class JobStore:
         """Extend every lease `owner` still holds in one write; return the job ids it lost."""
         if not leases:
             return set()
-        held = {
-            "owner": owner,
-            "status": R,
-            "$or": [{"_id": lease.job_id, "attempts": lease.attempt} for lease in leases],
+        ids = [{"_id": lease.job_id, "attempts": lease.attempt} for lease in leases]
+        held = {"owner": owner, "status": R, "$or": ids}
+        # An attempt with its own transaction open renewed its lease for it, and must not
+        # be written meanwhile (`transaction_opened`): it is held, not renewed.
+        renewable = {
+            **held,
+            "$or": [
+                {"_id": lease.job_id, "attempts": a, **not_in_transaction(a)}
+                for lease in leases
+                for a in [lease.attempt]
+            ],
         }
         res = await self.jobs.update_many(
-            held, [{"$set": {"lease_expires_at": _after(lease_seconds * 1000)}}]
+            renewable, [{"$set": {"lease_expires_at": _after(lease_seconds * 1000)}}]
         )
         if res.matched_count == len(leases):
             return set()
-        # Not lost: a job its attempt completed itself, in its own transaction
-        # (`ctx.transaction()`), an instant before its worker says so.
-        done = {"status": JobStatus.COMPLETED.value, "$or": held["$or"]}
+        # Not lost either: a job its attempt completed itself, in its own transaction, an
+        # instant before its worker says so.
+        done = {"status": JobStatus.COMPLETED.value, "$or": ids}
         still = await self.jobs.find({"$or": [held, done]}, projection={"_id": 1}).to_list()
         kept = {d["_id"] for d in still}
         return {lease.job_id for lease in leases} - kept
@@ -732,18 +765,6 @@ class JobStore:
         )
         return doc is not None
 
-    async def note_transaction(
-        self, lease: Lease, owner: str, session_id: Mapping[str, Any]
-    ) -> bool:
-        """Record the server session of the transaction a running attempt opened, fenced like
-        every write of a running job: if the attempt is abandoned (its holder froze or died),
-        whoever requeues it ends that session first. False if the lease is gone."""
-        res = await self.jobs.update_one(
-            running_fence(lease, owner),
-            [{"$set": {"tx_session": _lit({"id": dict(session_id), "attempt": lease.attempt})}}],
-        )
-        return res.matched_count == 1
-
     async def kill_sessions(self, session_ids: Sequence[Mapping[str, Any]]) -> None:
         """End these server sessions, aborting any transaction they left open (a worker that
         died or was killed mid-transaction): its locks go at once, not at the server's
@@ -797,7 +818,7 @@ class JobStore:
         """Running jobs whose lease is over by the server's clock."""
         docs = await self.jobs.find(
             {"status": R, "$expr": {"$lt": ["$lease_expires_at", NOW]}},
-            projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1, "tx_session": 1},
+            projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1, "tx": 1},
             limit=limit,
         ).to_list()
         return [
@@ -1074,7 +1095,15 @@ class JobStore:
         matches nothing. Returns the job ids written."""
         ops = [
             UpdateOne(
-                {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
+                # Not while the attempt's own transaction is open: it writes the last report
+                # with its completion (`transaction_opened`).
+                {
+                    "_id": lease.job_id,
+                    "attempts": lease.attempt,
+                    "owner": owner,
+                    "status": R,
+                    **not_in_transaction(lease.attempt),
+                },
                 [
                     {
                         "$set": {

@@ -46,6 +46,8 @@ from common.store import (
     new_job_upsert,
     release_key,
     running_fence,
+    transaction_closed,
+    transaction_opened,
 )
 
 T = TypeVar("T")
@@ -103,6 +105,9 @@ class TxOps(Protocol):
 
     async def update_one(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int: ...
 
+    async def update_outside(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int:
+        """An update through the session's client but outside the transaction (majority)."""
+
     async def upsert_many(self, requests: list[UpdateOne]) -> None: ...
 
     async def commit(self) -> None: ...
@@ -127,6 +132,9 @@ class AsyncTxOps:
 
     async def update_one(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int:
         return (await self.jobs.update_one(query, pipeline, session=self.session)).matched_count
+
+    async def update_outside(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int:
+        return (await self.jobs.update_one(query, pipeline)).matched_count
 
     async def upsert_many(self, requests: list[UpdateOne]) -> None:
         await self.jobs.bulk_write(requests, ordered=True, session=self.session)
@@ -160,6 +168,9 @@ class SyncTxOps:
 
     async def update_one(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int:
         return self.jobs.update_one(query, pipeline, session=self.session).matched_count
+
+    async def update_outside(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int:
+        return self.jobs.update_one(query, pipeline).matched_count
 
     async def upsert_many(self, requests: list[UpdateOne]) -> None:
         self.jobs.bulk_write(requests, ordered=True, session=self.session)
@@ -321,6 +332,21 @@ class TxEnd:
 
     kind: TxEndKind
     error: dict[str, Any] | None = None
+
+
+async def begin_transaction(
+    ops: TxOps, lease: Lease, owner: str, session_id: Mapping[str, Any], lease_seconds: float
+) -> bool:
+    """Before a task's transaction starts (its snapshot must come after this): the fenced
+    write that renews the lease for the whole transaction and records its session
+    (`common.store.transaction_opened`). False: the lease is already lost."""
+    opened = transaction_opened(lease, session_id, lease_seconds)
+    return await ops.update_outside(running_fence(lease, owner), opened) == 1
+
+
+async def end_transaction(ops: TxOps, lease: Lease, owner: str, lease_seconds: float) -> None:
+    """The task's transaction was aborted and the task goes on: heartbeats renew it again."""
+    await ops.update_outside(running_fence(lease, owner), transaction_closed(lease_seconds))
 
 
 async def complete_in_transaction(

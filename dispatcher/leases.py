@@ -17,9 +17,9 @@ from pymongo.errors import PyMongoError
 from common.backoff import backoff_delay
 from common.errors import LeaseLost
 from common.events import Event, emit, job_fields
-from common.runner import KillReason, TxOpened
+from common.runner import KillReason
 from common.settings import Settings
-from common.store import ExpiredLease, JobStore, Lease
+from common.store import ExpiredLease, JobStore
 from dispatcher.claimer import ServerClock
 from dispatcher.holdings import Holdings
 
@@ -113,22 +113,12 @@ class LeaseKeeper:
             emit(Event.SWEEP_DONE, requeued=requeued)
         self.swept()
 
-    async def note_transaction(self, opened: TxOpened) -> None:
-        """Record the session of a transaction a held attempt opened (best effort: without
-        it, an abandoned transaction ends at the server's lifetime limit instead)."""
-        lease = Lease(job_id=opened.job_id, attempt=opened.attempt)
-        try:
-            await self.store.note_transaction(lease, self.owner, opened.session_id)
-        except PyMongoError as exc:
-            error = str(exc)[:200]
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="note_transaction", error=error)
-
     async def _requeue(self, lease: ExpiredLease) -> bool:
         s = self.settings
         if lease.tx_session is not None:
-            # The frozen or dead holder's attempt may hold a transaction open (with locks on
-            # the documents it wrote, maybe this job's): end it, so that nothing of it can
-            # commit later and the next attempt does not wait for MongoDB's lifetime limit.
+            # The frozen or dead holder's attempt had a transaction open (`ctx.transaction()`,
+            # with locks on what it wrote, maybe on this job): end it, so that nothing of it
+            # can commit later and the next attempt does not wait out MongoDB's lifetime limit.
             try:
                 await self.store.kill_sessions([lease.tx_session])
             except PyMongoError as exc:

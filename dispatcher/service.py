@@ -29,7 +29,7 @@ from typing import Any
 from common.events import Event, emit, job_fields
 from common.models import Job
 from common.retrying import ride_out
-from common.runner import ProgressReport, RunJob, Runner, Slot, TxOpened
+from common.runner import ProgressReport, RunJob, Runner, Slot
 from common.schedules import Schedule
 from common.schedules_store import ScheduleStore
 from common.settings import Settings
@@ -176,11 +176,6 @@ class Dispatcher:
     def on_progress(self, report: ProgressReport) -> None:
         """A running task reported progress (called by the runner)."""
         self.progress.report(report)
-
-    def on_tx_opened(self, opened: TxOpened) -> None:
-        """A running task opened `ctx.transaction()` (called by the runner): record its
-        session on the job, so that a peer requeueing an abandoned attempt can end it."""
-        self.supervisor.spawn(self.leases.note_transaction(opened), f"tx:{opened.job_id}")
 
     # -- events ----------------------------------------------------------------------------
 

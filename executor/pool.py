@@ -7,8 +7,8 @@ Brook supervises its own long-lived `aiomultiprocess.Process` children instead:
 * the parent watches each process's sentinel, so a death (crash, SIGKILL, OOM) is seen
   within milliseconds, the job's waiter gets a `crashed` outcome and the slot is refilled;
 * timeouts, cancellations and lost leases are enforced by the parent killing the process;
-* a running task's progress reports come up the same pipe and go to `on_progress`, and so
-  does the session of a transaction it opens (`on_tx_opened`), kept with its outcome.
+* a running task's progress reports come up the same pipe and go to `on_progress`; the
+  session of a transaction it opens comes too, and goes with its outcome.
 """
 
 from __future__ import annotations
@@ -82,7 +82,6 @@ class WorkerPool:
         self.size = size
         self.on_free = on_free
         self.on_progress = on_progress
-        self.on_tx_opened: Callable[[TxOpened], None] = lambda opened: None
         self._spawn_task = spawn
         self._workers: dict[str, _Worker] = {}
         self._names = itertools.count(1)
@@ -227,7 +226,6 @@ class WorkerPool:
             job = worker.job
             if job is not None and (job.job_id, job.attempt) == (msg.job_id, msg.attempt):
                 worker.tx_session = msg.session_id
-                self.on_tx_opened(msg)
             return
         if isinstance(msg, JobDone) and self._holds(worker, msg.job_id, msg.attempt):
             self._settle(worker, _done_outcome(msg, worker.tx_session))

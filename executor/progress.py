@@ -52,6 +52,7 @@ class ProgressReporter:
         self._timer: threading.Timer | None = None
         self._closed = False
         self._latest: ProgressReport | None = None  # sent or not
+        self._held = False
 
     def report(self, fraction: float, message: str | None = None) -> None:
         value, text = check_progress(fraction, message)
@@ -63,6 +64,8 @@ class ProgressReporter:
                 job_id=job.job_id, attempt=job.attempt, task=job.task, fraction=value, message=text
             )
             self._latest = self._pending
+            if self._held:
+                return
             wait = self._last_sent + self._interval - time.monotonic()
             if wait <= 0:
                 self._send_pending()
@@ -76,6 +79,23 @@ class ProgressReporter:
         with self._lock:
             self._send_pending()
             self._closed = True
+
+    def hold(self) -> None:
+        """While the attempt's own transaction is open nothing else may write its job (see
+        `common.store.transaction_opened`): keep reports here. The newest goes with the
+        completion (`take_last`), or up the pipe if the transaction ends without it
+        (`release`)."""
+        with self._lock:
+            self._held = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def release(self) -> None:
+        with self._lock:
+            self._held = False
+            if not self._closed:
+                self._send_pending()
 
     def take_last(self) -> dict[str, Any] | None:
         """Stop, sending nothing more, and return the newest report (sent or not) as the
@@ -95,7 +115,7 @@ class ProgressReporter:
     def _flush(self) -> None:
         with self._lock:
             self._timer = None
-            if not self._closed:
+            if not self._closed and not self._held:
                 self._send_pending()
 
     def _send_pending(self) -> None:

@@ -24,7 +24,9 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import PyMongoError
 from pymongo.synchronous.client_session import ClientSession
 
+from common.blocking import drive
 from common.core import log_submitted
+from common.errors import LeaseLost
 from common.models import Doc
 from common.runner import RunJob, TxOpened
 from common.settings import Settings
@@ -34,10 +36,13 @@ from common.transactions import (
     TxEnd,
     TxOps,
     TxSession,
+    begin_transaction,
     complete_in_transaction,
+    end_transaction,
     on_ops,
     task_ops,
 )
+from executor.progress import ProgressReporter
 
 # How long a commit whose outcome is unknown (a failover) is retried, at least; then the
 # dispatcher decides, by its own fenced write.
@@ -61,15 +66,21 @@ class AttemptTransaction:
     returns (commit) or fails (abort)."""
 
     def __init__(
-        self, run: RunJob, settings: Settings, send: Callable[[TxOpened], None] | None
+        self,
+        run: RunJob,
+        settings: Settings,
+        send: Callable[[TxOpened], None] | None,
+        reporter: ProgressReporter | None = None,
     ) -> None:
         self.run = run
         self.settings = settings
         self._send = send
+        self._reporter = reporter
         self.state: State = "none"
         self.session: AsyncClientSession | ClientSession | None = None
         self.ops: TxOps | None = None
         self.staged: list[Submitted] = []
+        self._marked = False  # the job shows this transaction (`begin_transaction`)
 
     @contextlib.contextmanager
     def current(self) -> Iterator[None]:
@@ -85,36 +96,40 @@ class AttemptTransaction:
     def opened(self) -> bool:
         return self.state != "none"
 
+    @property
+    def lease(self) -> Lease:
+        return Lease(job_id=self.run.job_id, attempt=self.run.attempt)
+
     # -- the task's side -------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def open_async(self, client: AsyncMongoClient[Doc]) -> AsyncIterator[AsyncClientSession]:
         self._claim()
         session = client.start_session()
-        self._started(session)
+        ops = self._started(session)
         try:
+            self._began(await self._begin(ops, session.session_id))
             await session.start_transaction(**TASK_TRANSACTION)
             self._announce(session)
             yield session
         except BaseException:
-            await self.abandon()
+            await self.abandon(goes_on=True)
             raise
         self.state = "ready"
 
     @contextlib.contextmanager
     def open_sync(self, client: MongoClient[Doc]) -> Iterator[ClientSession]:
+        # On the task's own thread: the blocking session's calls block, and belong here.
         self._claim()
         session = client.start_session()
-        self._started(session)
+        ops = self._started(session)
         try:
+            self._began(drive(self._begin(ops, session.session_id)))
             session.start_transaction(**TASK_TRANSACTION)
             self._announce(session)
             yield session
         except BaseException:
-            # On the task's own thread: the session's calls block, and belong here.
-            self.state = "ended"
-            with contextlib.suppress(PyMongoError):
-                session.end_session()  # aborts the transaction
+            drive(self._end(goes_on=True))
             raise
         self.state = "ready"
 
@@ -127,9 +142,24 @@ class AttemptTransaction:
             raise RuntimeError("ctx.transaction() needs a running attempt of a Brook worker")
         self.state = "open"
 
-    def _started(self, session: AsyncClientSession | ClientSession) -> None:
+    def _started(self, session: AsyncClientSession | ClientSession) -> TxOps:
         self.session = session
         self.ops = task_ops(session, self.settings)
+        return self.ops
+
+    async def _begin(self, ops: TxOps, session_id: Mapping[str, Any]) -> bool:
+        lease_s = self.settings.lease_seconds
+        return await begin_transaction(ops, self.lease, self.run.owner, session_id, lease_s)
+
+    def _began(self, held: bool) -> None:
+        if not held:
+            raise LeaseLost(
+                f"job {self.run.job_id} attempt {self.run.attempt}: the lease was lost "
+                "before its transaction began"
+            )
+        self._marked = True
+        if self._reporter is not None:
+            self._reporter.hold()
 
     def _announce(self, session: AsyncClientSession | ClientSession) -> None:
         if self._send is not None:
@@ -158,7 +188,7 @@ class AttemptTransaction:
                 ops,
                 complete_in_transaction(
                     ops,
-                    Lease(job_id=run.job_id, attempt=run.attempt),
+                    self.lease,
                     run.owner,
                     result,
                     retention_s=self.settings.retention_seconds,
@@ -173,12 +203,28 @@ class AttemptTransaction:
                 log_submitted(submitted)
         return end
 
-    async def abandon(self) -> None:
+    async def abandon(self, *, goes_on: bool = False) -> None:
         """End the session; a transaction still open is aborted with it (nothing of it
-        remains). Idempotent."""
+        remains). `goes_on`: the task carries on after its transaction block failed, so
+        its job is handed back to heartbeats and progress. Idempotent."""
+        ops = self.ops
+        if ops is None:
+            await self._end(goes_on=goes_on)
+        else:
+            await on_ops(ops, self._end(goes_on=goes_on))
+
+    async def _end(self, *, goes_on: bool) -> None:
+        """`abandon`, as a coroutine over the session's own ops (blocking ones never suspend)."""
         if self.state in ("none", "ended"):
             return
         self.state = "ended"
-        if self.ops is not None:
+        ops = self.ops
+        if ops is None:
+            return
+        with contextlib.suppress(PyMongoError):
+            await ops.end()
+        if goes_on and self._marked:
             with contextlib.suppress(PyMongoError):
-                await on_ops(self.ops, self.ops.end())
+                await end_transaction(ops, self.lease, self.run.owner, self.settings.lease_seconds)
+        if goes_on and self._reporter is not None:
+            self._reporter.release()

@@ -146,7 +146,7 @@ async def run_one(
     (or, for a task that opened `ctx.transaction()`, with its completion)."""
     structlog.contextvars.bind_contextvars(job_id=msg.job_id, attempt=msg.attempt, task=msg.task)
     reporter = ProgressReporter(send, msg) if send is not None else None
-    tx = AttemptTransaction(msg, settings, send)
+    tx = AttemptTransaction(msg, settings, send, reporter)
     try:
         with tx.current():
             emit(Event.TASK_STARTED)
