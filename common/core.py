@@ -4,6 +4,10 @@
 coroutines on a private event-loop thread (`common.blocking`); a task's `ctx.submit` uses
 the core of its worker process; the HTTP API submits and retries through it too. So every
 surface validates, checks task names, writes and logs the same way.
+
+`submit` and `submit_many` take a `session=` (a caller's transaction): `Submitting` writes
+them once for every client, and `BlockingSessions` runs that same code with a blocking
+`ClientSession`, on the caller's thread (`common.transactions`).
 """
 
 from __future__ import annotations
