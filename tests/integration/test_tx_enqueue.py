@@ -14,7 +14,7 @@ import pytest
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.client_session import AsyncClientSession
-from pymongo.errors import DuplicateKeyError, OperationFailure
+from pymongo.errors import OperationFailure
 from pymongo.synchronous.client_session import ClientSession
 from structlog.testing import capture_logs
 
@@ -188,18 +188,6 @@ async def test_a_key_a_concurrent_transaction_takes_is_a_transient_conflict_then
             assert await racing == mine.id
     assert tries >= 2
     assert await store.jobs.count_documents({"idempotency_key": "race"}) == 1
-
-
-def test_a_key_taken_after_the_snapshot_says_so_with_the_label_drivers_retry_on() -> None:
-    from pymongo.errors import BulkWriteError
-
-    from common.transactions import _key_taken
-
-    taken = _key_taken(BulkWriteError({"writeErrors": [{"index": 0, "code": 11000}]}))
-    assert isinstance(taken, DuplicateKeyError)
-    assert taken.has_error_label("TransientTransactionError") and "run it again" in str(taken)
-    other = BulkWriteError({"writeErrors": [{"index": 0, "code": 2}]})
-    assert _key_taken(other) is other
 
 
 async def test_a_unique_window_that_is_over_is_released_only_if_the_transaction_commits(
