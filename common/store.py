@@ -293,8 +293,8 @@ def transaction_opened(
 ) -> list[dict[str, Any]]:
     """A running attempt is about to open its own transaction (`ctx.transaction()`); its
     worker writes this, fenced, just before. From here until the transaction ends, nothing
-    else writes the job (heartbeats and progress pass it by, see `tx_open`): any write to it
-    after the transaction's snapshot would make the completion write inside it a write
+    else writes the job (heartbeats and progress pass it by, `not_in_transaction`): a write
+    to it after the transaction's snapshot would make the completion write inside it a write
     conflict, aborting the attempt's work. So the lease is renewed once, now, for the whole
     transaction; and the session is recorded, so that whoever requeues an abandoned attempt
     ends that transaction first."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,12 +77,7 @@ class TaskContext(BaseContext):
         commit together, fenced by attempt and owner. A lost lease, an exception or a dead
         worker aborts them. One per attempt; it commits when the task returns, not when the
         block ends."""
-        return self._open()
-
-    @contextlib.asynccontextmanager
-    async def _open(self) -> AsyncIterator[AsyncClientSession]:
-        async with self._attempt_tx().open_async(process_client(self.settings)) as session:
-            yield session
+        return self._attempt_tx().open_async(process_client(self.settings))
 
     submit = delegating(Submitting.submit)
 

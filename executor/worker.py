@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import dataclasses
 import os
 import signal
 import threading
@@ -183,8 +182,9 @@ def _transaction_done(msg: RunJob, end: TxEnd, result: Any) -> JobDone:
     transaction."""
     if end.kind == "committed":
         emit(Event.TASK_FINISHED, ok=True, transaction="committed")
-        done = JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, result=result)
-        return dataclasses.replace(done, tx="committed")
+        return JobDone(
+            job_id=msg.job_id, attempt=msg.attempt, ok=True, result=result, tx="committed"
+        )
     if end.kind == "lost":
         emit(Event.TASK_FINISHED, ok=False, error_type="LeaseLost", transaction="aborted")
         error = {"type": "LeaseLost", "message": "the lease was lost; the transaction aborted"}
