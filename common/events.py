@@ -22,6 +22,7 @@ class Event(StrEnum):
     JOB_RELEASE_FAILED = "job.release_failed"  # shutdown could not hand it back: lease expiry will
     JOB_TIMED_OUT = "job.timed_out"
     JOB_RESULT_DISCARDED = "job.result_discarded"
+    TRANSACTION_ENDED = "transaction.ended"  # a dead or killed worker's open one, by its dispatcher
     LEASE_EXPIRED = "lease.expired"
     LEASE_LOST = "lease.lost"
     WORKER_STARTED = "worker.started"

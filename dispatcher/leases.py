@@ -118,6 +118,21 @@ class LeaseKeeper:
 
     async def _requeue(self, lease: ExpiredLease) -> bool:
         s = self.settings
+        if lease.tx_session is not None:
+            # The frozen or dead holder's attempt had a transaction open (`ctx.transaction()`,
+            # with locks on what it wrote, maybe on this job): end it, so that nothing of it
+            # can commit later and the next attempt does not wait out MongoDB's lifetime limit.
+            try:
+                await self.store.kill_sessions([lease.tx_session])
+            except PyMongoError as exc:
+                emit(
+                    Event.MONGO_UNAVAILABLE,
+                    level="warning",
+                    op="end_transaction",
+                    error=str(exc)[:200],
+                )
+            else:
+                emit(Event.TRANSACTION_ENDED, **job_fields(lease), owner=lease.owner)
         delay = backoff_delay(lease.attempt, s.retry_base_seconds, s.retry_cap_seconds)
         try:
             job = await self.store.requeue_expired(lease, delay)
