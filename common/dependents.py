@@ -29,7 +29,9 @@ async def settle(store: JobStore, parent_ids: Collection[str], *, via: Via) -> l
     out: list[Settled] = []
     frontier = list(dict.fromkeys(parent_ids))
     while frontier:
-        ended = await store.ended_parents(frontier)
+        # A finished parent without an `unsettled` token has no child left to settle (its
+        # children were settled and it was unmarked, or it never had any): skip the search.
+        ended = [p for p in await store.ended_parents(frontier) if p.token or p.status is None]
         if not ended:
             break
         settled = await store.settle_children(ended)

@@ -11,15 +11,16 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bson import ObjectId
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument, UpdateOne
 from pymongo.asynchronous.change_stream import AsyncChangeStream
+from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
+from pymongo.errors import BulkWriteError, CollectionInvalid, DuplicateKeyError, OperationFailure
 
 from common.errors import JobConflict, JobNotFound, LeaseLost
 from common.models import DEFAULT_QUEUE, Doc, Job, JobSpec
@@ -323,6 +324,87 @@ def _retried(waiting_on: Sequence[str]) -> dict[str, Any]:
     }
 
 
+def _session_of(doc: Doc, attempt: int) -> dict[str, Any] | None:
+    """The session of the transaction this attempt opened (`transaction_opened`), if any."""
+    tx = doc.get("tx")
+    if not isinstance(tx, dict) or tx.get("attempt") != attempt:
+        return None
+    session = tx.get("session")
+    return session if isinstance(session, dict) else None
+
+
+def transaction_opened(
+    lease: Lease, session_id: Mapping[str, Any], lease_seconds: float
+) -> list[dict[str, Any]]:
+    """A running attempt is about to open its own transaction (`ctx.transaction()`); its
+    worker writes this, fenced, just before. From here until the transaction ends, nothing
+    else writes the job (heartbeats and progress pass it by, `not_in_transaction`): a write
+    to it after the transaction's snapshot would make the completion write inside it a write
+    conflict, aborting the attempt's work. So the lease is renewed once, now, for the whole
+    transaction; and the session is recorded, so that whoever requeues an abandoned attempt
+    ends that transaction first."""
+    tx = {"attempt": lease.attempt, "session": _lit(dict(session_id)), "at": NOW}
+    return [{"$set": {"tx": tx, "lease_expires_at": _after(lease_seconds * 1000)}}]
+
+
+def transaction_closed(lease_seconds: float) -> list[dict[str, Any]]:
+    """The attempt's transaction ended without its completion (it was aborted) and the task
+    goes on: its lease is renewed by heartbeats again."""
+    return [{"$set": {"lease_expires_at": _after(lease_seconds * 1000)}}, {"$unset": "tx"}]
+
+
+def not_in_transaction(attempt: int) -> dict[str, Any]:
+    """A filter clause: this attempt has no transaction of its own open on the job."""
+    return {"tx.attempt": {"$ne": attempt}}
+
+
+def key_window_over(job_id: str, key: str | None) -> dict[str, Any]:
+    """The job holding `key` whose unique window is over (by the server's clock)."""
+    return {"_id": job_id, "idempotency_key": key, "$expr": {"$lte": ["$unique_until", NOW]}}
+
+
+def release_key(key: str | None) -> list[dict[str, Any]]:
+    """Free a key whose window is over: the old job keeps it as `released_key`."""
+    return [
+        {"$set": {"released_key": _lit(key), "updated_at": NOW}},
+        {"$unset": "idempotency_key"},
+    ]
+
+
+def new_job_upsert(job_id: str, spec: JobSpec) -> UpdateOne:
+    """Insert a pending job as an upsert on a fresh `_id`, so that the server stamps its
+    times (`$$NOW`) without a read of its clock: usable inside a transaction too."""
+    return UpdateOne({"_id": job_id}, [{"$set": _new_job(spec)}], upsert=True)
+
+
+def running_fence(lease: Lease, owner: str) -> dict[str, Any]:
+    """The filter of every write of a running attempt: its job, attempt, owner, `running`."""
+    return {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R}
+
+
+def completed_in_transaction(
+    lease: Lease, result: Any, retention_s: float, progress: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The completion write a task's own transaction makes (`ctx.transaction()`): the same
+    fields as the dispatcher's, its history entry marked, and the attempt's last progress
+    (which the worker folds in rather than send it up its pipe to race the commit)."""
+    fields = _completed(lease, result, retention_s)
+    fields.update(
+        _history(
+            {
+                "status": JobStatus.COMPLETED.value,
+                "at": NOW,
+                "attempt": lease.attempt,
+                "transaction": True,
+            }
+        )
+    )
+    fields["tx"] = "$$REMOVE"
+    if progress is not None:
+        fields["progress"] = {**{k: _lit(v) for k, v in progress.items()}, "at": NOW}
+    return [{"$set": fields}]
+
+
 @dataclass(frozen=True, kw_only=True)
 class EndedParent:
     """A parent that ended: finished with `status`, or deleted (`status` None). `token`:
@@ -450,6 +532,9 @@ class ExpiredLease:
     attempt: int
     task: str
     owner: str
+    # The server session of a transaction this attempt opened (`ctx.transaction()`): the
+    # watchdog ends it before requeueing the job.
+    tx_session: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -462,6 +547,22 @@ class LiveDispatcher:
     tasks: frozenset[str]
     queues: dict[str, int] | None
     seen_at: datetime
+
+    @classmethod
+    def from_doc(cls, d: Doc) -> LiveDispatcher:
+        return cls(
+            owner=str(d["_id"]),
+            name=str(d.get("name", "")),
+            tasks=frozenset(d.get("tasks") or ()),
+            queues=d.get("queues"),
+            seen_at=d["seen_at"],
+        )
+
+
+def live_query() -> dict[str, Any]:
+    """Dispatchers seen within LIVE_LEASES of their lease length, by the server's clock."""
+    window = {"$multiply": ["$lease_seconds", LIVE_LEASES * 1000]}
+    return {"$expr": {"$gte": [{"$add": ["$seen_at", window]}, NOW]}}
 
 
 class JobStore:
@@ -634,13 +735,8 @@ class JobStore:
             doc = await self.jobs.find_one({"idempotency_key": key})
             if doc is None or doc.get("unique_until") is None:
                 return Job.from_doc(doc) if doc is not None else None
-            window_over = {"$expr": {"$lte": ["$unique_until", NOW]}}
             released = await self.jobs.update_one(
-                {"_id": doc["_id"], "idempotency_key": key, **window_over},
-                [
-                    {"$set": {"released_key": _lit(key), "updated_at": NOW}},
-                    {"$unset": "idempotency_key"},
-                ],
+                key_window_over(doc["_id"], key), release_key(key)
             )
             if released.modified_count:
                 return None
@@ -796,23 +892,34 @@ class JobStore:
     async def server_now(self) -> datetime:
         hello = await self.db.client.admin.command("hello")
         now: datetime = hello["localTime"]
-        return now
+        # A wrapped application client may not decode datetimes as aware ones.
+        return now if now.tzinfo is not None else now.replace(tzinfo=UTC)
 
     async def renew(self, owner: str, leases: Sequence[Lease], lease_seconds: float) -> set[str]:
         """Extend every lease `owner` still holds in one write; return the job ids it lost."""
         if not leases:
             return set()
-        held = {
-            "owner": owner,
-            "status": R,
-            "$or": [{"_id": lease.job_id, "attempts": lease.attempt} for lease in leases],
+        ids = [{"_id": lease.job_id, "attempts": lease.attempt} for lease in leases]
+        held = {"owner": owner, "status": R, "$or": ids}
+        # An attempt with its own transaction open renewed its lease for it, and must not
+        # be written meanwhile (`transaction_opened`): it is held, not renewed.
+        renewable = {
+            **held,
+            "$or": [
+                {"_id": lease.job_id, "attempts": a, **not_in_transaction(a)}
+                for lease in leases
+                for a in [lease.attempt]
+            ],
         }
         res = await self.jobs.update_many(
-            held, [{"$set": {"lease_expires_at": _after(lease_seconds * 1000)}}]
+            renewable, [{"$set": {"lease_expires_at": _after(lease_seconds * 1000)}}]
         )
         if res.matched_count == len(leases):
             return set()
-        still = await self.jobs.find(held, projection={"_id": 1}).to_list()
+        # Not lost either: a job its attempt completed itself, in its own transaction, an
+        # instant before its worker says so.
+        done = {"status": JobStatus.COMPLETED.value, "$or": ids}
+        still = await self.jobs.find({"$or": [held, done]}, projection={"_id": 1}).to_list()
         kept = {d["_id"] for d in still}
         return {lease.job_id for lease in leases} - kept
 
@@ -824,26 +931,31 @@ class JobStore:
         and which completed jobs have dependents to settle. A job in neither of the first
         two had lost its lease: another attempt or owner holds it.
         """
-        refused = await self._write_completions(owner, items)
-        if refused is None:
-            done = {lease.job_id for lease, _ in items}
-            parents = {lease.job_id for lease, _ in items if lease.has_dependents}
-            return Completions(done=done, refused={}, parents=parents)
-        docs = await self._completion_states(items)
-        # A completion that did not know of dependents is fenced on there being none: a
-        # child attached after the claim (its submitter saw this job still running) made
-        # it match nothing. Complete those again, knowing; the caller settles the children.
-        late = [
-            (replace(lease, has_dependents=True), result)
-            for lease, result in items
-            if (d := docs.get(lease.job_id)) is not None
-            and not lease.has_dependents
-            and d.get("has_dependents") is True
-            and (d["status"], d["attempts"], d.get("owner")) == (R, lease.attempt, owner)
-        ]
-        if late:
-            refused.update(await self._write_completions(owner, late) or {})
-            docs = await self._completion_states(items)
+        # One causally consistent session: after a write-concern error (the write applied on
+        # the primary but its majority wait failed) the read-back waits until the write is
+        # majority-committed (or gone), instead of reading the old state and calling the
+        # job lost when it is in fact completed.
+        async with self.db.client.start_session(causal_consistency=True) as session:
+            refused = await self._write_completions(owner, items, session)
+            if refused is None:
+                done = {lease.job_id for lease, _ in items}
+                parents = {lease.job_id for lease, _ in items if lease.has_dependents}
+                return Completions(done=done, refused={}, parents=parents)
+            docs = await self._completion_states(items, session)
+            # A completion that did not know of dependents is fenced on there being none: a
+            # child attached after the claim (its submitter saw this job still running) made
+            # it match nothing. Complete those again, knowing; the caller settles the children.
+            late = [
+                (replace(lease, has_dependents=True), result)
+                for lease, result in items
+                if (d := docs.get(lease.job_id)) is not None
+                and not lease.has_dependents
+                and d.get("has_dependents") is True
+                and (d["status"], d["attempts"], d.get("owner")) == (R, lease.attempt, owner)
+            ]
+            if late:
+                refused.update(await self._write_completions(owner, late, session) or {})
+                docs = await self._completion_states(items, session)
         # Which ones are ours? A completed job with our attempt number can only be ours:
         # every claim takes a new attempt number.
         wanted = {lease.job_id: lease.attempt for lease, _ in items}
@@ -859,7 +971,7 @@ class JobStore:
         )
 
     async def _write_completions(
-        self, owner: str, items: Sequence[tuple[Lease, Any]]
+        self, owner: str, items: Sequence[tuple[Lease, Any]], session: AsyncClientSession
     ) -> dict[str, str] | None:
         """One `bulk_write` of fenced completions: None if every one matched, else the ids
         MongoDB refused, with the reason."""
@@ -878,7 +990,7 @@ class JobStore:
         ]
         refused: dict[str, str] = {}
         try:
-            res = await self.jobs.bulk_write(ops, ordered=False)
+            res = await self.jobs.bulk_write(ops, ordered=False, session=session)
             if res.matched_count == len(ops):
                 return None
         except BulkWriteError as exc:
@@ -886,10 +998,13 @@ class JobStore:
                 refused[items[err["index"]][0].job_id] = str(err.get("errmsg", ""))[:2000]
         return refused
 
-    async def _completion_states(self, items: Sequence[tuple[Lease, Any]]) -> dict[str, Doc]:
+    async def _completion_states(
+        self, items: Sequence[tuple[Lease, Any]], session: AsyncClientSession
+    ) -> dict[str, Doc]:
         docs = await self.jobs.find(
             {"_id": {"$in": [lease.job_id for lease, _ in items]}},
             projection={"status": 1, "attempts": 1, "owner": 1, "has_dependents": 1},
+            session=session,
         ).to_list()
         return {d["_id"]: d for d in docs}
 
@@ -910,6 +1025,22 @@ class JobStore:
             retry_delay_s,
             final=final,
         )
+
+    async def completed_by(self, lease: Lease) -> bool:
+        """Whether this attempt completed the job itself (in its own transaction): every claim
+        takes a new attempt number, so a job completed at this number was completed by it."""
+        doc = await self.jobs.find_one(
+            {"_id": lease.job_id, "attempts": lease.attempt, "status": JobStatus.COMPLETED.value},
+            projection={"_id": 1},
+        )
+        return doc is not None
+
+    async def kill_sessions(self, session_ids: Sequence[Mapping[str, Any]]) -> None:
+        """End these server sessions, aborting any transaction they left open (a worker that
+        died or was killed mid-transaction): its locks go at once, not at the server's
+        `transactionLifetimeLimitSeconds`, and nothing it wrote can commit afterwards."""
+        if session_ids:
+            await self.db.client.admin.command("killSessions", list(session_ids))
 
     async def cancel_running(self, lease: Lease, owner: str) -> Job:
         """The holder stopped the worker of a job whose cancel was requested."""
@@ -957,12 +1088,16 @@ class JobStore:
         """Running jobs whose lease is over by the server's clock."""
         docs = await self.jobs.find(
             {"status": R, "$expr": {"$lt": ["$lease_expires_at", NOW]}},
-            projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1},
+            projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1, "tx": 1},
             limit=limit,
         ).to_list()
         return [
             ExpiredLease(
-                job_id=str(d["_id"]), attempt=d["attempts"], task=d["task"], owner=d["owner"]
+                job_id=str(d["_id"]),
+                attempt=d["attempts"],
+                task=d["task"],
+                owner=d["owner"],
+                tx_session=_session_of(d, d["attempts"]),
             )
             for d in docs
         ]
@@ -1152,20 +1287,8 @@ class JobStore:
 
     async def live_dispatchers(self) -> list[LiveDispatcher]:
         """Dispatchers seen within LIVE_LEASES of their lease length, by the server's clock."""
-        window = {"$multiply": ["$lease_seconds", LIVE_LEASES * 1000]}
-        docs = await self.dispatchers.find(
-            {"$expr": {"$gte": [{"$add": ["$seen_at", window]}, NOW]}}
-        ).to_list()
-        return [
-            LiveDispatcher(
-                owner=str(d["_id"]),
-                name=str(d.get("name", "")),
-                tasks=frozenset(d.get("tasks") or ()),
-                queues=d.get("queues"),
-                seen_at=d["seen_at"],
-            )
-            for d in docs
-        ]
+        docs = await self.dispatchers.find(live_query()).to_list()
+        return [LiveDispatcher.from_doc(d) for d in docs]
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -1244,7 +1367,15 @@ class JobStore:
         matches nothing. Returns the job ids written."""
         ops = [
             UpdateOne(
-                {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
+                # Not while the attempt's own transaction is open: it writes the last report
+                # with its completion (`transaction_opened`).
+                {
+                    "_id": lease.job_id,
+                    "attempts": lease.attempt,
+                    "owner": owner,
+                    "status": R,
+                    **not_in_transaction(lease.attempt),
+                },
                 [
                     {
                         "$set": {
@@ -1389,3 +1520,48 @@ class JobStore:
         ).to_list()
         results = {d["_id"]: d.get("result") for d in found}
         return {p: results[p] for p in parents if p in results}
+
+    # -- live events ---------------------------------------------------------------------------
+    # What the API's event streams read: post-images on the change stream, a job's raw
+    # document, and the current state after a client lost its history.
+
+    async def enable_post_images(self) -> None:
+        """Have the change stream carry each job as that change left it (a post-image), not
+        as a later lookup finds it. Idempotent; creates the collection if need be."""
+        try:
+            await self.db.command("collMod", JOBS, changeStreamPreAndPostImages={"enabled": True})
+        except OperationFailure as exc:
+            if exc.code != 26:  # NamespaceNotFound
+                raise
+            options: dict[str, Any] = {"changeStreamPreAndPostImages": {"enabled": True}}
+            try:
+                await self.db.create_collection(JOBS, **options)
+            except CollectionInvalid:  # a peer created it meanwhile
+                await self.enable_post_images()
+
+    async def job_doc(self, job_id: str) -> Doc | None:
+        """The job's stored document, fields this version's `Job` does not know included."""
+        return await self.jobs.find_one({"_id": job_id})
+
+    async def changed_since(
+        self,
+        since: datetime,
+        *,
+        job_id: str | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        status: JobStatus | None = None,
+        limit: int = 500,
+    ) -> list[Doc]:
+        """Jobs changed at or after `since`, oldest change first (a client's catch-up after its
+        history was lost; rare, and not indexed: it scans what the other filters leave)."""
+        query: dict[str, Any] = {"updated_at": {"$gte": since}}
+        if job_id is not None:
+            query["_id"] = job_id
+        if queue is not None:
+            query["queue"] = {"$in": [queue, None]} if queue == DEFAULT_QUEUE else queue
+        if task is not None:
+            query["task"] = task
+        if status is not None:
+            query["status"] = status.value
+        return await self.jobs.find(query).sort("updated_at", ASCENDING).limit(limit).to_list()

@@ -17,6 +17,7 @@ from pymongo.errors import PyMongoError
 from common.backoff import backoff_delay
 from common.errors import LeaseLost
 from common.events import Event, emit, job_fields
+from common.metrics import LEASE_RENEWALS, LEASES_EXPIRED, LEASES_LOST, count_outcome
 from common.runner import KillReason
 from common.settings import Settings
 from common.store import ExpiredLease, JobStore
@@ -76,6 +77,7 @@ class LeaseKeeper:
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="renew", error=str(exc)[:200])
             return
+        LEASE_RENEWALS.inc(len(leases) - len(lost))
         for job_id in lost:
             if self.holdings.is_running(job_id):
                 job = self.holdings.job(job_id)
@@ -85,6 +87,7 @@ class LeaseKeeper:
                     **(job_fields(job) if job else {"job_id": job_id}),
                     owner=self.owner,
                 )
+                LEASES_LOST.inc()
                 self.kill(job_id, "lease_lost")
 
     # -- watchdog --------------------------------------------------------------------------
@@ -120,11 +123,28 @@ class LeaseKeeper:
 
     async def _requeue(self, lease: ExpiredLease) -> bool:
         s = self.settings
+        if lease.tx_session is not None:
+            # The frozen or dead holder's attempt had a transaction open (`ctx.transaction()`,
+            # with locks on what it wrote, maybe on this job): end it, so that nothing of it
+            # can commit later and the next attempt does not wait out MongoDB's lifetime limit.
+            try:
+                await self.store.kill_sessions([lease.tx_session])
+            except PyMongoError as exc:
+                emit(
+                    Event.MONGO_UNAVAILABLE,
+                    level="warning",
+                    op="end_transaction",
+                    error=str(exc)[:200],
+                )
+            else:
+                emit(Event.TRANSACTION_ENDED, **job_fields(lease), owner=lease.owner)
         delay = backoff_delay(lease.attempt, s.retry_base_seconds, s.retry_cap_seconds)
         try:
             job = await self.store.requeue_expired(lease, delay)
         except LeaseLost:
             return False  # renewed or finished meanwhile
+        LEASES_EXPIRED.inc()
+        count_outcome(lease, "expired")
         emit(
             Event.LEASE_EXPIRED,
             level="warning",

@@ -225,7 +225,13 @@ class Dispatcher:
 
     async def _execute(self, slot: Slot, job: Job, lease: Lease) -> None:
         timeout = job.timeout_s or self.settings.default_timeout_s
-        run = RunJob(job_id=job.id, attempt=job.attempts, task=job.task, payload=job.payload)
+        run = RunJob(
+            job_id=job.id,
+            attempt=job.attempts,
+            task=job.task,
+            payload=job.payload,
+            owner=self.owner,
+        )
         started = time.monotonic()
         try:
             try:

@@ -147,7 +147,7 @@ async def test_a_dispatcher_killed_between_a_parents_completion_and_the_release_
     assert unblocked_line(heir, child.id)["via"] == "sweep"
     assert (await store.get(parent.id)).expire_at is not None  # settled: retention runs
     # The parent's `job.completed` line died with its dispatcher: check the histories only.
-    assert (await check_history(store, [parent.id, child.id])).problems == []
+    assert (await check_history(store, [parent.id, child.id], [])).problems == []
     heir.wait_for_event("job.completed", where=lambda e: e.get("job_id") == child.id)
 
 

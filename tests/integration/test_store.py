@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -16,6 +17,7 @@ from common.status import TRANSITIONS, JobStatus
 from common.store import CLAIM_FILTER, CLAIM_SORT, JobStore, Lease
 
 OWNER = "test-owner"
+T = TypeVar("T")
 
 
 def spec(task: str = "noop", **kw: Any) -> JobSpec:
@@ -29,12 +31,48 @@ async def expire_now(store: JobStore, job_id: str) -> None:
     )
 
 
+async def profiled(store: JobStore, op: Awaitable[T]) -> tuple[T, dict[str, Any]]:
+    """Run `op` with the profiler on; return its result and the one `findAndModify` it sent
+    to the jobs collection, as the server received it."""
+    await store.db.command("profile", 2)
+    try:
+        result = await op
+    finally:
+        await store.db.command("profile", 0)
+    entries = (
+        await store.db["system.profile"]
+        .find({"ns": f"{store.db.name}.jobs", "command.findAndModify": "jobs"})
+        .to_list()
+    )
+    assert len(entries) == 1, entries
+    command: dict[str, Any] = entries[0]["command"]
+    return result, command
+
+
+def client_times(value: Any) -> list[datetime]:
+    """Every date inside a command: a time the client stamped."""
+    if isinstance(value, datetime):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in client_times(v)]
+    if isinstance(value, list):
+        return [t for v in value for t in client_times(v)]
+    return []
+
+
 async def test_submit_stores_a_pending_job_stamped_by_the_server(store: JobStore) -> None:
-    sub = await store.submit(spec("echo", payload={"a": "$notAField", "b": [1, {"c": 2}]}))
+    sub, command = await profiled(
+        store, store.submit(spec("echo", payload={"a": "$notAField", "b": [1, {"c": 2}]}))
+    )
     job = await store.get(sub.job.id)
     assert sub.created and job.status == JobStatus.PENDING and job.attempts == 0
     assert job.payload == {"a": "$notAField", "b": [1, {"c": 2}]}  # stored literally
     assert job.run_at == job.created_at
+    # The server's clock, not ours: the write carries `$$NOW` and no time of the client's.
+    [stage] = command["update"]
+    assert stage["$set"]["created_at"] == "$$NOW" and stage["$set"]["run_at"] == "$$NOW"
+    assert stage["$set"]["history"][0]["at"] == "$$NOW"
+    assert client_times(command) == []
 
 
 async def test_claim_takes_the_highest_priority_then_the_earliest_due(store: JobStore) -> None:
@@ -52,10 +90,17 @@ async def test_claim_sets_lease_from_the_server_clock_and_bumps_the_attempt(
     store: JobStore,
 ) -> None:
     await store.submit(spec())
-    job = await store.claim(OWNER, 30)
+    job, command = await profiled(store, store.claim(OWNER, 30))
     assert job is not None and job.status == JobStatus.RUNNING and job.attempts == 1
     assert job.owner == OWNER and job.started_at is not None and job.lease_expires_at is not None
     assert abs((job.lease_expires_at - job.started_at).total_seconds() - 30) < 0.01
+    # Due and leased by the server's clock: `$$NOW` in the filter and in the lease, and no
+    # time of the client's anywhere in the command.
+    assert command["query"]["$expr"] == {"$lte": ["$run_at", "$$NOW"]}
+    [stage] = command["update"]
+    assert stage["$set"]["started_at"] == "$$NOW"
+    assert stage["$set"]["lease_expires_at"] == {"$add": ["$$NOW", 30000]}
+    assert client_times(command) == []
 
 
 async def test_the_claim_query_is_an_index_scan(store: JobStore) -> None:
@@ -96,9 +141,17 @@ async def test_a_zombie_completion_from_a_stale_attempt_is_rejected(store: JobSt
         return sub.job.id in written.done
 
     assert not await complete(1, OWNER, "stale")
-    with pytest.raises(LeaseLost):  # every other outcome write is fenced the same way
-        await store.fail_attempt(Lease(job_id=sub.job.id, attempt=1), OWNER, {"type": "E"}, 0)
     assert not await complete(2, OWNER, "stale")  # right attempt, wrong owner
+    stale = Lease(job_id=sub.job.id, attempt=1)
+    writes: list[Callable[[], Awaitable[Job]]] = [  # every other outcome write is fenced too
+        lambda: store.fail_attempt(stale, OWNER, {"type": "E", "message": ""}, 0),
+        lambda: store.cancel_running(stale, OWNER),
+        lambda: store.release(stale, OWNER),
+    ]
+    for write in writes:
+        with pytest.raises(LeaseLost):
+            await write()
+    assert (await store.get(sub.job.id)).status == JobStatus.RUNNING
     assert await complete(2, "other-owner", "fresh")
     await complete(2, "other-owner", "again")  # a completed job cannot be completed again
     done = await store.get(sub.job.id)
