@@ -114,6 +114,8 @@ class ProgressReporter:
 
     def _flush(self) -> None:
         with self._lock:
+            if self._timer is not threading.current_thread():
+                return  # cancelled after it fired: a direct send came first, and reset it
             self._timer = None
             if not self._closed and not self._held:
                 self._send_pending()
