@@ -102,7 +102,8 @@ def test_watch_follows_one_job_to_its_end_or_every_matching_job(
         text=True,
     )
     try:
-        time.sleep(1.5)  # connected (nothing happens before the first job anyway)
+        # Connected before the first job, so its first event is the job's pending state.
+        wait_until(lambda: value(http.get("/metrics").text, "brook_sse_clients") == 1, 30)
         [job_id] = submit(http, "echo", payload={"hello": "world"})
         dispatcher(cluster)
         one = brook(cluster, "watch", job_id)
