@@ -275,9 +275,10 @@ async def test_ttl_removes_finished_jobs_and_leaves_active_ones(
     aclient: AsyncClient, store: JobStore
 ) -> None:
     """The test replica set runs MongoDB's TTL monitor every second."""
-    done_id = (await aclient.submit("noop", retention_s=0)).id
+    # A few seconds of retention: long enough to read them back before the monitor runs.
+    done_id = (await aclient.submit("noop", retention_s=5)).id
     await run_once(store)
-    cancelled = await aclient.submit("noop", retention_s=1, delay=3600)
+    cancelled = await aclient.submit("noop", retention_s=5, delay=3600)
     await aclient.cancel(cancelled.id)
     kept = await aclient.submit("noop", delay=3600)  # the default: a week
     await aclient.cancel(kept.id)
