@@ -394,9 +394,11 @@ def _spec(args: argparse.Namespace) -> JsonObject:
         "priority": args.priority,
         "max_attempts": args.max_attempts,
     }
-    for key in ("run_at", "timeout_s", "idempotency_key"):
+    for key in ("run_at", "timeout_s", "idempotency_key", "depends_on"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
+    if args.run_on_parent_failure:
+        body["run_on_parent_failure"] = True
     return body
 
 
@@ -559,6 +561,13 @@ def cmd_queue_ls(settings: Settings, _: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="brook", description="Event-driven job engine on MongoDB.")
     sub = p.add_subparsers(dest="command", required=True)
+    _role_commands(sub)
+    _submit_command(sub)
+    _job_commands(sub)
+    return p
+
+
+def _role_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub.add_parser("up", help="replica set + API + dispatcher in the foreground").set_defaults(
         fn=cmd_up
     )
@@ -569,6 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mongo", help="the embedded local replica set")
     m.add_argument("action", choices=["up", "down", "status"])
     m.set_defaults(fn=cmd_mongo)
+
+
+def _submit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("submit", help="submit a job")
     s.add_argument("task")
     s.add_argument("--payload", default="{}", help="JSON object")
@@ -579,6 +591,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", dest="timeout_s", type=float)
     s.add_argument("--idempotency-key", dest="idempotency_key")
     s.add_argument(
+        "--depends-on",
+        dest="depends_on",
+        action="append",
+        metavar="ID",
+        help="a parent job: this one waits until it completed (repeat for several)",
+    )
+    s.add_argument(
+        "--run-on-parent-failure",
+        dest="run_on_parent_failure",
+        action="store_true",
+        help="with --depends-on: run once every parent ended, even if one failed",
+    )
+    s.add_argument(
         "--wait",
         action="store_true",
         help="wait and print the result (status and progress on stderr: a bar on a terminal)",
@@ -588,6 +613,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--count", type=int, default=1, help="submit N copies through the batch endpoint"
     )
     s.set_defaults(fn=cmd_submit)
+
+
+def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st = sub.add_parser("status", help="show a job")
     st.add_argument("id")
     st.set_defaults(fn=cmd_status)
@@ -618,7 +646,6 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("queue", help="the queues")
     qs = q.add_subparsers(dest="queue_command", required=True)
     qs.add_parser("ls", help="each queue with its jobs by status").set_defaults(fn=cmd_queue_ls)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,10 +18,13 @@ class Event(StrEnum):
     JOB_CANCELLED = "job.cancelled"
     JOB_CANCEL_REQUESTED = "job.cancel_requested"
     JOB_RETRIED = "job.retried"  # a caller brought a failed or cancelled job back
+    JOB_UNBLOCKED = "job.unblocked"  # waiting → pending: its parents ended
+    JOB_DEPENDENCY_FAILED = "job.dependency_failed"  # waiting → cancelled: a parent failed
     JOB_RELEASED = "job.released"
     JOB_RELEASE_FAILED = "job.release_failed"  # shutdown could not hand it back: lease expiry will
     JOB_TIMED_OUT = "job.timed_out"
     JOB_RESULT_DISCARDED = "job.result_discarded"
+    TRANSACTION_ENDED = "transaction.ended"  # a dead or killed worker's open one, by its dispatcher
     LEASE_EXPIRED = "lease.expired"
     LEASE_LOST = "lease.lost"
     WORKER_STARTED = "worker.started"

@@ -3,7 +3,7 @@
 "use strict";
 
 const TOKEN_KEY = "brook.token";
-const STATUSES = ["pending", "running", "completed", "failed", "cancelled"];
+const STATUSES = ["waiting", "pending", "running", "completed", "failed", "cancelled"];
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 const MAX_FEED = 60;
 const MAX_FAILURES = 20;

@@ -57,8 +57,8 @@ async def run_one(store: JobStore, task: str = "noop", result: Any = None) -> st
     job = (await store.submit(JobSpec(task=task, payload={}))).job
     claimed = await store.claim(OWNER, 30)
     assert claimed is not None and claimed.id == job.id
-    done, _ = await store.complete_many(OWNER, [(Lease(job_id=job.id, attempt=1), result)])
-    assert done == {job.id}
+    written = await store.complete_many(OWNER, [(Lease(job_id=job.id, attempt=1), result)])
+    assert written.done == {job.id}
     return job.id
 
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from common.dependents import settle
 from common.errors import JobConflict, JobNotFound, LeaseLost
 from common.models import Job, JobSpec
 from common.status import TRANSITIONS, JobStatus
@@ -135,9 +136,9 @@ async def test_a_zombie_completion_from_a_stale_attempt_is_rejected(store: JobSt
 
     async def complete(attempt: int, owner: str, result: str) -> bool:
         lease = Lease(job_id=sub.job.id, attempt=attempt)
-        done, refused = await store.complete_many(owner, [(lease, result)])
-        assert not refused
-        return sub.job.id in done
+        written = await store.complete_many(owner, [(lease, result)])
+        assert not written.refused
+        return sub.job.id in written.done
 
     assert not await complete(1, OWNER, "stale")
     assert not await complete(2, OWNER, "stale")  # right attempt, wrong owner
@@ -271,6 +272,13 @@ async def test_every_transition_the_store_performs_is_in_the_table(store: JobSto
     await store.cancel_running(Lease(job_id=j.id, attempt=j.attempts), OWNER)
     p = await store.submit(spec())
     await store.cancel(p.job.id)
+    # workflows: waiting → pending (its parent completed), waiting → cancelled
+    family = await store.submit_many([spec(ref="p"), spec(depends_on=("p",)), spec(depends_on=("p",))])
+    await store.cancel(family[2].job.id)
+    j = await store.claim(OWNER, 30)
+    assert j and j.id == family[0].job.id and j.has_dependents
+    written = await store.complete_many(OWNER, [(Lease(job_id=j.id, attempt=1, has_dependents=True), 0)])
+    assert len(await settle(store, written.parents, via="completion")) == 1
 
     seen: set[tuple[JobStatus, JobStatus]] = set()
     async for doc in store.jobs.find({}):
@@ -304,7 +312,7 @@ async def test_complete_many_completes_held_leases_and_reports_lost_and_refused_
     [doc] = await store.expired()
     await store.requeue_expired(doc, 0)  # b's lease is gone
     big = "x" * (11 * 1024 * 1024)  # with the 6 MiB payload, over the 16 MiB document limit
-    done, refused = await store.complete_many(
+    written = await store.complete_many(
         OWNER,
         [
             (Lease(job_id=a.id, attempt=1), {"ok": 1}),
@@ -312,12 +320,12 @@ async def test_complete_many_completes_held_leases_and_reports_lost_and_refused_
             (Lease(job_id=c.id, attempt=1), big),
         ],
     )
-    assert done == {a.id} and set(refused) == {c.id}
+    assert written.done == {a.id} and set(written.refused) == {c.id} and not written.parents
     assert (await store.get(a.id)).result == {"ok": 1}
     assert (await store.get(b.id)).status == JobStatus.PENDING
     assert (await store.get(c.id)).status == JobStatus.RUNNING  # untouched; the caller fails it
-    again, _ = await store.complete_many(OWNER, [(Lease(job_id=a.id, attempt=1), {"ok": 1})])
-    assert again == {a.id}  # a retried batch recognises its own earlier write
+    again = await store.complete_many(OWNER, [(Lease(job_id=a.id, attempt=1), {"ok": 1})])
+    assert again.done == {a.id}  # a retried batch recognises its own earlier write
 
 
 async def test_claim_many_leases_the_best_due_jobs_once_each_under_a_race(store: JobStore) -> None:

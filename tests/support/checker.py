@@ -3,7 +3,9 @@
 Over the jobs collection (majority read) and the processes' JSON logs it checks: no
 acknowledged job missing; every job terminal with a legal status history (a second
 accepted completion would be `completed → …`, which the table forbids); nothing left
-running; side effects never repeated for the same (job_id, attempt); exactly one
+running; side effects never repeated for the same (job_id, attempt); no duplicate effect
+rows (for a transactional task's rows: one per completed job, from its completing attempt,
+and none for a job that did not complete); exactly one
 `job.completed` log line per completed job and none for any other, so a completion
 accepted twice, or reported without being stored, is caught in the logs too. The logs
 are required: a check without them would skip half of this.
@@ -36,6 +38,8 @@ async def check_history(  # noqa: C901 - one flat list of independent checks
     logs: Iterable[dict[str, Any]],
     *,
     effects: bool = False,
+    rows: str | None = None,
+    row_tasks: Iterable[str] = ("order", "order_sync"),
 ) -> Report:
     report = Report()
     logs = list(logs)
@@ -52,8 +56,9 @@ async def check_history(  # noqa: C901 - one flat list of independent checks
         if status not in TERMINAL:
             problems.append(f"{job_id} is {status} (not terminal)")
         history = [JobStatus(h["status"]) for h in doc.get("history", [])]
-        if not history or history[0] != JobStatus.PENDING:
-            problems.append(f"{job_id} history does not start pending: {history}")
+        first = JobStatus.WAITING if doc.get("depends_on") else JobStatus.PENDING
+        if not history or history[0] != first:
+            problems.append(f"{job_id} history does not start {first}: {history}")
         if history and history[-1] != status:
             problems.append(f"{job_id} history ends {history[-1]} but status is {status}")
         illegal = [p for p in itertools.pairwise(history) if p not in TRANSITIONS]
@@ -71,6 +76,8 @@ async def check_history(  # noqa: C901 - one flat list of independent checks
         for job_id, doc in report.jobs.items():
             if doc["status"] == "completed" and (job_id, doc["attempts"]) not in seen:
                 problems.append(f"{job_id} completed without its attempt's side effect")
+    if rows is not None:
+        problems += await _effect_rows(store, report, rows, set(row_tasks))
     completed_logs = Counter(
         e["job_id"] for e in logs if e.get("event") == "job.completed" and "job_id" in e
     )
@@ -83,3 +90,30 @@ async def check_history(  # noqa: C901 - one flat list of independent checks
     for job_id in set(completed_logs) - set(report.jobs):
         problems.append(f"{job_id} has a job.completed log line but no document")
     return report
+
+
+async def _effect_rows(
+    store: JobStore, report: Report, collection: str, tasks: set[str]
+) -> list[str]:
+    """Rows a transactional task writes with its completion (`{job_id, attempt}` each):
+    exactly one per completed job (of `tasks`), from the attempt that completed it; none
+    for a job that did not complete."""
+    problems: list[str] = []
+    by_job: dict[str, list[int | None]] = {}
+    for row in await store.db[collection].find({}).to_list():
+        by_job.setdefault(str(row["job_id"]), []).append(row.get("attempt"))
+    for job_id, attempts in by_job.items():
+        if len(attempts) > 1:
+            problems.append(f"{job_id} has {len(attempts)} effect rows in {collection}: {attempts}")
+        doc = report.jobs.get(job_id)
+        if doc is None or doc["status"] != "completed":
+            status = None if doc is None else doc["status"]
+            problems.append(f"{job_id} is {status} but has effect rows {attempts} in {collection}")
+        elif attempts != [doc["attempts"]]:
+            problems.append(
+                f"{job_id} completed at attempt {doc['attempts']} but its rows are {attempts}"
+            )
+    for job_id, doc in report.jobs.items():
+        if doc["status"] == "completed" and doc["task"] in tasks and job_id not in by_job:
+            problems.append(f"{job_id} completed without its effect row in {collection}")
+    return problems
