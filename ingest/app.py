@@ -43,7 +43,9 @@ def _lifespan(settings: Settings, known_tasks: frozenset[str], metrics: ApiMetri
             yield
         finally:
             hub.cancel()
-            await asyncio.gather(hub, return_exceptions=True)  # a crash was logged already
+            # Its stream's goodbye (killCursors) may hang on an unreachable MongoDB: the hub
+            # gets a moment, then is abandoned (a crash was logged already).
+            await asyncio.wait({hub}, timeout=CLOSE_TIMEOUT_S)
             # Closing ends the server sessions; an unreachable MongoDB must not stop the exit.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(state.client.close(), CLOSE_TIMEOUT_S)
