@@ -26,7 +26,7 @@ from common.settings import Settings
 from common.store import JobStore
 from tests.conftest import extra_port
 from tests.e2e.conftest import Cluster
-from tests.support.checker import check_history
+from tests.support.checker import check_history, settled_logs
 from tests.support.procs import BrookProcess, pid_alive, wait_until
 
 
@@ -71,7 +71,8 @@ def worker_pid(proc: BrookProcess, job_id: str, timeout: float = 15) -> int:
 async def assert_clean(
     store: JobStore, ids: list[str], *procs: BrookProcess, effects: bool = False
 ) -> None:
-    report = await check_history(store, ids, all_logs(*procs), effects=effects)
+    logs = await settled_logs(store, lambda: all_logs(*procs))
+    report = await check_history(store, ids, logs, effects=effects)
     assert report.problems == [], "\n".join(report.problems)
 
 
@@ -240,7 +241,8 @@ async def test_a_sigkilled_dispatchers_jobs_are_requeued_and_run_exactly_once(
     await wait_all_terminal(store, 6, timeout=60)
     expired = b.events("lease.expired")
     assert {e["job_id"] for e in expired} == taken and {e["owner"] for e in expired} == {a_owner(a)}
-    report = await check_history(store, ids, all_logs(a, b), effects=True)
+    logs = await settled_logs(store, lambda: all_logs(a, b))
+    report = await check_history(store, ids, logs, effects=True)
     assert report.problems == [], "\n".join(report.problems)
     assert report.by_status() == {"completed": 6}
     for job_id in ids:  # the killed attempt counts; no other job was touched twice

@@ -22,12 +22,13 @@ from common.settings import Settings
 from common.store import JobStore
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_faults import all_logs, submit, wait_all_terminal, worker_pid
-from tests.support.checker import check_history
+from tests.support.checker import check_history, settled_logs
 from tests.support.procs import BrookProcess, pid_alive, wait_until
 
 
 async def assert_clean(store: JobStore, ids: list[str], *procs: BrookProcess) -> None:
-    report = await check_history(store, ids, all_logs(*procs), rows="orders")
+    logs = await settled_logs(store, lambda: all_logs(*procs))
+    report = await check_history(store, ids, logs, rows="orders")
     assert report.problems == []
 
 

@@ -13,9 +13,11 @@ are required: a check without them would skip half of this.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,25 @@ class Report:
 
     def by_status(self) -> Counter[str]:
         return Counter(doc["status"] for doc in self.jobs.values())
+
+
+async def settled_logs(
+    store: JobStore, read: Callable[[], list[dict[str, Any]]], timeout: float = 10.0
+) -> list[dict[str, Any]]:
+    """The logs, once every completed job's `job.completed` line is in them: a dispatcher
+    logs it just after its write, so a reader that looks at once can be a moment early.
+    After `timeout` they are returned as they are, and the checker reports what is missing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = read()
+        logged = {e.get("job_id") for e in logs if e.get("event") == "job.completed"}
+        completed = {
+            str(d["_id"])
+            async for d in store.jobs.find({"status": "completed"}, projection={"_id": 1})
+        }
+        if completed <= logged or time.monotonic() > deadline:
+            return logs
+        await asyncio.sleep(0.1)
 
 
 async def check_history(  # noqa: C901 - one flat list of independent checks
