@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pymongo.errors import PyMongoError
 
 from common.events import Event, emit
+from common.metrics import CLAIMS, JOB_WAIT
 from common.models import Job
 from common.runner import Runner, Slot
 from common.settings import Settings
@@ -29,6 +30,12 @@ StartJob = Callable[[Slot, Job], None]
 NextDue = Callable[[], Awaitable[datetime | None]]
 # A claim's target: one queue, or None for "every queue" (BROOK_QUEUES unset).
 Target = str | None
+
+
+def _claimed(job: Job) -> None:
+    CLAIMS.inc()
+    if job.started_at is not None:  # both times are the server's
+        JOB_WAIT.observe(max((job.started_at - job.run_at).total_seconds(), 0.0))
 
 
 class ServerClock:
@@ -279,6 +286,7 @@ class Claimer:
             await self._claim_failed(slots, exc)
             return [False]
         for slot, job in zip(slots, got.jobs, strict=False):
+            _claimed(job)
             self.start(slot, job)
         for slot in slots[len(got.jobs) :]:
             self.runner.unreserve(slot)
@@ -313,6 +321,7 @@ class Claimer:
             return [False]
         self.limits.adopt_strays(jobs)
         for slot, job in zip(slots, jobs, strict=False):
+            _claimed(job)
             self.start(slot, job)
         for slot in slots[len(jobs) :]:
             self.runner.unreserve(slot)
@@ -341,6 +350,7 @@ class Claimer:
             self.runner.unreserve(slot)
             return None
         self.limits.adopt_strays([job])
+        _claimed(job)
         self.start(slot, job)
         return True
 

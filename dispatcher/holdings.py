@@ -25,7 +25,7 @@ class Holdings:
         self._cancels_seen: dict[str, float] = {}
 
     def add(self, job: Job) -> Lease:
-        lease = Lease(job_id=job.id, attempt=job.attempts)
+        lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)
         self._jobs[job.id] = job
         self._running[job.id] = lease
         return lease

@@ -7,12 +7,14 @@
   limits     the cluster-wide queue limits: a change stream on `brook_queues`, and a
              re-read every sweep; a limited queue's claims take its slots (`limits.py`)
   heartbeat  renews this dispatcher's leases in one write; kills workers of lost leases
-  watchdog   slow sweep: requeue expired leases, claim what no event announced (`leases.py`)
+  watchdog   slow sweep: requeue expired leases, settle the dependents of parents whose
+             settler died, claim what no event announced (`leases.py`, `dependents.py`)
   schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
   presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
 Each claimed job runs as a supervised task that ends with one fenced write (`outcomes.py`),
-after its last progress report (`progress.py`) has landed; a crash of any background task
-stops the dispatcher loudly.
+after its last progress report (`progress.py`) has landed; a job with dependents then has
+them settled in the background (`dependents.py`); a crash of any background task stops
+the dispatcher loudly.
 
 Start-up order loses nothing: the stream is opened first, then the backlog is swept,
 then the stream is followed.
@@ -39,6 +41,7 @@ from common.settings import Settings
 from common.store import JobStore, Lease
 from common.supervision import Supervisor
 from dispatcher.claimer import Claimer, ServerClock
+from dispatcher.dependents import Dependents
 from dispatcher.holdings import Holdings
 from dispatcher.leases import LeaseKeeper
 from dispatcher.limits import Limits
@@ -96,10 +99,20 @@ class Dispatcher:
             tasks,
             self.limits,
         )
+        self.dependents = Dependents(settings, store, self.supervisor.spawn)
         self.leases = LeaseKeeper(
-            settings, store, self.owner, self.holdings, clock, runner.kill, self.claimer.sweep_done
+            settings,
+            store,
+            self.owner,
+            self.holdings,
+            clock,
+            runner.kill,
+            self.claimer.sweep_done,
+            self.dependents,
         )
-        self.outcomes = Outcomes(settings, store, self.owner, self.supervisor.spawn)
+        self.outcomes = Outcomes(
+            settings, store, self.owner, self.supervisor.spawn, self.dependents
+        )
         self.tokens = TokenSaver(store, self.name)
         self.stream = StreamFollower(
             store, self.name, self.tokens, self._on_change, self.leases.try_sweep
@@ -242,7 +255,13 @@ class Dispatcher:
 
     async def _execute(self, slot: Slot, job: Job, lease: Lease) -> None:
         timeout = job.timeout_s or self.settings.default_timeout_s
-        run = RunJob(job_id=job.id, attempt=job.attempts, task=job.task, payload=job.payload)
+        run = RunJob(
+            job_id=job.id,
+            attempt=job.attempts,
+            task=job.task,
+            payload=job.payload,
+            owner=self.owner,
+        )
         started = time.monotonic()
         over = False
         try:

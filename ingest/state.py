@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,9 +17,9 @@ from common.events import Event, emit
 from common.models import Doc, JobSpec
 from common.settings import Settings
 from common.store import JobStore, Submitted
-
-# Responses served, by (method, route, status code); shared by the middleware and /metrics.
-RequestCounts = Counter[tuple[str, str, int]]
+from ingest.live import Hub
+from ingest.livestats import LiveStats
+from ingest.metrics import ApiMetrics, DepthCache
 
 API_SERVER_SELECTION_CAP_MS = 5000  # the API answers 503 quickly rather than hang a client
 INDEX_TIMEOUT_S = 30.0
@@ -36,8 +34,10 @@ class ApiState:
     # Validation, task-name check, writes and their log lines, as for the Python client;
     # its single submits go through a group commit (concurrent submits share one write).
     core: ClientCore
-    requests: RequestCounts
-    started: float  # time.monotonic() at start, for brook_api_up_seconds
+    metrics: ApiMetrics
+    hub: Hub  # this process's one change stream, fanned out to event-stream clients
+    stats: LiveStats  # throughput and latency over the last minutes, fed by the hub
+    depth: DepthCache  # jobs by queue and status: one aggregation, cached briefly
 
 
 async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submitted]:
@@ -47,7 +47,7 @@ async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submi
 
 
 async def open_state(
-    settings: Settings, known_tasks: frozenset[str], requests: RequestCounts
+    settings: Settings, known_tasks: frozenset[str], metrics: ApiMetrics
 ) -> ApiState:
     """Connect, make sure the indexes exist, and log `api.started`.
 
@@ -77,12 +77,16 @@ async def open_state(
         tasks=sorted(known_tasks),
         auth=settings.api_token is not None,
     )
+    stats = LiveStats()
     return ApiState(
         settings=settings,
         known_tasks=known_tasks,
         client=client,
         store=store,
         core=ClientCore(store, directory, submit_one=submits.submit),
-        requests=requests,
-        started=time.monotonic(),
+        metrics=metrics,
+        hub=Hub(store, buffer=settings.sse_buffer, observe=stats.observe),
+        stats=stats,
+        depth=DepthCache(store, settings.metrics_cache_seconds),
     )
+
