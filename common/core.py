@@ -322,7 +322,7 @@ class ClientCore(Submitting):
     async def set_queue(
         self,
         name: str,
-        changes: Mapping[str, Any] | None = None,
+        changes: object = None,
         *,
         concurrency: Any = _KEEP,
         rate: Any = _KEEP,
@@ -331,7 +331,8 @@ class ClientCore(Submitting):
         """Set a queue's cluster-wide limits, as a dict (the body of `PUT /queues/{name}`) or
         as keywords: `concurrency` (int or None), `rate` (`{"limit": int, "per_seconds":
         number}` or None), `paused` (bool); what is left out keeps its value. Invalid input
-        raises `InvalidInput` (the API's 422 detail) and changes nothing."""
+        (a body that is not a dict included) raises `InvalidInput`, the API's 422 detail,
+        and changes nothing."""
         body: Any = changes if changes is not None else {}
         given = {"concurrency": concurrency, "rate": rate, "paused": paused}
         keywords = {k: v for k, v in given.items() if v is not _KEEP}

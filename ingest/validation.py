@@ -12,7 +12,14 @@ from common.errors import InvalidInput
 from common.models import JobSpec
 from common.validation import MAX_DEPTH, check_document, validate_batch, validate_spec
 
-__all__ = ["InvalidInput", "body_depth", "check_document", "parse_batch", "parse_submit"]
+__all__ = [
+    "InvalidInput",
+    "body_depth",
+    "check_document",
+    "load_body",
+    "parse_batch",
+    "parse_submit",
+]
 
 # Deeper bodies are refused before parsing (a deep body must not make the parser recurse).
 # Shallower ones are parsed and judged by the shared validator, whose message for a too
@@ -36,6 +43,11 @@ def _load(raw: bytes) -> object:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidInput(f"body is not valid JSON: {exc}") from None
+
+
+def load_body(raw: bytes) -> object:
+    """Any JSON body, parsed with the same guards (`422` for a bad one)."""
+    return _load(raw)
 
 
 def parse_submit(raw: bytes) -> JobSpec:
