@@ -143,8 +143,7 @@ def validate_queue_update(name: str, body: Any) -> dict[str, Any]:
     if not isinstance(body, Mapping):
         raise InvalidInput("the body must be a JSON object")
     try:
-        # As FastAPI validates the API's body (`from_attributes`): the same messages.
-        update = QueueUpdate.model_validate(dict(body), from_attributes=True)
+        update = QueueUpdate.model_validate(dict(body))
     except ValidationError as exc:
         raise InvalidInput(
             [
