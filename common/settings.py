@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     # `concurrency`.
     queues: Annotated[dict[str, int] | None, NoDecode] = None
     retention_seconds: float = Field(default=WEEK_S, ge=0.0, le=100 * 365 * 86400.0)
+    # Jobs claimed ahead of free workers, per dispatcher (per queue with `queues`); None:
+    # as many as the slots.
+    prefetch: int | None = Field(default=None, ge=0, le=4096)
 
     # Beyond the contract: tuning knobs with safe defaults.
     home: Path = Path(".brook")
@@ -93,6 +96,11 @@ class Settings(BaseSettings):
     def worker_slots(self) -> int:
         """Worker processes of a dispatcher: the sum of its queues' slots, else `concurrency`."""
         return sum(self.queues.values()) if self.queues else self.concurrency
+
+    def prefetch_for(self, slots: int) -> int:
+        """How many jobs a dispatcher (or one of its queues) with `slots` slots may hold
+        claimed ahead of its workers."""
+        return slots if self.prefetch is None else self.prefetch
 
     @property
     def heartbeat_seconds(self) -> float:

@@ -233,12 +233,14 @@ def _new_job(spec: JobSpec, now: datetime | None = None) -> dict[str, Any]:
 
 
 def _claimed(owner: str, lease_seconds: float) -> dict[str, Any]:
+    """A lease, not a start: a claimed job may wait in its dispatcher's prefetch buffer, so
+    `started_at` stays null until its task really starts (see `RunTimes`)."""
     attempt = {"$add": ["$attempts", 1]}
     return {
         "status": R,
         "owner": _lit(owner),
         "attempts": attempt,
-        "started_at": NOW,
+        "started_at": None,
         "updated_at": NOW,
         "lease_expires_at": _after(lease_seconds * 1000),
         **_history({"status": R, "at": NOW, "attempt": attempt, "owner": _lit(owner)}),
@@ -246,12 +248,36 @@ def _claimed(owner: str, lease_seconds: float) -> dict[str, Any]:
     }
 
 
-def _completed(lease: Lease, result: Any, retention_s: float) -> dict[str, Any]:
+def _as_claimed(doc: Doc, owner: str) -> Job:
+    """A pending job as `_claimed` left it (the fields a dispatcher reads of its claim)."""
+    return Job.from_doc(
+        {
+            **doc,
+            "status": R,
+            "owner": owner,
+            "attempts": int(doc.get("attempts", 0)) + 1,
+            "started_at": None,
+            "progress": None,
+        }
+    )
+
+
+def _ran(ran: RunTimes | None) -> dict[str, Any]:
+    """`started_at` / `finished_at` of an attempt that ran: the task's own start and end as
+    its dispatcher measured them; without them, the time of this write."""
+    if ran is None:
+        return {"started_at": {"$ifNull": ["$started_at", NOW]}, "finished_at": NOW}
+    return {"started_at": ran.started_at, "finished_at": ran.finished_at}
+
+
+def _completed(
+    lease: Lease, result: Any, retention_s: float, ran: RunTimes | None = None
+) -> dict[str, Any]:
     return {
         "status": JobStatus.COMPLETED.value,
         "result": _lit(result),
         "error": None,
-        "finished_at": NOW,
+        **_ran(ran),
         "expire_at": _expiry(retention_s),
         "updated_at": NOW,
         "owner": None,
@@ -291,6 +317,16 @@ class Lease:
 
     job_id: str
     attempt: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunTimes:
+    """When an attempt's task really started and ended, on the server's clock as its
+    dispatcher reads it (its own clock plus a measured offset): a claimed job may wait in
+    the prefetch buffer, and its outcome may be written a little after the task ended."""
+
+    started_at: datetime
+    finished_at: datetime
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -538,7 +574,6 @@ class JobStore:
         """
         candidates = await self.jobs.find(
             claim_filter(tasks, queue),
-            projection={"_id": 1},
             sort=CLAIM_SORT,
             limit=limit,
             hint=claim_index(tasks, queue),
@@ -547,15 +582,20 @@ class JobStore:
             return [], True
         ids = [d["_id"] for d in candidates]
         tag = secrets.token_hex(8)
-        await self.jobs.update_many(
+        res = await self.jobs.update_many(
             {"_id": {"$in": ids}, **CLAIM_FILTER},
             [{"$set": {**_claimed(owner, lease_seconds), "claim_tag": tag}}],
         )
+        dry = len(candidates) < limit
+        if res.modified_count == len(ids):
+            # Won them all (the usual case): every candidate was pending when the update
+            # matched it, so its claim took attempt + 1; no read-back needed.
+            return [_as_claimed(d, owner) for d in candidates], dry
         won = await self.jobs.find(
             {"_id": {"$in": ids}, "claim_tag": tag, "owner": owner, "status": R}
         ).to_list()
         won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
-        return [Job.from_doc(d) for d in won], len(candidates) < limit
+        return [Job.from_doc(d) for d in won], dry
 
     async def next_due(
         self, *, tasks: Collection[str] | None = None, queues: Collection[str] | None = None
@@ -596,18 +636,24 @@ class JobStore:
         return {lease.job_id for lease in leases} - kept
 
     async def complete_many(
-        self, owner: str, items: Sequence[tuple[Lease, Any]]
+        self,
+        owner: str,
+        items: Sequence[tuple[Lease, Any]],
+        *,
+        ran: Mapping[str, RunTimes] | None = None,
     ) -> tuple[set[str], dict[str, str]]:
-        """Fenced completions in one round trip (one `bulk_write`, one majority wait).
+        """Fenced completions in one round trip (one `bulk_write`, one majority wait);
+        `ran` gives the attempts' real start and end times by job id.
 
         Returns the job ids this call (or an earlier try of it, cut off by a failover)
         completed, and the ids MongoDB refused with the reason (e.g. a document too large).
         A job in neither set had lost its lease: another attempt or owner holds it.
         """
+        times = ran or {}
         ops = [
             UpdateOne(
                 {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
-                [{"$set": _completed(lease, result, self.retention_s)}],
+                [{"$set": _completed(lease, result, self.retention_s, times.get(lease.job_id))}],
             )
             for lease, result in items
         ]
@@ -640,29 +686,35 @@ class JobStore:
         retry_delay_s: float,
         *,
         final: bool = False,
+        ran: RunTimes | None = None,
     ) -> Job:
         """End a failed attempt: back to pending after `retry_delay_s` while attempts remain,
-        else `failed`; a job whose cancel was requested becomes `cancelled`."""
+        else `failed`; a job whose cancel was requested becomes `cancelled`. `ran`: when its
+        task really started and ended."""
         return await self._end_attempt(
             {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
             error,
             retry_delay_s,
             final=final,
+            ran=ran,
         )
 
-    async def cancel_running(self, lease: Lease, owner: str) -> Job:
-        """The holder stopped the worker of a job whose cancel was requested."""
+    async def cancel_running(self, lease: Lease, owner: str, *, ran: RunTimes | None = None) -> Job:
+        """The holder stopped the worker of a job whose cancel was requested (`ran`: when its
+        task started and was stopped), or dropped it before its task started (no `ran`)."""
+        message = "cancelled while running" if ran else "cancelled before its task started"
         return await self._fenced(
             lease,
             owner,
             {
                 "status": JobStatus.CANCELLED.value,
-                "finished_at": NOW,
+                **({"started_at": ran.started_at, "finished_at": ran.finished_at} if ran else {}),
+                **({} if ran else {"finished_at": NOW}),
                 "expire_at": _expiry(self.retention_s),
                 "updated_at": NOW,
                 "owner": None,
                 "lease_expires_at": None,
-                "error": _lit({"type": "Cancelled", "message": "cancelled while running"}),
+                "error": _lit({"type": "Cancelled", "message": message}),
                 **_history(
                     {"status": JobStatus.CANCELLED.value, "at": NOW, "attempt": lease.attempt}
                 ),
@@ -925,8 +977,11 @@ class JobStore:
         retry_delay_s: float,
         *,
         final: bool = False,
+        ran: RunTimes | None = None,
     ) -> Job:
         cancelled = {"$eq": ["$cancel_requested", True]}
+        ended: Any = NOW if ran is None else ran.finished_at
+        started = {} if ran is None else {"started_at": ran.started_at}
         retry = {"$and": [{"$not": [final]}, {"$lt": ["$attempts", "$max_attempts"]}]}
         again = {"$eq": ["$status", P]}
         doc = await self.jobs.find_one_and_update(
@@ -949,7 +1004,8 @@ class JobStore:
                     "$set": {
                         "error": _lit(dict(error)),
                         "run_at": {"$cond": [again, _after(retry_delay_s * 1000), "$run_at"]},
-                        "finished_at": {"$cond": [again, None, NOW]},
+                        **started,
+                        "finished_at": {"$cond": [again, None, ended]},
                         "expire_at": {"$cond": [again, "$$REMOVE", _expiry(self.retention_s)]},
                         "updated_at": NOW,
                         "owner": None,
@@ -1008,3 +1064,24 @@ class JobStore:
             projection={"attempts": 1},
         ).to_list()
         return {d["_id"] for d in held if d["attempts"] == wanted[d["_id"]]}
+
+    # -- a long task's start (a short one's is written with its outcome) ---------------------
+
+    async def mark_started(self, owner: str, items: Sequence[tuple[Lease, datetime]]) -> None:
+        """Record when these attempts' tasks started, in one round trip, fenced like every
+        write of a running job; an attempt already ended or lost matches nothing."""
+        ops = [
+            UpdateOne(
+                {
+                    "_id": lease.job_id,
+                    "attempts": lease.attempt,
+                    "owner": owner,
+                    "status": R,
+                    "started_at": None,
+                },
+                {"$set": {"started_at": started_at}},
+            )
+            for lease, started_at in items
+        ]
+        if ops:
+            await self.jobs.bulk_write(ops, ordered=False)

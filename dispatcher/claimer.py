@@ -1,9 +1,15 @@
 """Claiming: look for due work only when there may be some, and lease it in batches.
 
 Reasons to look (an insert or requeue seen on the stream, the due-job timer, a sweep, a
-freed worker) are counted as signals; the claimer loop claims while a slot is free and the
+freed worker) are counted as signals; the claimer loop claims while there is room and the
 last look may have left due work behind. A future `run_at` arms one timer, on the server's
 clock, for the earliest due job.
+
+Room: a dispatcher holds at most its slots plus its prefetch in waiting or running jobs
+(per queue with `BROOK_QUEUES`). It claims ahead, so a worker that reports a result finds
+its next job already leased, but only while its recent tasks are short (see
+`Holdings.claims_ahead`): a long task's round trips cost nothing worth hiding, and a job
+held ahead behind long tasks would wait where another dispatcher could run it.
 """
 
 from __future__ import annotations
@@ -17,14 +23,19 @@ from pymongo.errors import PyMongoError
 
 from common.events import Event, emit
 from common.models import Job
-from common.runner import Runner, Slot
 from common.settings import Settings
 from common.store import JobStore
 from dispatcher.holdings import Holdings
 
 MAX_BATCH = 64
+# Claims pause while this many finished tasks still wait for their outcome write (MongoDB
+# is slower to take completions than the workers are to produce them).
+MAX_FINISHING = 256
+# Offsets measured by `ServerClock.sync` that differ by less than this are noise (the
+# server's clock reads in whole milliseconds, the round trip splits unevenly).
+CLOCK_STEP_S = 0.025
 
-StartJob = Callable[[Slot, Job], None]
+StartJob = Callable[[Job], None]
 NextDue = Callable[[], Awaitable[datetime | None]]
 # A claim's target: one queue, or None for "every queue" (BROOK_QUEUES unset).
 Target = str | None
@@ -36,15 +47,24 @@ class ServerClock:
     def __init__(self, store: JobStore) -> None:
         self.store = store
         self.offset = 0.0  # server clock - local clock, seconds
+        self._synced = False
 
     def now(self) -> float:
         return time.time() + self.offset
+
+    def now_dt(self) -> datetime:
+        return datetime.fromtimestamp(self.now(), UTC)
 
     async def sync(self) -> None:
         before = time.time()
         server = await self.store.server_now()
         after = time.time()
-        self.offset = server.replace(tzinfo=server.tzinfo or UTC).timestamp() - (before + after) / 2
+        measured = server.replace(tzinfo=server.tzinfo or UTC).timestamp() - (before + after) / 2
+        # The offset stays put through measurement noise, so the start and end times this
+        # dispatcher stamps stay in order; a real step of either clock is followed at once.
+        if not self._synced or abs(measured - self.offset) > CLOCK_STEP_S:
+            self.offset = measured
+            self._synced = True
 
 
 class DueTimer:
@@ -108,16 +128,15 @@ class Claimer:
         settings: Settings,
         store: JobStore,
         owner: str,
-        runner: Runner,
         holdings: Holdings,
         clock: ServerClock,
         start: StartJob,
         tasks: frozenset[str],
     ) -> None:
+        """`start` takes each claimed job (it waits for a worker in `holdings`)."""
         self.settings = settings
         self.store = store
         self.owner = owner
-        self.runner = runner
         self.holdings = holdings
         self.start = start
         self.tasks = tasks
@@ -179,16 +198,22 @@ class Claimer:
     async def _next_due(self) -> datetime | None:
         return await self.store.next_due(tasks=self.tasks, queues=self.queues)
 
+    def _cap(self, slots: int) -> int:
+        """The most waiting or running jobs a target with `slots` slots may hold now."""
+        ahead = self.holdings.claims_ahead()
+        return slots + (self.settings.prefetch_for(slots) if ahead else 0)
+
     def _rooms(self) -> dict[Target, int]:
-        """Free room per target. A lease counts against its slots until its final write is
-        done, so the jobs collection never shows more running jobs than there are slots."""
-        free = self.runner.free_slots()
+        """Free room per target: slots plus prefetch, less the jobs waiting or running
+        (finishing ones no longer count: their task is over, only the write is left)."""
+        if self.holdings.finishing_count() >= MAX_FINISHING:
+            return {}
         if self.queues is None:
-            room = min(self.settings.worker_slots - self.holdings.count(), free)
+            room = self._cap(self.settings.worker_slots) - self.holdings.active()
             return {None: room} if room > 0 else {}
         rooms: dict[Target, int] = {}
         for queue, slots in self.queues.items():
-            room = min(slots - self.holdings.count(queue), free)
+            room = self._cap(slots) - self.holdings.active(queue)
             if room > 0:
                 rooms[queue] = room
         return rooms
@@ -223,45 +248,36 @@ class Claimer:
         return [await self._claim_one(target)] if n == 1 else await self._claim_batch(target, n)
 
     async def _claim_batch(self, target: Target, n: int) -> list[bool | None]:
-        """Claim up to `n` jobs in one write; True per job started, None for a slot the
-        queue could not fill, False for one lost to another dispatcher's race."""
-        slots = [slot for slot in (self.runner.reserve() for _ in range(n)) if slot is not None]
+        """Claim up to `n` jobs in one write; True per job claimed, None for room the
+        queue could not fill, False for room lost to another dispatcher's race."""
         try:
             jobs, dry = await self.store.claim_many(
-                self.owner, self.settings.lease_seconds, len(slots), tasks=self.tasks, queue=target
+                self.owner, self.settings.lease_seconds, n, tasks=self.tasks, queue=target
             )
         except PyMongoError as exc:
-            await self._claim_failed(slots, exc)
+            await self._claim_failed(exc)
             return [False]
-        for slot, job in zip(slots, jobs, strict=False):
-            self.start(slot, job)
-        for slot in slots[len(jobs) :]:
-            self.runner.unreserve(slot)
+        for job in jobs:
+            self.start(job)
         unfilled: bool | None = None if dry else False
-        return [True] * len(jobs) + [unfilled] * (len(slots) - len(jobs))
+        return [True] * len(jobs) + [unfilled] * (n - len(jobs))
 
     async def _claim_one(self, target: Target) -> bool | None:
-        """Claim and start one job; True if one started, None if nothing was due."""
-        slot = self.runner.reserve()
-        if slot is None:
-            return False
+        """Claim one job; True if one was claimed, None if nothing was due."""
         try:
             job = await self.store.claim(
                 self.owner, self.settings.lease_seconds, tasks=self.tasks, queue=target
             )
         except PyMongoError as exc:
-            await self._claim_failed([slot], exc)
+            await self._claim_failed(exc)
             return False
         if job is None:
-            self.runner.unreserve(slot)
             return None
-        self.start(slot, job)
+        self.start(job)
         return True
 
-    async def _claim_failed(self, slots: list[Slot], exc: PyMongoError) -> None:
-        """No primary (or similar): give the slots back, wait a little, look again."""
-        for slot in slots:
-            self.runner.unreserve(slot)
+    async def _claim_failed(self, exc: PyMongoError) -> None:
+        """No primary (or similar): wait a little, look again."""
         emit(Event.MONGO_UNAVAILABLE, level="warning", op="claim", error=str(exc)[:200])
         await asyncio.sleep(0.5)
         self.signal()

@@ -3,14 +3,18 @@
 `Dispatcher.run()` wires the parts together and runs them as supervised, named tasks:
   stream     change stream → wake-ups (new/requeued work) and cancel requests (`stream.py`)
   tokens     saves the stream's resume token, coalesced majority writes (`stream.py`)
-  claimer    while a worker slot is free: lease the best due jobs (`claimer.py`)
+  claimer    while there is room: lease the best due jobs, ahead of free workers (`claimer.py`)
   heartbeat  renews this dispatcher's leases in one write; kills workers of lost leases
   watchdog   slow sweep: requeue expired leases, claim what no event announced (`leases.py`)
   schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
   presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
-Each claimed job runs as a supervised task that ends with one fenced write (`outcomes.py`),
-after its last progress report (`progress.py`) has landed; a crash of any background task
-stops the dispatcher loudly.
+A claimed job waits in `Holdings` until a worker is free (at once, when one is); then it
+runs as a supervised task that ends with one fenced write (`outcomes.py`), after its last
+progress report (`progress.py`) has landed. The worker takes its next job as soon as it
+reports its result; the outcome is written behind it, group-committed. `started_at` and
+`finished_at` are the task's own start and end on this dispatcher's reading of the server
+clock, written with the outcome (or sooner, for a long task: `starts.py`). A crash of any
+background task stops the dispatcher loudly.
 
 Start-up order loses nothing: the stream is opened first, then the backlog is swept,
 then the stream is followed.
@@ -24,16 +28,17 @@ import secrets
 import socket
 import time
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from common.events import Event, emit, job_fields
 from common.models import Job
 from common.retrying import ride_out
-from common.runner import ProgressReport, RunJob, Runner, Slot
+from common.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, Slot
 from common.schedules import Schedule
 from common.schedules_store import ScheduleStore
 from common.settings import Settings
-from common.store import JobStore, Lease
+from common.store import JobStore, Lease, RunTimes
 from common.supervision import Supervisor
 from dispatcher.claimer import Claimer, ServerClock
 from dispatcher.holdings import Holdings
@@ -42,6 +47,7 @@ from dispatcher.outcomes import Outcomes
 from dispatcher.presence import Presence
 from dispatcher.progress import ProgressKeeper
 from dispatcher.schedules import ScheduleRunner
+from dispatcher.starts import StartMarks
 from dispatcher.stream import StreamFollower, TokenSaver
 
 # After the grace period: how long stopped jobs may take to be handed back, and the
@@ -71,13 +77,15 @@ class Dispatcher:
         self.loops = Supervisor()  # the named loops: stream, tokens, claimer, heartbeat, …
         self.supervisor = Supervisor()  # one task per running job, and group-commit writers
         self.holdings = Holdings()
-        clock = ServerClock(store)
+        self.clock = clock = ServerClock(store)
+        self._closing = False
         self.claimer = Claimer(
-            settings, store, self.owner, runner, self.holdings, clock, self._start, tasks
+            settings, store, self.owner, self.holdings, clock, self._claimed, tasks
         )
         self.leases = LeaseKeeper(
-            settings, store, self.owner, self.holdings, clock, runner.kill, self.claimer.sweep_done
+            settings, store, self.owner, self.holdings, clock, self._stop, self.claimer.sweep_done
         )
+        self.starts = StartMarks(store, self.owner, clock, self.supervisor.spawn)
         self.outcomes = Outcomes(settings, store, self.owner, self.supervisor.spawn)
         self.tokens = TokenSaver(store, self.name)
         self.stream = StreamFollower(
@@ -142,16 +150,20 @@ class Dispatcher:
         grace = self.settings.shutdown_grace_seconds
         deadline = time.monotonic() + grace + RELEASE_WINDOW_S
         self.claimer.stop()
+        self._closing = True
         self.outcomes.cut_off(deadline)
         emit(
             Event.DISPATCHER_STOPPING,
             owner=self.owner,
-            running=self.holdings.count(),
+            running=self.holdings.running_count(),
+            claimed_ahead=len(self.holdings.waiting()),
             grace_s=grace,
         )
+        for job in self.holdings.waiting():  # never started: handed back at once
+            self._stop(job.id, "shutdown")
         await self.supervisor.wait(grace)
         for lease in self.holdings.running():
-            self.runner.kill(lease.job_id, "shutdown")
+            self._stop(lease.job_id, "shutdown")
         await self.supervisor.wait(max(deadline - time.monotonic(), 0.0))
         for job in self.holdings.jobs():
             emit(
@@ -170,8 +182,9 @@ class Dispatcher:
             pass
 
     def wake(self) -> None:
-        """A worker process became ready (called by the runner)."""
-        self.claimer.signal()
+        """A worker process is free: it became ready, or reported its job's result (called
+        by the runner). Hand it the best waiting job at once."""
+        self._hand_off()
 
     def on_progress(self, report: ProgressReport) -> None:
         """A running task reported progress (called by the runner)."""
@@ -194,33 +207,85 @@ class Dispatcher:
 
     # -- one attempt -----------------------------------------------------------------------
 
-    def _start(self, slot: Slot, job: Job) -> None:
-        lease = self.holdings.add(job)
-        lag_ms = None
-        if job.started_at is not None:
-            lag_ms = round((job.started_at - job.run_at).total_seconds() * 1000, 2)
+    def _claimed(self, job: Job) -> None:
+        """A claimed job (the claimer's callback): it waits for a free worker."""
+        self.holdings.add(job)
         emit(
             Event.JOB_CLAIMED,
             **job_fields(job),
             owner=self.owner,
             priority=job.priority,
-            lag_ms=lag_ms,
+            lag_ms=round((self.clock.now() - job.run_at.timestamp()) * 1000, 2),
         )
-        self.supervisor.spawn(self._execute(slot, job, lease), f"job:{job.id}")
         if self.holdings.cancel_was_seen(job.id):
             self.leases.cancel(job.id)
+        self._hand_off()
+
+    def _free_slots_by_queue(self) -> dict[str, int] | None:
+        queues = self.settings.queues
+        if queues is None:
+            return None
+        return {q: slots - self.holdings.running_count(q) for q, slots in queues.items()}
+
+    def _hand_off(self) -> None:
+        """Start waiting jobs, best first, on free workers, within each queue's slots: never
+        more tasks at once than slots."""
+        while not self._closing and self.runner.free_slots() > 0:
+            job = self.holdings.next_waiting(self._free_slots_by_queue())
+            if job is None:
+                return
+            slot = self.runner.reserve()
+            if slot is None:
+                return
+            lease = self.holdings.start(job.id)
+            self.supervisor.spawn(self._execute(slot, job, lease), f"job:{job.id}")
+
+    def _stop(self, job_id: str, reason: KillReason) -> bool:
+        """Stop a held job: kill its worker; or, if it is still waiting, take it out of the
+        buffer and write its end (cancelled, handed back; a lost lease writes nothing)."""
+        job = self.holdings.unwait(job_id)
+        if job is None:
+            return self.runner.kill(job_id, reason)
+        lease = Lease(job_id=job.id, attempt=job.attempts)
+        self.supervisor.spawn(self._end_unstarted(job, lease, reason), f"job:{job.id}")
+        self.claimer.slot_freed()
+        return True
+
+    async def _end_unstarted(self, job: Job, lease: Lease, reason: KillReason) -> None:
+        try:
+            await self.outcomes.record(job, lease, Outcome(kind=reason), 0.0)
+        finally:
+            self.holdings.drop(job.id)
+            self.claimer.slot_freed()
 
     async def _execute(self, slot: Slot, job: Job, lease: Lease) -> None:
         timeout = job.timeout_s or self.settings.default_timeout_s
         run = RunJob(job_id=job.id, attempt=job.attempts, task=job.task, payload=job.payload)
-        started = time.monotonic()
+        mark = self.starts.arm(lease, time.monotonic())
         try:
             try:
                 outcome = await self.runner.run(slot, run, timeout)
             finally:
+                mark.cancel()
                 self.holdings.worker_done(job.id)
+                self._hand_off()  # its queue has a free slot now
+                self.claimer.slot_freed()
+            ran, elapsed = self._run_times(outcome)
+            self.holdings.record_run(elapsed)
             await self.progress.settle(job.id)
-            await self.outcomes.record(job, lease, outcome, time.monotonic() - started)
+            await self.outcomes.record(job, lease, outcome, elapsed, ran=ran)
         finally:
             self.holdings.drop(job.id)
             self.claimer.slot_freed()
+
+    def _run_times(self, outcome: Outcome) -> tuple[RunTimes, float]:
+        """The task's start and end on the server's clock (as read here), and its run time,
+        from the moments the runner sent the job and saw it end, not from when this
+        coroutine got to run again: the worker may have started its next job meanwhile."""
+        now = time.monotonic()
+        ended = outcome.ended if outcome.ended is not None else now
+        started = outcome.started if outcome.started is not None else ended
+        finished_at = self.clock.now_dt() - timedelta(seconds=now - ended)
+        elapsed = ended - started
+        started_at = finished_at - timedelta(seconds=elapsed)
+        return RunTimes(started_at=started_at, finished_at=finished_at), elapsed

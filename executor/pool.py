@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import multiprocessing
 import signal
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +52,7 @@ class _Worker:
         self.reserved = False
         self.job: RunJob | None = None
         self.waiter: asyncio.Future[Outcome] | None = None
+        self.sent_at = 0.0  # time.monotonic() when its job was sent
         self.kill_reason: KillReason | None = None
         self.exited = asyncio.get_running_loop().create_future()
 
@@ -165,6 +168,7 @@ class WorkerPool:
         worker.job = job
         waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         worker.waiter = waiter
+        worker.sent_at = time.monotonic()
         # If the process died between reserve and send, its sentinel reports it.
         with contextlib.suppress(OSError):
             worker.conn.send(job)
@@ -226,6 +230,8 @@ class WorkerPool:
                 else Outcome(kind="error", error=msg.error, retry_delay=msg.retry_delay)
             )
             self._settle(worker, outcome)
+            # Free at once: its next job need not wait for this one's outcome write.
+            self.on_free()
 
     @staticmethod
     def _holds(worker: _Worker, job_id: str, attempt: int) -> bool:
@@ -238,6 +244,7 @@ class WorkerPool:
         )
 
     def _settle(self, worker: _Worker, outcome: Outcome) -> None:
+        outcome = dataclasses.replace(outcome, started=worker.sent_at, ended=time.monotonic())
         waiter = worker.waiter
         worker.job = None
         worker.waiter = None

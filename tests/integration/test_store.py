@@ -12,7 +12,7 @@ import pytest
 from common.errors import JobConflict, JobNotFound, LeaseLost
 from common.models import Job, JobSpec
 from common.status import TRANSITIONS, JobStatus
-from common.store import CLAIM_FILTER, CLAIM_SORT, JobStore, Lease
+from common.store import CLAIM_FILTER, CLAIM_SORT, JobStore, Lease, RunTimes
 
 OWNER = "test-owner"
 
@@ -53,8 +53,46 @@ async def test_claim_sets_lease_from_the_server_clock_and_bumps_the_attempt(
     await store.submit(spec())
     job = await store.claim(OWNER, 30)
     assert job is not None and job.status == JobStatus.RUNNING and job.attempts == 1
-    assert job.owner == OWNER and job.started_at is not None and job.lease_expires_at is not None
-    assert abs((job.lease_expires_at - job.started_at).total_seconds() - 30) < 0.01
+    assert job.owner == OWNER and job.lease_expires_at is not None
+    claimed_at = job.history[-1]["at"]
+    assert abs((job.lease_expires_at - claimed_at).total_seconds() - 30) < 0.01
+    # A claim is a lease, not a start: the job may wait in its dispatcher's prefetch buffer.
+    assert job.started_at is None
+
+
+async def test_a_batch_claim_returns_the_claimed_jobs_without_a_read_back(
+    store: JobStore,
+) -> None:
+    ids = [(await store.submit(spec(priority=i))).job.id for i in range(3)]
+    jobs, dry = await store.claim_many(OWNER, 30, 5)
+    assert dry and [j.id for j in jobs] == ids[::-1]
+    for job in jobs:
+        stored = await store.get(job.id)
+        assert (job.status, job.attempts, job.owner) == (stored.status, 1, OWNER)
+        assert job.started_at is None and stored.started_at is None
+
+
+async def test_an_attempt_records_its_tasks_real_start_and_end(store: JobStore) -> None:
+    await store.submit(spec())
+    await store.submit(spec())
+    a = await store.claim(OWNER, 30)
+    b = await store.claim(OWNER, 30)
+    assert a and b
+    t0 = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    ran = RunTimes(started_at=t0, finished_at=t0 + timedelta(milliseconds=250))
+    await store.mark_started(OWNER, [(Lease(job_id=b.id, attempt=1), t0)])
+    assert (await store.get(b.id)).started_at == t0  # a long task shows its start while running
+    done, _ = await store.complete_many(OWNER, [(Lease(job_id=a.id, attempt=1), 1)], ran={a.id: ran})
+    assert a.id in done
+    completed = await store.get(a.id)
+    assert (completed.started_at, completed.finished_at) == (ran.started_at, ran.finished_at)
+    failed = await store.fail_attempt(
+        Lease(job_id=b.id, attempt=1), OWNER, {"type": "E"}, 0, final=True, ran=ran
+    )
+    assert (failed.started_at, failed.finished_at) == (ran.started_at, ran.finished_at)
+    # A late start mark for an attempt that already ended matches nothing.
+    await store.mark_started(OWNER, [(Lease(job_id=a.id, attempt=1), t0 + timedelta(days=1))])
+    assert (await store.get(a.id)).started_at == t0
 
 
 async def test_the_claim_query_is_an_index_scan(store: JobStore) -> None:

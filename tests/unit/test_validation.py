@@ -231,36 +231,18 @@ class FakeStore:
         return None
 
 
-class FakeRunner:
-    def __init__(self, slots: int) -> None:
-        self.free = slots
-
-    def free_slots(self) -> int:
-        return self.free
-
-    def reserve(self) -> object | None:
-        if self.free <= 0:
-            return None
-        self.free -= 1
-        return object()
-
-    def unreserve(self, slot: object) -> None:
-        self.free += 1
-
-
 async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up() -> None:
     store = FakeStore({"default": ["d1", "d2", "d3"], "emails": []})
-    runner = FakeRunner(3)
     holdings = Holdings()
     started: list[str] = []
 
-    def start(slot: object, claimed: Job) -> None:
+    def start(claimed: Job) -> None:
         holdings.add(claimed)
         started.append(claimed.id)
 
     settings = Settings(queues="default:1,emails:2")  # type: ignore[arg-type]
     claimer = Claimer(
-        settings, store, "me", runner, holdings, ServerClock(store), start, frozenset({"noop"})  # type: ignore[arg-type]
+        settings, store, "me", holdings, ServerClock(store), start, frozenset({"noop"})  # type: ignore[arg-type]
     )
     loop = asyncio.create_task(claimer.run())
     claimer.signal()
@@ -268,7 +250,6 @@ async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up(
     assert started == ["d1"] and store.claims.count("emails") == 1  # emails: dry, once
     for expected in ("d2", "d3"):
         holdings.drop(started[-1])
-        runner.free += 1
         claimer.slot_freed()  # no new event: only a freed slot of the queue that had more
         await asyncio.sleep(0.05)
         assert started[-1] == expected
