@@ -305,12 +305,19 @@ def proc_cpu_s(pid: int) -> float:
 
 
 def children(pid: int) -> list[int]:
-    out = []
+    """Every descendant of `pid` (a dispatcher's workers are forks of its fork server)."""
+    parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = _stat_fields(int(entry))
-            if fields and fields[1] == str(pid):
-                out.append(int(entry))
+            if fields:
+                parents.setdefault(int(fields[1]), []).append(int(entry))
+    out: list[int] = []
+    todo = list(parents.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo += parents.get(child, [])
     return out
 
 

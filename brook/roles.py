@@ -52,9 +52,8 @@ async def serve_dispatcher(
     dispatcher = Dispatcher(settings, store, pool, tasks, schedules)
     pool.on_free = dispatcher.wake
     pool.on_progress = dispatcher.on_progress
-    await pool.start()
     try:
-        await dispatcher.run(stop)
+        await dispatcher.run(stop)  # it starts the pool alongside its own start-up
     finally:
         await pool.close(CLOSE_S)
         try:

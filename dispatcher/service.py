@@ -130,6 +130,9 @@ class Dispatcher:
         emit(Event.DISPATCHER_STOPPED, owner=self.owner)
 
     async def _start_up(self) -> None:
+        # Worker processes start while this one talks to MongoDB; jobs claimed before a
+        # worker is ready wait for it.
+        workers = self.loops.spawn(self.runner.start(), "workers")
         await ride_out("ensure_indexes", self.store.ensure_indexes)
         await self.presence.announce()
         self.loops.spawn(self.presence.run(), "presence")
@@ -141,7 +144,8 @@ class Dispatcher:
         self.loops.spawn(self.leases.heartbeat(), "heartbeat")
         self.loops.spawn(self.leases.watchdog(), "watchdog")
         self.loops.spawn(self.schedules.run(), "schedules")
-        emit(Event.DISPATCHER_READY, owner=self.owner)
+        await workers
+        emit(Event.DISPATCHER_READY, owner=self.owner, workers=self.runner.free_slots())
 
     async def _shutdown(self) -> None:
         """Stop claiming → let running jobs finish within the grace period → stop the rest

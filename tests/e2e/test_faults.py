@@ -64,7 +64,14 @@ def worker_pid(proc: BrookProcess, job_id: str, timeout: float = 15) -> int:
 async def assert_clean(
     store: JobStore, ids: list[str], *procs: BrookProcess, effects: bool = False
 ) -> None:
-    report = await check_history(store, ids, all_logs(*procs), effects=effects)
+    # A job's log line follows its write: a job seen terminal may not be logged yet. Lines
+    # only ever get added, so waiting a little can fix a missing one, never hide an extra.
+    deadline = time.monotonic() + 5
+    while True:
+        report = await check_history(store, ids, all_logs(*procs), effects=effects)
+        if not report.problems or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
     assert report.problems == []
 
 
