@@ -46,7 +46,9 @@ class Deployment:
 
 @contextlib.contextmanager
 def replica_set(*, keep: bool) -> Iterator[Deployment]:
-    """`BROOK_MONGO_URI` if set, else the embedded set on 27917-27919 under `.brook/bench`.
+    """`BROOK_MONGO_URI` if set, else the embedded set on 27917-27919 under `.brook/bench`
+    (`BROOK_BENCH_MONGO_PORT` / `BROOK_BENCH_HOME` move it, e.g. on a host shared with
+    other benchmarks).
 
     An embedded set this run started is stopped at the end unless `keep`; one that was
     already running is left as it was found.
@@ -55,12 +57,14 @@ def replica_set(*, keep: bool) -> Iterator[Deployment]:
     if external:
         yield Deployment(external, "BROOK_MONGO_URI", [])
         return
-    rs = ReplicaSet(home=ROOT / BENCH_HOME, base_port=BENCH_PORT)
+    home = Path(os.environ.get("BROOK_BENCH_HOME") or ROOT / BENCH_HOME)
+    port = int(os.environ.get("BROOK_BENCH_MONGO_PORT") or BENCH_PORT)
+    rs = ReplicaSet(home=home, base_port=port)
     was_running = rs.running()
     try:
         uri = rs.up()
         pids = [pid for i in range(rs.members) if (pid := rs.pid(i)) is not None]
-        yield Deployment(uri, f"embedded {BENCH_HOME}, ports {BENCH_PORT}-{BENCH_PORT + 2}", pids)
+        yield Deployment(uri, f"embedded {home}, ports {port}-{port + 2}", pids)
     finally:
         if not keep and not was_running:
             rs.down()

@@ -7,9 +7,9 @@ clock, for the earliest due job.
 
 Room: a dispatcher holds at most its slots plus its prefetch in waiting or running jobs
 (per queue with `BROOK_QUEUES`). It claims ahead, so a worker that reports a result finds
-its next job already leased, but only while its recent tasks are short (see
-`Holdings.claims_ahead`): a long task's round trips cost nothing worth hiding, and a job
-held ahead behind long tasks would wait where another dispatcher could run it.
+its next job already leased, but only about `AHEAD_S` of work (see `Holdings.ahead`): a
+long task's round trips cost nothing worth hiding, and a job held ahead behind long tasks
+would wait where another dispatcher could run it.
 """
 
 from __future__ import annotations
@@ -198,22 +198,28 @@ class Claimer:
     async def _next_due(self) -> datetime | None:
         return await self.store.next_due(tasks=self.tasks, queues=self.queues)
 
-    def _cap(self, slots: int) -> int:
-        """The most waiting or running jobs a target with `slots` slots may hold now."""
-        ahead = self.holdings.claims_ahead()
-        return slots + (self.settings.prefetch_for(slots) if ahead else 0)
+    def _room(self, slots: int, active: int) -> int:
+        """Room for a target with `slots` slots holding `active` waiting or running jobs:
+        up to its slots plus its prefetch (while it claims ahead). A target whose workers
+        all have a job waits until half its prefetch is free, so it refills the buffer in
+        batches (one claim per several jobs), not one job per claim."""
+        extra = self.holdings.ahead(slots, self.settings.prefetch_for(slots))
+        room = slots + extra - active
+        if active >= slots and room < (extra + 1) // 2:
+            return 0
+        return room
 
     def _rooms(self) -> dict[Target, int]:
-        """Free room per target: slots plus prefetch, less the jobs waiting or running
-        (finishing ones no longer count: their task is over, only the write is left)."""
+        """Free room per target (finishing jobs no longer count: their task is over, only
+        the outcome write is left)."""
         if self.holdings.finishing_count() >= MAX_FINISHING:
             return {}
         if self.queues is None:
-            room = self._cap(self.settings.worker_slots) - self.holdings.active()
+            room = self._room(self.settings.worker_slots, self.holdings.active())
             return {None: room} if room > 0 else {}
         rooms: dict[Target, int] = {}
         for queue, slots in self.queues.items():
-            room = self._cap(slots) - self.holdings.active(queue)
+            room = self._room(slots, self.holdings.active(queue))
             if room > 0:
                 rooms[queue] = room
         return rooms

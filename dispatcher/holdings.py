@@ -22,9 +22,10 @@ from common.store import Lease
 # How long a cancel request seen on the stream is remembered, for a job whose claim
 # response has not reached us yet when the event does.
 CANCEL_MEMORY_S = 30.0
-# Claim ahead only while recent tasks ran this long or less, on average (an exponentially
-# weighted mean of the last ~10). A start-up claims ahead once the first tasks ended.
-SHORT_TASK_S = 0.05
+# Jobs held ahead of the workers are at most about this much of their work, by the mean
+# run time of recent tasks (an exponentially weighted mean of the last ~10): enough to hide
+# claim round trips for short tasks, none at all for tasks that run this long or longer.
+AHEAD_S = 0.2
 RUN_WEIGHT = 0.2
 
 
@@ -46,10 +47,15 @@ class Holdings:
         mean = self._mean_run_s
         self._mean_run_s = seconds if mean is None else mean + RUN_WEIGHT * (seconds - mean)
 
-    def claims_ahead(self) -> bool:
-        """Whether to hold jobs ahead of free workers: recent tasks were short, so a claim's
-        round trip is worth hiding and a job held ahead waits for a worker only briefly."""
-        return self._mean_run_s is not None and self._mean_run_s <= SHORT_TASK_S
+    def ahead(self, slots: int, prefetch: int) -> int:
+        """How many jobs to hold claimed ahead of `slots` workers, at most `prefetch`: about
+        `AHEAD_S` of their work at the recent tasks' pace. None before a task has ended (a
+        fresh dispatcher does not know its tasks yet), none for long tasks: a job held
+        behind them would wait where another dispatcher could run it."""
+        mean = self._mean_run_s
+        if mean is None:
+            return 0
+        return min(prefetch, int(slots * AHEAD_S / max(mean, 1e-4)))
 
     def add(self, job: Job) -> Lease:
         """A claimed job: it waits for a worker."""
