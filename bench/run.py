@@ -2,6 +2,10 @@
 
     python -m bench.run [--scenario latency|throughput|batch|probe|all] [--jobs 5000] [--rate 20]
                         [--duration 30] [--concurrency N] [--keep-mongo] [--py-spy PATH]
+    python -m bench.run --scenario enqueue|startup|drain|backlog [--sizes 0,100000,1000000]
+
+The last four (`bench/scale.py`) are not part of `all`: `backlog` at a million jobs takes a
+while and a few GB of disk.
 
 Each scenario gets a fresh database (`bench_<stamp>_<scenario>`, dropped at the end) and
 fresh `brook api` / `brook dispatcher` processes (SIGTERM at the end, never left behind).
@@ -25,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import scale
 from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
 from bench.scenarios import (
@@ -44,8 +49,14 @@ TARGET_JOBS_PER_S = 500.0
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument(
-        "--scenario", choices=["latency", "throughput", "batch", "probe", "all"], default="all"
+        "--scenario",
+        choices=[
+            "latency", "throughput", "batch", "probe", "all",
+            "enqueue", "startup", "drain", "backlog",
+        ],
+        default="all",
     )
+    p.add_argument("--sizes", default="0,100000,1000000", help="backlog: pending jobs, each run")
     p.add_argument("--jobs", type=int, default=5000, help="throughput, batch: jobs per variant")
     p.add_argument("--rate", type=float, default=20.0, help="latency: submissions per second")
     p.add_argument("--duration", type=float, default=30.0, help="latency: seconds of submitting")
@@ -246,6 +257,9 @@ def summarize(results: dict[str, Any]) -> str:
             _cpu_note(bs.get("resources", {}), 2 * bs["jobs"]),
             _log_note(bs["logs"]),
         ]
+    for name in ("enqueue", "startup", "drain", "backlog"):
+        if name in results:
+            lines.append(f"{name}: {json.dumps(results[name], default=str)}")
     for label, prof in results.get("profiles", {}).items():
         if prof.get("samples"):
             top = ", ".join(f"{name} {pct}%" for name, pct in prof["top_self"][:6])
@@ -297,6 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
             if args.scenario in ("batch", "all"):
                 plan.append(("batch_submit", lambda: batch_submit(ctx, args.jobs)))
+            plan += _scale_plan(args, ctx)
             for name, scenario in plan:
                 print(f"[bench] {name} ...", file=sys.stderr, flush=True)
                 t = time.monotonic()
@@ -317,6 +332,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             client.close()
     results["profiles"] = profiler.summaries()
     return results
+
+
+def _scale_plan(
+    args: argparse.Namespace, ctx: Context
+) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    sizes = tuple(int(x) for x in args.sizes.split(",") if x.strip())
+    return {
+        "enqueue": [("enqueue", lambda: scale.enqueue(ctx, min(args.jobs, 2000)))],
+        "startup": [("startup", lambda: scale.startup(ctx))],
+        "drain": [("drain", lambda: scale.drain(ctx, args.jobs))],
+        "backlog": [("backlog", lambda: scale.backlog(ctx, sizes))],
+    }.get(args.scenario, [])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,10 +8,12 @@ Times that matter for leases and due dates come from the server clock (`$$NOW`).
 
 from __future__ import annotations
 
+import math
 import secrets
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bson import ObjectId
@@ -35,6 +37,8 @@ KEY_TRIES = 5  # a key freed and taken again by a peer, over and over: give up, 
 # MongoDB merges at most this many index scans to give a sort (internalQueryMaxScansToExplode);
 # a routed claim over more tasks than this uses the general claim order instead.
 MAX_MERGED_SCANS = 200
+# How often `server_clock` measures the server clock's offset from this process's.
+CLOCK_REFRESH_S = 10.0
 # A dispatcher is live while it was seen within this many of its lease lengths.
 LIVE_LEASES = 3
 # What is left of a dispatcher that vanished without retiring is deleted after a day.
@@ -359,6 +363,8 @@ class JobStore:
         self.dispatchers: AsyncCollection[Doc] = db[DISPATCHERS]
         # How long a finished job without its own `retention_s` is kept (the TTL's input).
         self.retention_s = retention_s
+        self._clock_offset = 0.0  # server clock - local clock, seconds (see server_clock)
+        self._clock_read_at = -math.inf
 
     async def ensure_indexes(self) -> None:
         """Idempotent: an index that exists with the same spec is a no-op; one that exists
@@ -416,9 +422,9 @@ class JobStore:
         order. A job whose idempotency key exists (or repeats within the batch) returns the
         job holding it; only a key whose unique window ended meanwhile costs more round
         trips."""
-        # One read of the server's clock stamps the whole batch: an insert cannot evaluate
+        # One reading of the server's clock stamps the whole batch: an insert cannot evaluate
         # `$$NOW`, and an upsert per job costs the server several times more.
-        now = await self.server_now()
+        now = await self.server_clock()
         docs = [{"_id": str(ObjectId()), **_new_job(spec, now)} for spec in specs]
         duplicates = await self._insert_new(docs)
         out: list[Submitted] = []
@@ -616,6 +622,18 @@ class JobStore:
         hello = await self.db.client.admin.command("hello")
         now: datetime = hello["localTime"]
         return now
+
+    async def server_clock(self) -> datetime:
+        """The server's time now, read from this process's clock and an offset measured
+        with one `hello` at most every CLOCK_REFRESH_S (not one per batch of inserts). It
+        errs early, never late: the server read its clock at some moment of the round
+        trip, so the offset taken is the smallest that reading allows, and a job stamped
+        with it is due when it lands."""
+        if time.monotonic() - self._clock_read_at > CLOCK_REFRESH_S:
+            server = (await self.server_now()).replace(tzinfo=UTC)
+            self._clock_offset = server.timestamp() - time.time()
+            self._clock_read_at = time.monotonic()
+        return datetime.fromtimestamp(time.time() + self._clock_offset, UTC)
 
     async def renew(self, owner: str, leases: Sequence[Lease], lease_seconds: float) -> set[str]:
         """Extend every lease `owner` still holds in one write; return the job ids it lost."""
