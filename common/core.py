@@ -35,6 +35,7 @@ WAIT_AWAIT_MS = 5000
 JobList = list[Job]
 Submissions = list[Submitted]
 SubmitOne = Callable[[JobSpec], Awaitable[Submitted]]
+CountByQueue = Callable[[], Awaitable[dict[str, dict[str, int]]]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,11 +78,14 @@ class ClientCore:
         directory: TaskDirectory,
         *,
         submit_one: SubmitOne | None = None,
+        count_by_queue: CountByQueue | None = None,
     ) -> None:
         self._store = store
         self._directory = directory
-        # The API passes its group commit here (concurrent submits share one write).
+        # The API passes its group commit here (concurrent submits share one write), and
+        # its counts kept in memory (refreshed in the background) for `queues`.
         self._submit_one: SubmitOne = submit_one or store.submit
+        self._count_by_queue: CountByQueue = count_by_queue or store.count_by_queue
         self._indexed: asyncio.Future[None] | None = None
 
     async def _ensure_indexes(self) -> None:
@@ -184,7 +188,7 @@ class ClientCore:
 
     async def queues(self) -> Sequence[QueueInfo]:
         """Every queue that holds jobs, with its job counts by status (one aggregation)."""
-        counts = await self._store.count_by_queue()
+        counts = await self._count_by_queue()
         return [QueueInfo(name=name, counts=by_status) for name, by_status in counts.items()]
 
     # -- change one job ------------------------------------------------------------------------

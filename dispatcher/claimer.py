@@ -153,6 +153,7 @@ class Claimer:
         self._maybe_more = True
         self._dry: set[Target] = set()
         self._batch = 1
+        self._urgent = False  # news of a job that outranks all claimed ahead
 
     def runs(self, task: object, queue: object) -> bool:
         """Whether a job of this task in this queue is one this dispatcher would claim."""
@@ -166,12 +167,16 @@ class Claimer:
         self._dry.clear()
         self._wake.set()
 
-    def due_at(self, run_at: datetime | None) -> None:
-        """A job became pending: look now, or when it is due."""
+    def due_at(self, run_at: datetime | None, priority: int | None = None) -> None:
+        """A job became pending: look now, or when it is due. A due job that outranks every
+        job claimed ahead is claimed at the next free room, not when the buffer would next
+        be refilled."""
         if run_at is not None and run_at.timestamp() > self.clock.now() + 0.002:
             self.timer.at(run_at.timestamp())
-        else:
-            self.signal()
+            return
+        if priority is not None and self.holdings.outranks(priority):
+            self._urgent = True
+        self.signal()
 
     def sweep_done(self) -> None:
         """The slow path looked too: claim what no event announced, re-arm the timer."""
@@ -205,7 +210,7 @@ class Claimer:
         batches (one claim per several jobs), not one job per claim."""
         extra = self.holdings.ahead(slots, self.settings.prefetch_for(slots))
         room = slots + extra - active
-        if active >= slots and room < (extra + 1) // 2:
+        if active >= slots and room < (extra + 1) // 2 and not self._urgent:
             return 0
         return room
 
@@ -232,6 +237,7 @@ class Claimer:
             # or news of work wakes us again.
             return False
         seen = self._signals
+        self._urgent = False
         results = {target: await self._claim_for(target, room) for target, room in rooms.items()}
         filled = all(all(got) for got in results.values())
         self._batch = min(self._batch * 2, MAX_BATCH) if filled else 1

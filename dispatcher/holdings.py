@@ -74,6 +74,10 @@ class Holdings:
         fits = [j for j in self._waiting.values() if room is None or room.get(j.queue, 0) > 0]
         return min(fits, key=_claim_order) if fits else None
 
+    def outranks(self, priority: int) -> bool:
+        """Whether a job of `priority` would run before some job claimed ahead (or none is)."""
+        return not self._waiting or priority > min(j.priority for j in self._waiting.values())
+
     def start(self, job_id: str) -> Lease:
         """Its task was handed to a worker."""
         self._running[job_id] = self._waiting.pop(job_id)

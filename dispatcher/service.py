@@ -207,7 +207,11 @@ class Dispatcher:
             inserted.get("task"), inserted.get("queue")
         ):
             return  # a new job this dispatcher would never claim
-        self.claimer.due_at(fields.get("run_at") or (inserted or {}).get("run_at"))
+        priority = (inserted or {}).get("priority")
+        self.claimer.due_at(
+            fields.get("run_at") or (inserted or {}).get("run_at"),
+            priority if isinstance(priority, int) else None,
+        )
 
     # -- one attempt -----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from common.events import Event, emit
 from common.models import Doc, JobSpec
 from common.settings import Settings
 from common.store import JobStore, Submitted
+from ingest.counts import JobCounts
 
 # Responses served, by (method, route, status code); shared by the middleware and /metrics.
 RequestCounts = Counter[tuple[str, str, int]]
@@ -38,6 +39,7 @@ class ApiState:
     core: ClientCore
     requests: RequestCounts
     started: float  # time.monotonic() at start, for brook_api_up_seconds
+    counts: JobCounts  # jobs by queue and status, for /metrics and /queues
 
 
 async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submitted]:
@@ -63,6 +65,7 @@ async def open_state(
     store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
     # The API accepts its own tasks, and those a live dispatcher runs.
     directory = TaskDirectory(store, lambda: known_tasks, open_while_none_live=False)
+    counts = JobCounts(store)
     submits: GroupCommit[JobSpec, Submitted] = GroupCommit(
         lambda specs: _submit_batch(store, specs)
     )
@@ -82,7 +85,10 @@ async def open_state(
         known_tasks=known_tasks,
         client=client,
         store=store,
-        core=ClientCore(store, directory, submit_one=submits.submit),
+        core=ClientCore(
+            store, directory, submit_one=submits.submit, count_by_queue=counts.by_queue
+        ),
         requests=requests,
         started=time.monotonic(),
+        counts=counts,
     )

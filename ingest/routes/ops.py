@@ -36,8 +36,9 @@ async def readyz(state: State) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(state: State) -> PlainTextResponse:
-    """Prometheus text: jobs by status, requests by route and code, uptime."""
+    """Prometheus text: jobs by status (counted in the background, `ingest.counts`),
+    requests by route and code, uptime."""
     text = render(
-        await state.store.count_by_status(), state.requests, time.monotonic() - state.started
+        await state.counts.by_status(), state.requests, time.monotonic() - state.started
     )
     return PlainTextResponse(text, media_type=CONTENT_TYPE)
