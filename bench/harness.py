@@ -159,15 +159,18 @@ def role_env(
 
 
 class RoleProcess:
-    """One `python -m brook.cli ROLE` child in its own session, its output in a log file."""
+    """One `python -m brook.cli ROLE` child in its own session, its output in a log file.
+    `BROOK_BENCH_BROOK` names another `brook` executable to run instead (an A/B against
+    another checkout, its own venv)."""
 
     def __init__(self, role: str, env: Mapping[str, str], log_path: Path) -> None:
         self.role = role
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        other = os.environ.get("BROOK_BENCH_BROOK")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "brook.cli", role],
+            [other, role] if other else [sys.executable, "-m", "brook.cli", role],
             env=dict(env),
             cwd=ROOT,
             stdout=self._log,
