@@ -502,7 +502,14 @@ class JobStore:
             query["queue"] = queue
         if after is not None:
             query["_id"] = {"$lt": after}
-        docs = await self.jobs.find(query).sort("_id", DESCENDING).limit(limit + 1).to_list()
+        cursor = self.jobs.find(query).sort("_id", DESCENDING).limit(limit + 1)
+        filters = [name for name in ("status", "task", "queue") if name in query]
+        if len(filters) == 1:
+            # Named, so the plan never depends on the cache: with a million pending jobs,
+            # weighing the claim indexes (which hold them all) against this one, on every
+            # replanning, is what would make the first page slow.
+            cursor = cursor.hint(f"list_{filters[0]}")
+        docs = await cursor.to_list()
         jobs = [Job.from_doc(d) for d in docs[:limit]]
         nxt = jobs[-1].id if len(docs) > limit else None
         return jobs, nxt
