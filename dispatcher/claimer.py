@@ -31,9 +31,6 @@ MAX_BATCH = 64
 # Claims pause while this many finished tasks still wait for their outcome write (MongoDB
 # is slower to take completions than the workers are to produce them).
 MAX_FINISHING = 256
-# Offsets measured by `ServerClock.sync` that differ by less than this are noise (the
-# server's clock reads in whole milliseconds, the round trip splits unevenly).
-CLOCK_STEP_S = 0.025
 
 StartJob = Callable[[Job], None]
 NextDue = Callable[[], Awaitable[datetime | None]]
@@ -59,12 +56,17 @@ class ServerClock:
         before = time.time()
         server = await self.store.server_now()
         after = time.time()
-        measured = server.replace(tzinfo=server.tzinfo or UTC).timestamp() - (before + after) / 2
-        # The offset stays put through measurement noise, so the start and end times this
-        # dispatcher stamps stay in order; a real step of either clock is followed at once.
-        if not self._synced or abs(measured - self.offset) > CLOCK_STEP_S:
-            self.offset = measured
+        # The server read its clock (in whole milliseconds) at some moment between `before`
+        # and `after`: the offset lies in [lo, hi]. It moves only when outside that range,
+        # and only as far as its edge, so a slow round trip (a loaded host) never shifts
+        # it, and the start and end times this dispatcher stamps stay in order.
+        stamp = server.replace(tzinfo=server.tzinfo or UTC).timestamp()
+        lo, hi = stamp - after, stamp + 0.001 - before
+        if not self._synced:
+            self.offset = (lo + hi) / 2
             self._synced = True
+        elif not lo <= self.offset <= hi:
+            self.offset = min(max(self.offset, lo), hi)
 
 
 class DueTimer:
@@ -237,8 +239,11 @@ class Claimer:
             # or news of work wakes us again.
             return False
         seen = self._signals
-        self._urgent = False
-        results = {target: await self._claim_for(target, room) for target, room in rooms.items()}
+        urgent, self._urgent = self._urgent, False
+        results = {
+            target: await self._claim_for(target, 1 if urgent else room)
+            for target, room in rooms.items()
+        }
         filled = all(all(got) for got in results.values())
         self._batch = min(self._batch * 2, MAX_BATCH) if filled else 1
         if self._signals == seen:  # news while we claimed: a dry target may not be dry
@@ -255,7 +260,8 @@ class Claimer:
 
     async def _claim_for(self, target: Target, room: int) -> list[bool | None]:
         # Claims in flight together overlap their round trips. Start with one and double
-        # while every claim finds a job (a backlog); one event then costs one claim.
+        # while every claim finds a job (a backlog); one event then costs one claim. A job
+        # that outranks all claimed ahead is claimed alone: one round trip, the quickest.
         n = min(room, self._batch)
         return [await self._claim_one(target)] if n == 1 else await self._claim_batch(target, n)
 
