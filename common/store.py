@@ -748,7 +748,9 @@ class JobStore:
 
     async def release(self, lease: Lease, owner: str) -> Job:
         """Graceful shutdown: hand a running job back at once. The interrupted attempt is not
-        the job's fault, so it is not counted; the worker was stopped before this write."""
+        the job's fault, so it is not counted; the worker was stopped before this write (or
+        the job was only claimed ahead). It keeps its `run_at`: it was due when claimed, so
+        it is due now, in its place in the claim order (and a scheduled job keeps its tick)."""
         cancelled = {"$eq": ["$cancel_requested", True]}
         status = {"$cond": [cancelled, JobStatus.CANCELLED.value, P]}
         return await self._fenced(
@@ -757,7 +759,6 @@ class JobStore:
             {
                 "status": status,
                 "attempts": {"$cond": [cancelled, "$attempts", {"$add": ["$attempts", -1]}]},
-                "run_at": NOW,
                 "finished_at": {"$cond": [cancelled, NOW, None]},
                 "expire_at": {"$cond": [cancelled, _expiry(self.retention_s), "$$REMOVE"]},
                 "updated_at": NOW,

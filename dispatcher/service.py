@@ -28,7 +28,6 @@ import secrets
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from typing import Any
 
 from common.events import Event, emit, job_fields
@@ -290,10 +289,7 @@ class Dispatcher:
         """The task's start and end on the server's clock (as read here), and its run time,
         from the moments the runner sent the job and saw it end, not from when this
         coroutine got to run again: the worker may have started its next job meanwhile."""
-        now = time.monotonic()
-        ended = outcome.ended if outcome.ended is not None else now
+        ended = outcome.ended if outcome.ended is not None else time.monotonic()
         started = outcome.started if outcome.started is not None else ended
-        finished_at = self.clock.now_dt() - timedelta(seconds=now - ended)
-        elapsed = ended - started
-        started_at = finished_at - timedelta(seconds=elapsed)
-        return RunTimes(started_at=started_at, finished_at=finished_at), elapsed
+        ran = RunTimes(started_at=self.clock.stamp(started), finished_at=self.clock.stamp(ended))
+        return ran, ended - started

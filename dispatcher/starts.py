@@ -12,8 +12,7 @@ unavailable MongoDB is dropped, and the outcome writes the start anyway.
 from __future__ import annotations
 
 import asyncio
-import time
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from pymongo.errors import PyMongoError
 
@@ -39,8 +38,7 @@ class StartMarks:
         return asyncio.get_running_loop().call_later(MARK_AFTER_S, self._due, lease, started)
 
     def _due(self, lease: Lease, started: float) -> None:
-        at = self.clock.now_dt() - timedelta(seconds=time.monotonic() - started)
-        self._pending[lease.job_id] = (lease, at)
+        self._pending[lease.job_id] = (lease, self.clock.stamp(started))
         if self._writer is None or self._writer.done():
             self._writer = self._spawn(self._drain(), "start-marks")
 
