@@ -26,6 +26,7 @@ from common.events import Event, emit
 from common.models import Job
 from common.settings import Settings
 from common.store import JobStore
+from common.supervision import spawn_logged
 from dispatcher.holdings import Holdings
 
 MAX_BATCH = 64
@@ -167,6 +168,8 @@ class Claimer:
         self._dry: set[Target] = set()
         self._batch = 1
         self._urgent = False  # news of a job that outranks all claimed ahead
+        self._claiming = False  # a look's claims are in flight
+        self._jump: asyncio.Task[None] | None = None  # an urgent claim beside them
 
     def runs(self, task: object, queue: object) -> bool:
         """Whether a job of this task in this queue is one this dispatcher would claim."""
@@ -180,16 +183,29 @@ class Claimer:
         self._dry.clear()
         self._wake.set()
 
-    def due_at(self, run_at: datetime | None, priority: int | None = None) -> None:
+    def due_at(
+        self, run_at: datetime | None, priority: int | None = None, queue: str | None = None
+    ) -> None:
         """A job became pending: look now, or when it is due. A due job that outranks every
-        job claimed ahead is claimed at the next free room, not when the buffer would next
-        be refilled."""
+        job claimed ahead is claimed at once, alone, even while a batch claim is in flight
+        (one such claim at a time, so the dispatcher holds at most one job over its slots
+        plus prefetch), not when the buffer would next be refilled."""
         if run_at is not None and run_at.timestamp() > self.clock.now() + 0.002:
             self.timer.at(run_at.timestamp())
             return
         if priority is not None and self.holdings.outranks(priority):
             self._urgent = True
+            if self._claiming and (self._jump is None or self._jump.done()):
+                self._jump = spawn_logged(self._claim_urgent(queue), "urgent-claim")
         self.signal()
+
+    async def _claim_urgent(self, queue: str | None) -> None:
+        target = queue if self.queues is not None else None
+        slots = self.settings.worker_slots if self.queues is None else self.queues.get(queue or "")
+        if slots is None or self._stopping:
+            return
+        if self.holdings.active(target) < slots + self.settings.prefetch_for(slots):
+            await self._claim_one(target)
 
     def sweep_done(self) -> None:
         """The slow path looked too: claim what no event announced, re-arm the timer."""
@@ -251,10 +267,14 @@ class Claimer:
             return False
         seen = self._signals
         urgent, self._urgent = self._urgent, False
-        results = {
-            target: await self._claim_for(target, 1 if urgent else room)
-            for target, room in rooms.items()
-        }
+        self._claiming = True
+        try:
+            results = {
+                target: await self._claim_for(target, 1 if urgent else room)
+                for target, room in rooms.items()
+            }
+        finally:
+            self._claiming = False
         filled = all(all(got) for got in results.values())
         self._batch = min(self._batch * 2, MAX_BATCH) if filled else 1
         if self._signals == seen:  # news while we claimed: a dry target may not be dry

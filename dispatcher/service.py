@@ -207,9 +207,11 @@ class Dispatcher:
         ):
             return  # a new job this dispatcher would never claim
         priority = (inserted or {}).get("priority")
+        queue = (inserted or {}).get("queue")
         self.claimer.due_at(
             fields.get("run_at") or (inserted or {}).get("run_at"),
             priority if isinstance(priority, int) else None,
+            queue if isinstance(queue, str) else None,
         )
 
     # -- one attempt -----------------------------------------------------------------------
@@ -224,6 +226,9 @@ class Dispatcher:
             priority=job.priority,
             lag_ms=round((self.clock.now() - job.run_at.timestamp()) * 1000, 2),
         )
+        if self._closing:  # a claim that was in flight when the shutdown began
+            self._stop(job.id, "shutdown")
+            return
         if self.holdings.cancel_was_seen(job.id):
             self.leases.cancel(job.id)
         self._hand_off()

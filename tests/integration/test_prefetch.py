@@ -266,3 +266,22 @@ async def test_a_job_whose_lease_is_lost_while_claimed_ahead_is_dropped_unstarte
         await wait_for(lambda: count_is(store, {"_id": {"$in": others}, "status": "completed"}, 4))
     assert ahead[0] not in runner.started
     assert (await store.get(ahead[0])).owner == "someone-else"
+
+
+async def test_a_job_that_outranks_all_claimed_ahead_starts_next(
+    settings: Settings, store: JobStore
+) -> None:
+    settings = settings.model_copy(update={"prefetch": 8})
+    runner = HeldRunner(2)
+    async with dispatcher(settings, store, runner):
+        await warm_up(store, runner)
+        await submit(store, 30)
+        await wait_for(lambda: _at_least(store, 6))
+        urgent = (await store.submit(JobSpec(task="noop", payload={}, priority=5))).job.id
+        await wait_for(lambda: store.jobs.find_one({"_id": urgent, "status": "running"}))
+        # Claimed while the buffer held lower jobs: the first worker to free takes it.
+        for job_id in list(runner.running)[:1]:
+            runner.finish(job_id)
+        await wait_for(lambda: urgent in runner.running)
+        assert await held(store) <= 2 + 8 + 1
+    assert runner.most_at_once == 2
