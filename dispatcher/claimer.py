@@ -204,7 +204,10 @@ class Claimer:
         slots = self.settings.worker_slots if self.queues is None else self.queues.get(queue or "")
         if slots is None or self._stopping:
             return
-        if self.holdings.active(target) < slots + self.settings.prefetch_for(slots):
+        # Only while claiming ahead at all, and at most one over: a batch in flight fills
+        # at most the room there was when it was sent.
+        extra = self.holdings.ahead(slots, self.settings.prefetch_for(slots))
+        if extra > 0 and self.holdings.active(target) <= slots + extra:
             await self._claim_one(target)
 
     def sweep_done(self) -> None:

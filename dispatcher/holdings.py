@@ -75,8 +75,9 @@ class Holdings:
         return min(fits, key=_claim_order) if fits else None
 
     def outranks(self, priority: int) -> bool:
-        """Whether a job of `priority` would run before some job claimed ahead (or none is)."""
-        return not self._waiting or priority > min(j.priority for j in self._waiting.values())
+        """Whether a job of `priority` would run before some job claimed ahead (False when
+        none is: then it has nothing to jump over)."""
+        return bool(self._waiting) and priority > min(j.priority for j in self._waiting.values())
 
     def start(self, job_id: str) -> Lease:
         """Its task was handed to a worker."""
