@@ -65,9 +65,6 @@ class Holdings:
         self._waiting[job.id] = job
         return lease
 
-    def lease(self, job_id: str) -> Lease | None:
-        return self._leases.get(job_id)
-
     def next_waiting(self, room: dict[str, int] | None) -> Job | None:
         """The best waiting job (claim order: priority, then due time), among the queues
         that have a free slot (`room`: free slots by queue; None: any queue)."""
@@ -140,9 +137,6 @@ class Holdings:
     def is_running(self, job_id: str) -> bool:
         """Whether the job is held and not yet finishing (waiting or running)."""
         return job_id in self._leases
-
-    def in_worker(self, job_id: str) -> bool:
-        return job_id in self._running
 
     # -- cancel requests that may arrive before the claim's answer ---------------------------
 
