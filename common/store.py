@@ -785,7 +785,10 @@ class JobStore:
         ]
 
     async def requeue_expired(self, lease: ExpiredLease, retry_delay_s: float) -> Job:
-        """Watchdog: the holder of this lease died or froze; count the attempt and retry or fail."""
+        """Watchdog: the holder of this lease died or froze; count the attempt and retry or
+        fail. An attempt whose task is not known to have started (no `started_at`: it was
+        claimed ahead, or started under MARK_AFTER_S before) keeps its number, the fencing
+        token, but does not use up the job's attempts: `max_attempts` grows by one."""
         return await self._end_attempt(
             {
                 "_id": lease.job_id,
@@ -796,6 +799,7 @@ class JobStore:
             },
             {"type": "LeaseExpired", "message": f"lease of {lease.owner} expired"},
             retry_delay_s,
+            unstarted_free=True,
         )
 
     async def cancel_requested(self, owner: str, job_ids: Sequence[str]) -> list[str]:
@@ -1004,15 +1008,22 @@ class JobStore:
         *,
         final: bool = False,
         ran: RunTimes | None = None,
+        unstarted_free: bool = False,
     ) -> Job:
         cancelled = {"$eq": ["$cancel_requested", True]}
         ended: Any = NOW if ran is None else ran.finished_at
         started = {} if ran is None else {"started_at": ran.started_at}
         retry = {"$and": [{"$not": [final]}, {"$lt": ["$attempts", "$max_attempts"]}]}
         again = {"$eq": ["$status", P]}
+        free: list[dict[str, Any]] = []
+        if unstarted_free:
+            unstarted = {"$eq": [{"$ifNull": ["$started_at", None]}, None]}
+            grown = {"$cond": [unstarted, {"$add": ["$max_attempts", 1]}, "$max_attempts"]}
+            free = [{"$set": {"max_attempts": grown}}]
         doc = await self.jobs.find_one_and_update(
             query,
             [
+                *free,
                 {
                     "$set": {
                         "status": {

@@ -352,3 +352,25 @@ async def test_index_rebuild_is_safe_when_several_processes_start_at_once(store:
     await asyncio.gather(*[store.ensure_indexes() for _ in range(4)])
     info = await store.jobs.index_information()
     assert info["due"]["partialFilterExpression"] == {"status": "pending"}
+
+
+async def test_an_expired_lease_on_a_job_never_started_does_not_use_up_its_attempts(
+    store: JobStore,
+) -> None:
+    await store.submit(spec(max_attempts=1))
+    await store.submit(spec(max_attempts=1))
+    ahead = await store.claim(OWNER, 30)  # claimed ahead: its task never started
+    ran = await store.claim(OWNER, 30)
+    assert ahead and ran
+    await store.mark_started(OWNER, [(Lease(job_id=ran.id, attempt=1), datetime.now(UTC))])
+    for job in (ahead, ran):
+        await expire_now(store, job.id)
+    for lease in await store.expired():
+        await store.requeue_expired(lease, retry_delay_s=0)
+    retried = await store.get(ahead.id)
+    assert retried.status == JobStatus.PENDING and retried.max_attempts == 2
+    assert retried.attempts == 1  # the fencing token still moved on
+    failed = await store.get(ran.id)  # its task had started: the attempt counts
+    assert failed.status == JobStatus.FAILED and failed.error and failed.error["type"] == "LeaseExpired"
+    again = await store.claim("next-owner", 30)
+    assert again is not None and again.id == ahead.id and again.attempts == 2
