@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint install bench clean down status
+.PHONY: up test lint install bench clean down status browser
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,8 +18,19 @@ install: $(STAMP)
 up: $(STAMP)
 	$(BIN)/brook up
 
+## The browser tests drive Debian's Chromium through its chromedriver; install them if missing
+## (as root, or through sudo). Nothing downloads a browser of its own.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+		echo "installing Debian's chromium and chromium-driver for the browser tests"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null \
+		|| echo "WARNING: could not install chromium chromium-driver: the browser tests will fail" >&2; \
+	fi
+
 ## Run the whole test suite against a real replica set.
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
 
 lint: $(STAMP)

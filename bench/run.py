@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import scale
+from bench.events import enable_post_images, events_fanout
 from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
 from bench.scenarios import (
@@ -51,13 +52,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--scenario",
         choices=[
-            "latency", "throughput", "batch", "probe", "all",
+            "latency", "throughput", "batch", "probe", "events", "all",
             "enqueue", "startup", "drain", "backlog",
         ],
         default="all",
     )
     p.add_argument("--sizes", default="0,100000,1000000", help="backlog: pending jobs, each run")
     p.add_argument("--jobs", type=int, default=5000, help="throughput, batch: jobs per variant")
+    p.add_argument("--sse-clients", type=int, default=200, help="events: SSE clients")
     p.add_argument("--rate", type=float, default=20.0, help="latency: submissions per second")
     p.add_argument("--duration", type=float, default=30.0, help="latency: seconds of submitting")
     p.add_argument(
@@ -231,10 +233,15 @@ def summarize(results: dict[str, Any]) -> str:
             _cpu_note(th.get("resources", {}), th["jobs"]),
             _log_note(th["logs"]),
         ]
-    if "throughput_backlog" in results:
-        tb = results["throughput_backlog"]
+    for key, note in (
+        ("throughput_backlog", ""),
+        ("throughput_backlog_post_images", " with post-images on (as an API turns them on)"),
+    ):
+        if key not in results:
+            continue
+        tb = results[key]
         lines += [
-            f"throughput/backlog: {tb['jobs']} noop jobs pre-inserted "
+            f"throughput/backlog{note}: {tb['jobs']} noop jobs pre-inserted "
             f"({tb['preload']['jobs_per_s']:.0f} jobs/s via JobStore.submit); {_anoms(tb)}",
             f"  {tb['jobs_per_s']:.0f} jobs/s (first claim → last finished "
             f"{tb['first_claim_to_last_finish_s']:.2f} s)   target ≥{TARGET_JOBS_PER_S:g}: "
@@ -244,6 +251,19 @@ def summarize(results: dict[str, Any]) -> str:
             f"{tb['max_running_at_once']}/{tb['concurrency']}",
             _cpu_note(tb.get("resources", {}), tb["jobs"]),
             _log_note(tb["logs"]),
+        ]
+    if "events_fanout" in results:
+        ev = results["events_fanout"]
+        api_cpu = ev.get("resources", {}).get("groups", {}).get("api", {})
+        lines += [
+            f"events: {ev['clients']} SSE clients on one API, {ev['rate']:g} jobs/s for "
+            f"{ev['duration_s']:g} s = {ev['jobs']} noop jobs; events missing "
+            f"{ev['events_missing']} of {ev['events_expected']}",
+            f"  submit ack → pending event at every client ms  "
+            f"{_d(ev['insert_ack_to_pending_event_ms'])}",
+            f"  submit ack → completed event ms                "
+            f"{_d(ev['insert_ack_to_completed_event_ms'])}",
+            f"  API CPU {api_cpu.get('share_of_one_core', 0) * 100:.0f}% of one core",
         ]
     if "batch_submit" in results:
         bs = results["batch_submit"]
@@ -307,6 +327,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     (
                         "throughput_backlog",
                         lambda: throughput_backlog(ctx, args.jobs, args.preload_in_flight),
+                    )
+                )
+                plan.append(
+                    (
+                        "throughput_backlog_post_images",
+                        lambda: throughput_backlog(
+                            ctx, args.jobs, args.preload_in_flight, prepare=enable_post_images
+                        ),
+                    )
+                )
+            if args.scenario in ("events", "all"):
+                plan.append(
+                    (
+                        "events_fanout",
+                        lambda: events_fanout(ctx, args.sse_clients, args.rate, args.duration),
                     )
                 )
             if args.scenario in ("batch", "all"):

@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -413,9 +413,15 @@ async def _store_ceiling(settings: Settings, jobs: int) -> dict[str, Any]:
     return out
 
 
-def throughput_backlog(ctx: Context, jobs: int, in_flight: int) -> dict[str, Any]:
-    db = ctx.new_db("backlog")
+def throughput_backlog(
+    ctx: Context, jobs: int, in_flight: int, *, prepare: Callable[[str, str], None] | None = None
+) -> dict[str, Any]:
+    """A backlog of `jobs` drained by one dispatcher; `prepare(uri, db)` runs first (say,
+    turning on the post-images an API turns on)."""
+    db = ctx.new_db("backlog" if prepare is None else "backlog_prepared")
     settings = Settings(mongo_uri=ctx.deployment.uri, db=db)
+    if prepare is not None:
+        prepare(ctx.deployment.uri, db)
     preload_s = asyncio.run(_preload(settings, jobs, in_flight))
     with ctx.roles(db, "throughput-backlog", api=False) as roles:
         # Measure from the first claim on: worker start-up is not part of the drain.

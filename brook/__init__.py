@@ -7,6 +7,7 @@ from brook.client import AsyncClient, Client
 from common.errors import (
     BrookError,
     InvalidInput,
+    InvalidSession,
     JobConflict,
     JobNotFound,
     WaitTimeout,
@@ -19,6 +20,7 @@ __all__ = [
     "BrookError",
     "Client",
     "InvalidInput",
+    "InvalidSession",
     "Job",
     "JobConflict",
     "JobNotFound",

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from common.backoff import exponential
 from common.errors import BrookError
@@ -18,6 +20,9 @@ from common.events import Event, emit
 from common.settings import Settings, load_settings
 from common.status import TERMINAL, JobStatus
 from common.validation import MAX_BATCH
+
+if TYPE_CHECKING:
+    from brook.replset import ReplicaSet
 
 JsonObject = dict[str, Any]  # a JSON object as the API sends it
 
@@ -37,6 +42,14 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     from executor.registry import load_tasks
     from ingest.app import create_app
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit:  # a second SIGTERM / Ctrl-C: stop now, whatever is pending
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                os._exit(130)
+            super().handle_exit(sig, frame)
+
     configure_logging(settings.log_level, role="api")
     app = create_app(settings, set(load_tasks(settings)))
     config = uvicorn.Config(
@@ -46,10 +59,13 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
         log_config=None,
         access_log=False,
         lifespan="on",
+        # Requests still waiting on MongoDB when the grace period ends are cancelled.
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
     )
-    server = uvicorn.Server(config)
+    server = Server(config)
     server.run()
-    return 0 if server.started else 1
+    crashed = getattr(app.state, "crashed", False)  # a background task died: see its log
+    return 0 if server.started and not crashed else 1
 
 
 def cmd_dispatcher(settings: Settings, _: argparse.Namespace) -> int:
@@ -65,78 +81,157 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
     """Replica set (unless BROOK_MONGO_URI is set) + API + dispatcher, in the foreground.
 
     Ctrl-C / SIGTERM at any moment stops everything this command started, in order:
-    the dispatcher first (it hands running jobs back), then the API, then the replica set.
+    the dispatcher first (it hands running jobs back), then the API, then the replica set,
+    within the grace period + 5 s whatever the state of MongoDB. A second signal stops at
+    once. The roles die with this process even when it is SIGKILLed (PR_SET_PDEATHSIG).
     """
     from brook.replset import ReplicaSet
     from common.log import configure_logging
 
     configure_logging(settings.log_level, role="up")
-    stop = {"signal": 0}
-
-    def on_signal(signum: int, _: Any) -> None:
-        stop["signal"] = signum
-
     # Handlers first: the children run in their own sessions, so Ctrl-C reaches only this
     # process, which then stops them in a safe order.
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    signals = _Signals()
+    signals.install()
     env = dict(os.environ)
     started_rs: ReplicaSet | None = None
     children: dict[str, subprocess.Popen[bytes]] = {}
     code = 0
     try:
-        if settings.mongo_uri is None:
-            rs = ReplicaSet(home=settings.home, base_port=settings.mongo_port)
-            if not rs.running():
-                started_rs = rs
-            t0 = time.monotonic()
-            uri = rs.up()
-            emit(
-                Event.MONGO_UP,
-                uri=uri,
-                seconds=round(time.monotonic() - t0, 2),
-                members=rs.member_states(),
-            )
-            env["BROOK_MONGO_URI"] = uri
-        cmd = [sys.executable, "-m", "brook.cli"]
+        with signals.interruptible():  # start-up can wait on mongod for a minute
+            if settings.mongo_uri is None:
+                rs = ReplicaSet(home=settings.home, base_port=settings.mongo_port)
+                if not rs.running():
+                    started_rs = rs
+                t0 = time.monotonic()
+                uri = rs.up()
+                emit(
+                    Event.MONGO_UP,
+                    uri=uri,
+                    seconds=round(time.monotonic() - t0, 2),
+                    members=rs.member_states(),
+                )
+                env["BROOK_MONGO_URI"] = uri
 
-        def spawn(role: str) -> subprocess.Popen[bytes]:
-            return subprocess.Popen([*cmd, role], env=env, start_new_session=True)
+            def spawn(role: str) -> subprocess.Popen[bytes]:
+                return _spawn_role(role, env)
 
-        for role in ("dispatcher", "api"):
-            if stop["signal"]:
-                break
-            children[role] = spawn(role)
-        if not stop["signal"]:
+            for role in ("dispatcher", "api"):
+                children[role] = spawn(role)
             emit(
                 Event.UP_STARTED,
                 api=f"http://{settings.api_host}:{settings.api_port}",
                 pids={r: p.pid for r, p in children.items()},
             )
-            code = _supervise(children, spawn, stop)
+        code = _supervise(children, spawn, signals)
+    except _Interrupted:
+        pass
     finally:
-        emit(Event.UP_STOPPING, signal=stop["signal"] or None)
-        _stop_children(children, settings.shutdown_grace_seconds + 30)
+        emit(Event.UP_STOPPING, signal=signals.first_name)
+        grace_ends = (signals.first_at or time.monotonic()) + settings.shutdown_grace_seconds
+        _stop_children(children, signals, grace_ends + ROLE_MARGIN_S)
         if started_rs is not None:
-            started_rs.down()
+            _stop_replset(started_rs, signals, grace_ends + MONGO_MARGIN_S)
             emit(Event.MONGO_DOWN)
         emit(Event.UP_STOPPED)
-    return code
+    return 130 if signals.count > 1 else code
 
 
 RESTART_LIMIT = 5  # restarts of one role within RESTART_WINDOW_S before `up` gives up
 RESTART_WINDOW_S = 60.0
+# After a signal, `up` is done within the grace period + 5 s whatever MongoDB does: a role
+# still running ROLE_MARGIN_S after the grace period is killed (a dispatcher that cannot
+# reach MongoDB to hand its jobs back leaves them to lease expiry), and the replica set
+# `up` started is down MONGO_MARGIN_S after it.
+ROLE_MARGIN_S = 3.0
+MONGO_MARGIN_S = 4.0
+HURRY_S = 1.0  # after a second signal: how long the roles get to exit before SIGKILL
+PR_SET_PDEATHSIG = 1
+
+
+class _Interrupted(Exception):
+    """A signal arrived while `up` was starting."""
+
+
+class _Signals:
+    """SIGINT/SIGTERM for `up`. The handler only records them (the loops poll), except while
+    `interruptible()`, where the first one raises `_Interrupted` to abort start-up."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[int, float]] = []
+        self._raise = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum: int, _: Any) -> None:
+        self.received.append((signum, time.monotonic()))
+        if self._raise:
+            self._raise = False
+            raise _Interrupted
+
+    @property
+    def count(self) -> int:
+        return len(self.received)
+
+    @property
+    def first_at(self) -> float | None:
+        return self.received[0][1] if self.received else None
+
+    @property
+    def first_name(self) -> str | None:
+        return signal.Signals(self.received[0][0]).name if self.received else None
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        if self.received:
+            raise _Interrupted
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
+
+
+def _spawn_role(role: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start a role in its own session (Ctrl-C reaches only `up`, which stops the roles in
+    order) that dies with `up`, even when `up` is SIGKILLed: no orphan keeps the API port."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "brook.cli", role],
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent_hook(),
+    )
+
+
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """The child side of PR_SET_PDEATHSIG, prepared in the parent (the child between fork
+    and exec should only make the system call). The signal fires when the *thread* that
+    forked exits: `up` forks from its main thread only."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # `up` died before the call: do not outlive it
+            os._exit(1)
+
+    return hook
 
 
 def _supervise(
     children: dict[str, subprocess.Popen[bytes]],
-    spawn: Any,
-    stop: dict[str, int],
+    spawn: Callable[[str], subprocess.Popen[bytes]],
+    signals: _Signals,
 ) -> int:
     """Restart a role that dies (a killed dispatcher's jobs come back after lease expiry);
     give up, stopping everything, if one keeps dying."""
     restarts: dict[str, list[float]] = {role: [] for role in children}
-    while not stop["signal"]:
+    while not signals.count:
         for role, proc in list(children.items()):
             if proc.poll() is None:
                 continue
@@ -162,9 +257,9 @@ def _supervise(
                 restart_in_s=delay,
             )
             deadline = now + delay
-            while time.monotonic() < deadline and not stop["signal"]:
+            while time.monotonic() < deadline and not signals.count:
                 time.sleep(0.1)
-            if stop["signal"]:
+            if signals.count:
                 break
             restarts[role] = [*recent, time.monotonic()]
             children[role] = spawn(role)
@@ -173,18 +268,58 @@ def _supervise(
     return 0
 
 
-def _stop_children(children: dict[str, subprocess.Popen[bytes]], timeout: float) -> None:
+def _stop_children(
+    children: dict[str, subprocess.Popen[bytes]], signals: _Signals, deadline: float
+) -> None:
+    """SIGTERM every role and wait for them; a role still running at `deadline` is killed.
+    A second signal is passed on (a role's second signal stops it at once), and what is
+    still running HURRY_S later is killed."""
+    # Stopping because a role kept dying (no signal yet): the first signal is the second.
+    hurry_at = 2 if signals.count else 1
+    hurried = False
     for proc in children.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for role, proc in children.items():
-        try:
-            proc.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            emit(Event.UP_KILL, level="error", role=role, pid=proc.pid)
-            proc.kill()
-            proc.wait()
+    while True:
+        alive = {role: proc for role, proc in children.items() if proc.poll() is None}
+        if not alive:
+            return
+        if not hurried and signals.count >= hurry_at:
+            hurried = True
+            for proc in alive.values():
+                proc.send_signal(signal.SIGTERM)
+            deadline = min(deadline, time.monotonic() + HURRY_S)
+        if time.monotonic() >= deadline:
+            for role, proc in alive.items():
+                emit(Event.UP_KILL, level="error", role=role, pid=proc.pid)
+                proc.kill()
+            for proc in alive.values():
+                proc.wait()
+            return
+        time.sleep(0.05)
+
+
+def _stop_replset(rs: ReplicaSet, signals: _Signals, deadline: float) -> None:
+    """Stop the members of the replica set `up` started, all at once (each shuts down
+    cleanly on SIGTERM within a second or so); one still running at `deadline` (frozen,
+    say) is killed. After a second signal they are only told to stop."""
+    from brook.replset import pid_alive
+
+    pids = [pid for pid in (rs.pid(i) for i in range(rs.members)) if pid is not None]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    while any(pid_alive(pid) for pid in pids):
+        if signals.count > 1:
+            return
+        if time.monotonic() >= deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            while any(pid_alive(pid) for pid in pids):
+                time.sleep(0.05)
+            return
+        time.sleep(0.05)
 
 
 def cmd_mongo(settings: Settings, args: argparse.Namespace) -> int:
@@ -262,9 +397,11 @@ def _spec(args: argparse.Namespace) -> JsonObject:
         "priority": args.priority,
         "max_attempts": args.max_attempts,
     }
-    for key in ("run_at", "timeout_s", "idempotency_key"):
+    for key in ("run_at", "timeout_s", "idempotency_key", "depends_on"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
+    if args.run_on_parent_failure:
+        body["run_on_parent_failure"] = True
     return body
 
 
@@ -289,24 +426,33 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
-    """Follow the job until it is terminal, showing its status and progress on stderr."""
+    """Follow the job's event stream (no polling) until it is terminal, showing its status
+    and progress on stderr; a cut stream is resumed with Last-Event-ID."""
     from brook.job_view import job_view
+    from brook.watching import StreamFailed, follow
 
-    deadline = time.monotonic() + timeout
-    delay = 0.01
     view = job_view()
+    latest = job
+
+    def on_event(kind: str, data: JsonObject) -> bool:
+        nonlocal latest
+        if kind == "job":
+            latest = data
+            view.update(data)
+        return str(latest["status"]) in TERMINAL
+
     try:
         view.update(job)
-        while job["status"] not in TERMINAL:
-            if time.monotonic() > deadline:
-                die(f"job {job['id']} still {job['status']} after {timeout}s")
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.25)  # progress is written up to ~4 times a second
-            job = _api(settings, "GET", f"/jobs/{job['id']}")
-            view.update(job)
+        done = follow(
+            settings, f"/jobs/{job['id']}/events", on_event, deadline=time.monotonic() + timeout
+        )
+    except StreamFailed as exc:
+        die(str(exc))
     finally:
         view.close()
-    return job
+    if not done or latest["status"] not in TERMINAL:
+        die(f"job {job['id']} still {latest['status']} after {timeout}s")
+    return latest
 
 
 def _submit_count(settings: Settings, spec: JsonObject, count: int) -> int:
@@ -321,6 +467,27 @@ def _submit_count(settings: Settings, spec: JsonObject, count: int) -> int:
         out = _api(settings, "POST", "/jobs/batch", {"jobs": [spec] * n})
         print("\n".join(job["id"] for job in out["jobs"]))
         left -= n
+    return 0
+
+
+def cmd_watch(settings: Settings, args: argparse.Namespace) -> int:
+    """Print each event as it happens: one job's until it ends, or every matching job's."""
+    from brook.watching import StreamFailed, event_line, follow
+
+    def on_event(kind: str, data: JsonObject) -> bool:
+        if kind == "reset":
+            print(f"# reset: {data.get('reason')}", file=sys.stderr, flush=True)
+            return False
+        print(json.dumps(data) if args.json else event_line(data), flush=True)
+        return args.id is not None and str(data["status"]) in TERMINAL
+
+    given = {"status": args.status, "task": args.task, "queue": args.queue}
+    params = {k: v for k, v in given.items() if v is not None}
+    path = f"/jobs/{args.id}/events" if args.id else "/events"
+    try:
+        follow(settings, path, on_event, params=params or None)
+    except StreamFailed as exc:
+        die(str(exc))
     return 0
 
 
@@ -397,6 +564,13 @@ def cmd_queue_ls(settings: Settings, _: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="brook", description="Event-driven job engine on MongoDB.")
     sub = p.add_subparsers(dest="command", required=True)
+    _role_commands(sub)
+    _submit_command(sub)
+    _job_commands(sub)
+    return p
+
+
+def _role_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub.add_parser("up", help="replica set + API + dispatcher in the foreground").set_defaults(
         fn=cmd_up
     )
@@ -407,6 +581,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mongo", help="the embedded local replica set")
     m.add_argument("action", choices=["up", "down", "status"])
     m.set_defaults(fn=cmd_mongo)
+
+
+def _submit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser("submit", help="submit a job")
     s.add_argument("task")
     s.add_argument("--payload", default="{}", help="JSON object")
@@ -417,6 +594,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", dest="timeout_s", type=float)
     s.add_argument("--idempotency-key", dest="idempotency_key")
     s.add_argument(
+        "--depends-on",
+        dest="depends_on",
+        action="append",
+        metavar="ID",
+        help="a parent job: this one waits until it completed (repeat for several)",
+    )
+    s.add_argument(
+        "--run-on-parent-failure",
+        dest="run_on_parent_failure",
+        action="store_true",
+        help="with --depends-on: run once every parent ended, even if one failed",
+    )
+    s.add_argument(
         "--wait",
         action="store_true",
         help="wait and print the result (status and progress on stderr: a bar on a terminal)",
@@ -426,6 +616,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--count", type=int, default=1, help="submit N copies through the batch endpoint"
     )
     s.set_defaults(fn=cmd_submit)
+
+
+def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st = sub.add_parser("status", help="show a job")
     st.add_argument("id")
     st.set_defaults(fn=cmd_status)
@@ -436,6 +629,13 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--after", metavar="ID", help="the page after this job (the `# more:` hint)")
     ls.set_defaults(fn=cmd_ls)
+    w = sub.add_parser("watch", help="stream job events as they happen (one job, or all)")
+    w.add_argument("id", nargs="?", help="one job: its events until it ends")
+    w.add_argument("--status", choices=sorted(s.value for s in JobStatus))
+    w.add_argument("--task")
+    w.add_argument("--queue")
+    w.add_argument("--json", action="store_true", help="print each job as one JSON line")
+    w.set_defaults(fn=cmd_watch)
     c = sub.add_parser("cancel", help="cancel a job")
     c.add_argument("id")
     c.set_defaults(fn=cmd_cancel)
@@ -449,7 +649,6 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("queue", help="the queues")
     qs = q.add_subparsers(dest="queue_command", required=True)
     qs.add_parser("ls", help="each queue with its jobs by status").set_defaults(fn=cmd_queue_ls)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,14 @@ of the same name on a private event-loop thread.
     with Client() as client:
         job = client.submit("echo", {"x": 1})
         print(client.wait(job.id, timeout=30).result)
+
+Wrapping the application's own client, jobs are inserted inside its transactions:
+
+    app = MongoClient(uri)
+    brook = Client(mongo_client=app)
+    with app.start_session() as s, s.start_transaction():
+        app.shop.orders.insert_one(order, session=s)
+        brook.submit("send_receipt", {"order": order["_id"]}, session=s)
 """
 
 from __future__ import annotations
@@ -17,12 +25,13 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, MongoClient
 
-from common.blocking import Coro, LoopThread, T, blocking
-from common.core import ClientCore
-from common.db import database, make_client
+from common.blocking import Coro, LoopThread, T, blocking, blocking_or_in_session
+from common.core import BlockingSessions, ClientCore, Submitting
+from common.db import database, make_client, sync_database
 from common.directory import TaskDirectory
+from common.errors import InvalidSession
 from common.models import Doc
 from common.settings import Settings, load_settings
 from common.store import JobStore
@@ -42,30 +51,51 @@ class AsyncClient(ClientCore):
     """Submit, read, cancel, retry and wait for jobs from asyncio code.
 
     `uri` and `db` default to `BROOK_MONGO_URI` (unset: the embedded replica set) and
-    `BROOK_DB`. Use it from one event loop (the one of its first call), and `close()` it,
-    or use `async with`.
+    `BROOK_DB`. Or give it your application's own `AsyncMongoClient` as `mongo_client`:
+    then `submit(..., session=s)` and `submit_many(..., session=s)` insert jobs inside your
+    transaction on that client, and `close()` leaves your client open. Use it from one
+    event loop (the one of its first call), and `close()` it, or use `async with`.
     """
 
-    def __init__(self, uri: str | None = None, db: str | None = None) -> None:
-        settings = _settings(uri, db)
-        self._open(settings, make_client(settings, appname="brook-client"))
+    def __init__(
+        self,
+        uri: str | None = None,
+        db: str | None = None,
+        *,
+        mongo_client: AsyncMongoClient[Any] | None = None,
+    ) -> None:
+        if mongo_client is None:
+            settings = _settings(uri, db)
+            self._open(settings, make_client(settings, appname="brook-client"), owned=True)
+            return
+        if uri is not None:
+            raise TypeError("give uri or mongo_client, not both")
+        if not isinstance(mongo_client, AsyncMongoClient):
+            raise TypeError(
+                f"AsyncClient wraps a pymongo AsyncMongoClient, not {type(mongo_client).__name__}"
+                " (for a MongoClient, use brook.Client)"
+            )
+        self._open(_settings(None, db), mongo_client, owned=False)
 
-    def _open(self, settings: Settings, mongo: AsyncMongoClient[Doc]) -> None:
+    def _open(self, settings: Settings, mongo: AsyncMongoClient[Doc], *, owned: bool) -> None:
         store = JobStore(database(mongo, settings), retention_s=settings.retention_seconds)
         super().__init__(store, TaskDirectory(store, registered, open_while_none_live=True))
         self.settings = settings
         self._mongo = mongo
+        self._owned = owned
 
     @classmethod
     def _wrap(cls, settings: Settings, mongo: AsyncMongoClient[Doc]) -> AsyncClient:
         """A client on a given `AsyncMongoClient` (tests pass one with a command listener);
         closing this client closes that one."""
         client = cls.__new__(cls)
-        client._open(settings, mongo)
+        client._open(settings, mongo, owned=True)
         return client
 
     async def close(self) -> None:
-        await self._mongo.close()
+        """Close Brook's own MongoDB client; an application's (`mongo_client=`) stays open."""
+        if self._owned:
+            await self._mongo.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -81,34 +111,81 @@ class AsyncClient(ClientCore):
 
 class Client:
     """`AsyncClient`, blocking: the same methods, arguments and errors, returning results
-    instead of coroutines. `close()` it, or use `with`."""
+    instead of coroutines. `close()` it, or use `with`.
 
-    def __init__(self, uri: str | None = None, db: str | None = None) -> None:
-        self._inner = AsyncClient(uri, db)
+    With `mongo_client` (your application's `MongoClient`), `submit(..., session=s)` and
+    `submit_many(..., session=s)` insert jobs inside your transaction, on your client and
+    in your thread. The other calls (and submits without a session) go through Brook's
+    async core on a companion `AsyncMongoClient` with your client's settings, opened on
+    first use; `close()` closes that one and leaves yours open.
+    """
+
+    def __init__(
+        self,
+        uri: str | None = None,
+        db: str | None = None,
+        *,
+        mongo_client: MongoClient[Any] | None = None,
+    ) -> None:
+        self._inner: AsyncClient | None = None
+        self._sessions: BlockingSessions | None = None
+        self._app: MongoClient[Any] | None = None
+        if mongo_client is None:
+            self._inner = AsyncClient(uri, db)
+            self._settings = self._inner.settings
+        else:
+            if uri is not None:
+                raise TypeError("give uri or mongo_client, not both")
+            if not isinstance(mongo_client, MongoClient):
+                raise TypeError(
+                    f"Client wraps a pymongo MongoClient, not {type(mongo_client).__name__}"
+                    " (for an AsyncMongoClient, use brook.AsyncClient)"
+                )
+            self._settings = _settings(None, db)
+            self._app = mongo_client
+            self._sessions = BlockingSessions(
+                mongo_client, sync_database(mongo_client, self._settings), registered
+            )
         self._thread = LoopThread("brook-client")
 
     @property
     def settings(self) -> Settings:
-        return self._inner.settings
+        return self._settings
 
     def _target(self) -> AsyncClient:
+        if self._inner is None:
+            assert self._app is not None
+            # The same deployment, credentials and options as the application's client
+            # (pymongo keeps the arguments it was built with, for its own copies).
+            companion: AsyncMongoClient[Doc] = AsyncMongoClient(**self._app._init_kwargs)
+            self._inner = AsyncClient._wrap(self._settings, companion)
         return self._inner
+
+    def _session_target(self) -> Submitting:
+        if self._sessions is None:
+            raise InvalidSession(
+                "this Client has its own MongoClient, so no session of yours belongs to it: "
+                "wrap yours to submit inside your transactions, Client(mongo_client=...)"
+            )
+        return self._sessions
 
     def _block(self, coro: Coro[T]) -> T:
         return self._thread.run(coro)
 
-    submit = blocking(ClientCore.submit)
-    submit_many = blocking(ClientCore.submit_many)
+    submit = blocking_or_in_session(Submitting.submit)
+    submit_many = blocking_or_in_session(Submitting.submit_many)
     get = blocking(ClientCore.get)
     list = blocking(ClientCore.list)
     queues = blocking(ClientCore.queues)
     cancel = blocking(ClientCore.cancel)
     retry = blocking(ClientCore.retry)
     wait = blocking(ClientCore.wait)
+    parent_results = blocking(ClientCore.parent_results)
 
     def close(self) -> None:
         try:
-            self._thread.run(self._inner.close())
+            if self._inner is not None:
+                self._thread.run(self._inner.close())
         finally:
             self._thread.stop()
 

@@ -17,6 +17,7 @@ from typing import NoReturn
 from common.db import database, make_client
 from common.events import Event, emit
 from common.log import configure_logging
+from common.metrics import serve_metrics
 from common.runner import Runner
 from common.schedules import Schedule
 from common.settings import Settings
@@ -52,9 +53,12 @@ async def serve_dispatcher(
     dispatcher = Dispatcher(settings, store, pool, tasks, schedules)
     pool.on_free = dispatcher.wake
     pool.on_progress = dispatcher.on_progress
+    metrics = serve_metrics(settings)
     try:
         await dispatcher.run(stop)  # it starts the pool alongside its own start-up
     finally:
+        if metrics is not None:
+            metrics.close()
         await pool.close(CLOSE_S)
         try:
             # Ending server sessions needs a primary; never wait long for one.

@@ -41,6 +41,20 @@ def run_on(loop: asyncio.AbstractEventLoop, coro: Coro[T]) -> T:
         raise
 
 
+def drive(coro: Coro[T]) -> T:
+    """Run to its end, here and without an event loop, a coroutine that never suspends: one
+    whose awaits are all blocking calls dressed as coroutines (`common.transactions.SyncTxOps`).
+    So code written once, async, also runs on a blocking pymongo session, whose calls block
+    and belong to the caller's thread."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    coro.close()
+    raise RuntimeError("a coroutine run without an event loop tried to suspend")
+
+
 class LoopThread:
     """An event loop running forever on a daemon thread."""
 
@@ -81,6 +95,14 @@ class BlockingHost(Protocol[C_co]):
 
 class DelegatingHost(Protocol[C_co]):
     def _target(self) -> C_co: ...
+
+
+class SessionHost(Protocol[C_co]):
+    def _target(self) -> C_co: ...
+
+    def _block(self, coro: Coro[T]) -> T: ...
+
+    def _session_target(self) -> C_co: ...
 
 
 class blocking(Generic[C, P, T]):
@@ -130,6 +152,36 @@ class delegating(Generic[C, P, T]):
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
             return await fn(host._target(), *args, **kwargs)
+
+        functools.update_wrapper(call, fn)
+        return call
+
+
+class blocking_or_in_session(Generic[C, P, T]):
+    """`name = blocking_or_in_session(Core.method)`: as `blocking`, except that a call given a
+    `session=` (a blocking pymongo `ClientSession`, in the caller's transaction) runs
+    `Core.method(obj._session_target(), ...)` right here, on the caller's thread (`drive`):
+    that session's calls block, and it belongs to the caller, not to an event loop."""
+
+    def __init__(self, fn: Callable[Concatenate[C, P], Coro[T]]) -> None:
+        self.fn = fn
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Self: ...
+
+    @overload
+    def __get__(self, obj: SessionHost[C], owner: type) -> Callable[P, T]: ...
+
+    def __get__(self, obj: SessionHost[C] | None, owner: type) -> Self | Callable[P, T]:
+        if obj is None:
+            return self
+        fn = self.fn
+        host = obj
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            if kwargs.get("session") is not None:
+                return drive(fn(host._session_target(), *args, **kwargs))
+            return host._block(fn(host._target(), *args, **kwargs))
 
         functools.update_wrapper(call, fn)
         return call

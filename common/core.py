@@ -4,28 +4,48 @@
 coroutines on a private event-loop thread (`common.blocking`); a task's `ctx.submit` uses
 the core of its worker process; the HTTP API submits and retries through it too. So every
 surface validates, checks task names, writes and logs the same way.
+
+`submit` and `submit_many` take a `session=` (a caller's transaction): `Submitting` writes
+them once for every client, and `BlockingSessions` runs that same code with a blocking
+`ClientSession`, on the caller's thread (`common.transactions`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
+from pymongo import MongoClient
+from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import PyMongoError
+from pymongo.synchronous.client_session import ClientSession
+from pymongo.synchronous.database import Database
 
 from common.backoff import Backoff
 from common.db import is_transient
+from common.dependents import recheck, settle
 from common.directory import TaskDirectory
-from common.errors import JobNotFound, WaitTimeout
+from common.errors import InvalidInput, JobNotFound, WaitTimeout
 from common.events import Event, emit, job_fields
-from common.models import DEFAULT_QUEUE, Job, JobSpec
+from common.models import DEFAULT_QUEUE, Doc, Job, JobSpec
 from common.status import TERMINAL, JobStatus
 from common.store import JobStore, Submitted
+from common.transactions import (
+    AsyncTxOps,
+    SyncJobs,
+    TxOps,
+    TxSession,
+    check_session,
+    stage_jobs,
+)
 from common.validation import validate_batch, validate_spec
+from common.workflows import external_parents, unknown_parents_detail
+
+NO_TX_WORKFLOWS = "depends_on cannot be used with session= (submit the dependents after the commit)"
 
 # How long one wait on the job's change stream lasts on the server before the driver asks
 # again (a `getMore`, not a read of the job).
@@ -71,34 +91,18 @@ def _from_python(spec: object) -> object:
     return {**spec, "delay": _seconds(spec["delay"])}
 
 
-class ClientCore:
-    def __init__(
-        self,
-        store: JobStore,
-        directory: TaskDirectory,
-        *,
-        submit_one: SubmitOne | None = None,
-        count_by_queue: CountByQueue | None = None,
-    ) -> None:
-        self._store = store
-        self._directory = directory
-        # The API passes its group commit here (concurrent submits share one write), and
-        # its counts kept in memory (refreshed in the background) for `queues`.
-        self._submit_one: SubmitOne = submit_one or store.submit
-        self._count_by_queue: CountByQueue = count_by_queue or store.count_by_queue
-        self._indexed: asyncio.Future[None] | None = None
+OnStaged = Callable[["TxSession", Sequence[Submitted]], None]
 
-    async def _ensure_indexes(self) -> None:
-        """Before this client's first write: the unique index that makes idempotency keys
-        race-free must exist even if no API or dispatcher ever started (once per client)."""
-        failed = self._indexed is not None and self._indexed.done() and (
-            self._indexed.cancelled() or self._indexed.exception() is not None
-        )
-        if self._indexed is None or failed:
-            self._indexed = asyncio.ensure_future(self._store.ensure_indexes())
-        await asyncio.shield(self._indexed)
 
-    # -- submit ------------------------------------------------------------------------------
+class Submitting:
+    """`submit` and `submit_many`, written once for every kind of client. Without `session`,
+    Brook's own majority writes store the jobs (`submit_spec`, `submit_specs`); with one,
+    they are inserted inside the caller's transaction (`common.transactions`) and exist
+    only if it commits. Such jobs are not logged here (the caller commits, not Brook): a
+    worker logs those of its task's transaction once it has committed them (`on_staged`)."""
+
+    _directory: TaskDirectory
+    on_staged: OnStaged | None = None
 
     async def submit(
         self,
@@ -115,11 +119,16 @@ class ClientCore:
         unique_for_s: float | None = None,
         retention_s: float | None = None,
         depends_on: Sequence[str] | None = None,
+        run_on_parent_failure: bool = False,
+        session: TxSession | None = None,
     ) -> Job:
         """Submit one job and return it (the existing job for a known `idempotency_key`).
         `run_at` may be naive (read as UTC); `delay` (seconds or a `timedelta`) is counted
-        on the server's clock. Invalid input raises `InvalidInput`, whose `detail` is the
-        API's `422` detail."""
+        on the server's clock. With `depends_on` (job ids) it is `waiting` until every
+        parent completed (or ended, with `run_on_parent_failure`). Invalid input raises
+        `InvalidInput`, whose `detail` is the API's `422` detail. With `session` (in a
+        transaction, on the client this one wraps), the job is inserted in that
+        transaction: it exists only if the transaction commits."""
         spec = validate_spec(
             {
                 "task": task,
@@ -134,31 +143,117 @@ class ClientCore:
                 "unique_for_s": unique_for_s,
                 "retention_s": retention_s,
                 "depends_on": None if depends_on is None else list(depends_on),
+                "run_on_parent_failure": run_on_parent_failure,
             }
         )
+        if session is not None:
+            return (await self.submit_in(session, [spec], batch=False))[0].job
         return (await self.submit_spec(spec)).job
 
-    async def submit_many(self, specs: Sequence[Mapping[str, Any]]) -> JobList:
+    async def submit_many(
+        self, specs: Sequence[Mapping[str, Any]], *, session: TxSession | None = None
+    ) -> JobList:
         """Submit up to 1,000 jobs, each a dict shaped like the HTTP spec, in one write; all
-        or nothing (an `InvalidInput` names the bad spec's index), results in spec order."""
+        or nothing (an `InvalidInput` names the bad spec's index), results in spec order.
+        With `session`, inside that transaction, as `submit`."""
         batch = validate_batch({"jobs": [_from_python(s) for s in specs]})
+        if session is not None:
+            return [s.job for s in await self.submit_in(session, batch, batch=True)]
         return [s.job for s in await self.submit_specs(batch)]
 
+    async def submit_in(
+        self, session: TxSession, specs: Sequence[JobSpec], *, batch: bool
+    ) -> Submissions:
+        """Validated specs, inserted with the caller's session (refused unless it is in a
+        transaction, on the client this one wraps); nothing is logged. Workflows are not
+        staged in a transaction (their parents are marked and re-checked outside it)."""
+        for i, spec in enumerate(specs):
+            if spec.depends_on:
+                loc: list[object] = ["jobs", i, "depends_on"] if batch else ["depends_on"]
+                raise InvalidInput(
+                    [{"loc": loc, "msg": NO_TX_WORKFLOWS, "type": "unsupported_with_session"}]
+                )
+        ops = self._session_ops(session)
+        await self._directory.check(specs, batch=batch)
+        await self._ensure_indexes()
+        staged = await stage_jobs(ops, specs)
+        if self.on_staged is not None:
+            self.on_staged(session, staged)
+        return staged
+
     async def submit_spec(self, spec: JobSpec) -> Submitted:
-        """A validated spec: check its task, insert it, log it."""
+        raise NotImplementedError
+
+    async def submit_specs(self, specs: Sequence[JobSpec]) -> Submissions:
+        raise NotImplementedError
+
+    def _session_ops(self, session: TxSession) -> TxOps:
+        raise NotImplementedError
+
+    async def _ensure_indexes(self) -> None:
+        raise NotImplementedError
+
+
+class ClientCore(Submitting):
+    def __init__(
+        self,
+        store: JobStore,
+        directory: TaskDirectory,
+        *,
+        submit_one: SubmitOne | None = None,
+        count_by_queue: CountByQueue | None = None,
+        on_staged: OnStaged | None = None,
+    ) -> None:
+        self._store = store
+        self._directory = directory
+        # The API passes its group commit here (concurrent submits share one write), and
+        # its counts kept in memory (refreshed in the background) for `queues`.
+        self._submit_one: SubmitOne = submit_one or store.submit
+        self._count_by_queue: CountByQueue = count_by_queue or store.count_by_queue
+        self._indexed: asyncio.Future[None] | None = None
+        self.on_staged = on_staged
+
+    async def _ensure_indexes(self) -> None:
+        """Before this client's first write: the unique index that makes idempotency keys
+        race-free must exist even if no API or dispatcher ever started (once per client)."""
+        failed = self._indexed is not None and self._indexed.done() and (
+            self._indexed.cancelled() or self._indexed.exception() is not None
+        )
+        if self._indexed is None or failed:
+            self._indexed = asyncio.ensure_future(self._store.ensure_indexes())
+        await asyncio.shield(self._indexed)
+
+    def _session_ops(self, session: TxSession) -> TxOps:
+        own = check_session(session, self._store.db.client, AsyncClientSession)
+        return AsyncTxOps(self._store.jobs, own)
+
+    # -- submit ------------------------------------------------------------------------------
+
+    async def submit_spec(self, spec: JobSpec) -> Submitted:
+        """A validated spec: check its task (and parents), insert it, log it."""
+        if spec.depends_on:
+            # Not through the API's group commit: its parents make it a workflow write.
+            [submitted] = await self.submit_specs([spec], batch=False)
+            return submitted
         await self._directory.check([spec], batch=False)
         await self._ensure_indexes()
         submitted = await self._submit_one(spec)
-        _log_submitted(submitted)
+        log_submitted(submitted)
         return submitted
 
-    async def submit_specs(self, specs: Sequence[JobSpec]) -> Submissions:
-        """Validated specs, all or nothing: check every task first, then one write."""
-        await self._directory.check(specs, batch=True)
+    async def submit_specs(self, specs: Sequence[JobSpec], *, batch: bool = True) -> Submissions:
+        """Validated specs, all or nothing: check every task and parent first, then one
+        write. Jobs with parents that ended already are settled before this returns."""
+        await self._directory.check(specs, batch=batch)
+        missing = await self._store.missing_jobs(external_parents(specs))
+        if missing:
+            raise InvalidInput(unknown_parents_detail(specs, missing, batch=batch))
         await self._ensure_indexes()
         out = await self._store.submit_many(specs)
         for submitted in out:
-            _log_submitted(submitted)
+            log_submitted(submitted)
+        if any(spec.depends_on for spec in specs):
+            out = await recheck(self._store, out, via="submit")
         return out
 
     # -- read ----------------------------------------------------------------------------------
@@ -186,6 +281,11 @@ class ClientCore:
         )
         return jobs
 
+    async def parent_results(self, job_id: str) -> dict[str, Any]:
+        """`{parent id: result}` for the job's `depends_on`, in that order (`null` for a
+        parent that did not complete; a parent deleted meanwhile is left out)."""
+        return await self._store.parent_results(job_id)
+
     async def queues(self) -> Sequence[QueueInfo]:
         """Every queue that holds jobs, with its job counts by status (one aggregation)."""
         counts = await self._count_by_queue()
@@ -194,19 +294,40 @@ class ClientCore:
     # -- change one job ------------------------------------------------------------------------
 
     async def cancel(self, job_id: str) -> Job:
-        """A pending job is cancelled at once; a running one is stopped by its dispatcher
-        (`cancel_requested` until then). `JobConflict` for a finished job."""
+        """A waiting or pending job is cancelled at once (and its dependents, which this
+        settles); a running one is stopped by its dispatcher (`cancel_requested` until
+        then). `JobConflict` for a finished job."""
         job = await self._store.cancel(job_id)
         cancelled = job.status == JobStatus.CANCELLED
         _emit(Event.JOB_CANCELLED if cancelled else Event.JOB_CANCEL_REQUESTED, job)
+        if cancelled and job.has_dependents:
+            await settle(self._store, [job.id], via="cancel")
         return job
 
     async def retry(self, job_id: str) -> Job:
         """A failed or cancelled job back to `pending` with its attempt budget renewed and its
-        history kept; `JobConflict` for any other state."""
-        job = await self._store.retry(job_id)
-        _emit(Event.JOB_RETRIED, job, max_attempts=job.max_attempts)
+        history kept; `JobConflict` for any other state. A job with parents that have not
+        all completed goes back to `waiting` for them (and, if one of them failed, is
+        cancelled again at once: retry that parent first)."""
+        waiting_on = await self._parents_not_completed(job_id)
+        if waiting_on:  # marked before and after, as for a submit (`JobStore.submit_many`)
+            await self._store.attach_dependents(waiting_on)
+        job = await self._store.retry(job_id, waiting_on)
+        _emit(Event.JOB_RETRIED, job, max_attempts=job.max_attempts, status=job.status.value)
+        if waiting_on:
+            await self._store.attach_dependents(waiting_on)
+            [again] = await recheck(self._store, [Submitted(job=job, created=False)], via="retry")
+            job = again.job
         return job
+
+    async def _parents_not_completed(self, job_id: str) -> Sequence[str]:
+        # A completed job stays completed (only failed or cancelled ones can be retried),
+        # so the parents found completed here need no waiting for.
+        parents = (await self._store.get(job_id)).depends_on
+        if not parents:
+            return []
+        completed = {p.job_id for p in await self._store.ended_parents(parents) if p.completed}
+        return [p for p in parents if p not in completed]
 
     # -- wait ----------------------------------------------------------------------------------
 
@@ -247,6 +368,32 @@ class ClientCore:
                 await asyncio.sleep(backoff.next())  # failover: open again, read again
 
 
+
+class BlockingSessions(Submitting):
+    """`submit` and `submit_many` with a blocking session (a `ClientSession` of an
+    application's `MongoClient`, or of a plain `def` task's): the very code of the async
+    session path, run on the caller's thread by `common.blocking.drive`, every driver call
+    blocking. Calls without a session never come here (`blocking_or_in_session`)."""
+
+    def __init__(
+        self,
+        client: MongoClient[Doc],
+        db: Database[Doc],
+        local: Callable[[], Collection[str]],
+        *,
+        on_staged: OnStaged | None = None,
+    ) -> None:
+        self._client = client
+        self._jobs = SyncJobs(db)
+        self._directory = TaskDirectory(self._jobs, local, open_while_none_live=True)
+        self.on_staged = on_staged
+
+    def _session_ops(self, session: TxSession) -> TxOps:
+        return self._jobs.ops(check_session(session, self._client, ClientSession))
+
+    async def _ensure_indexes(self) -> None:
+        await self._jobs.ensure_indexes()
+
 def _emit(event: Event, job: Job, **fields: Any) -> None:
     # Brook's own processes configure logging; a program using the client logs Brook's
     # events only if it configured structlog itself.
@@ -254,7 +401,7 @@ def _emit(event: Event, job: Job, **fields: Any) -> None:
         emit(event, **job_fields(job), **fields)
 
 
-def _log_submitted(submitted: Submitted) -> None:
+def log_submitted(submitted: Submitted) -> None:
     job = submitted.job
     if not submitted.created:
         _emit(Event.JOB_DEDUPLICATED, job, idempotency_key=job.idempotency_key)
@@ -266,4 +413,11 @@ def _log_submitted(submitted: Submitted) -> None:
         priority=job.priority,
         run_at=job.run_at.isoformat(),
         max_attempts=job.max_attempts,
+        **_workflow(job),
     )
+
+
+def _workflow(job: Job) -> dict[str, Any]:
+    if not job.depends_on:
+        return {}
+    return {"status": job.status.value, "depends_on": job.depends_on}

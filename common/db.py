@@ -11,10 +11,12 @@ import os
 from datetime import UTC
 from typing import Any
 
-from pymongo import AsyncMongoClient
+from bson.codec_options import CodecOptions
+from pymongo import AsyncMongoClient, MongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError, WTimeoutError
 from pymongo.read_concern import ReadConcern
+from pymongo.synchronous.database import Database
 from pymongo.write_concern import WriteConcern
 
 from common.models import Doc
@@ -23,6 +25,9 @@ from common.settings import Settings
 REPLSET_NAME = "brook"
 MAJORITY = WriteConcern(w="majority")
 MAJORITY_READ = ReadConcern("majority")
+# How Brook reads its documents whatever client it is given (an application's client may
+# decode datetimes as naive ones, or documents as another class).
+CODEC: CodecOptions[Doc] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
 
 
 def embedded_ports(base_port: int) -> list[int]:
@@ -43,6 +48,18 @@ def make_client(
     settings: Settings, *, appname: str = "brook", **extra: Any
 ) -> AsyncMongoClient[Doc]:
     """Build this process's client: majority writes, majority reads, tz-aware UTC datetimes."""
+    return AsyncMongoClient(resolve_uri(settings), **_client_options(settings, appname, extra))
+
+
+def make_sync_client(
+    settings: Settings, *, appname: str = "brook", **extra: Any
+) -> MongoClient[Doc]:
+    """The blocking twin of `make_client`, for a plain `def` task's `ctx.transaction()` (a
+    blocking session must come from a blocking client); created in the process using it."""
+    return MongoClient(resolve_uri(settings), **_client_options(settings, appname, extra))
+
+
+def _client_options(settings: Settings, appname: str, extra: dict[str, Any]) -> dict[str, Any]:
     options: dict[str, Any] = {
         "w": "majority",
         "readConcernLevel": "majority",
@@ -54,11 +71,19 @@ def make_client(
         "serverSelectionTimeoutMS": settings.server_selection_timeout_ms,
     }
     options.update(extra)
-    return AsyncMongoClient(resolve_uri(settings), **options)
+    return options
 
 
 def database(client: AsyncMongoClient[Doc], settings: Settings) -> AsyncDatabase[Doc]:
-    return client.get_database(settings.db, write_concern=MAJORITY, read_concern=MAJORITY_READ)
+    return client.get_database(
+        settings.db, codec_options=CODEC, write_concern=MAJORITY, read_concern=MAJORITY_READ
+    )
+
+
+def sync_database(client: MongoClient[Doc], settings: Settings) -> Database[Doc]:
+    return client.get_database(
+        settings.db, codec_options=CODEC, write_concern=MAJORITY, read_concern=MAJORITY_READ
+    )
 
 
 async def ping(client: AsyncMongoClient[Doc], timeout_s: float = 2.0) -> bool:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Protocol
 
 from common.errors import InvalidInput
 from common.models import JobSpec
-from common.store import JobStore
+from common.store import LiveDispatcher
 from common.validation import unknown_task_detail
 
 # A name found among the live dispatchers' tasks is trusted this long without a new look;
@@ -23,10 +24,16 @@ TRUST_S = 5.0
 LOOK_AGAIN_S = 0.5
 
 
+class LiveSource(Protocol):
+    """Where the live dispatchers are read: `JobStore`, or `SyncJobs` on a blocking client."""
+
+    async def live_dispatchers(self) -> list[LiveDispatcher]: ...
+
+
 class TaskDirectory:
     def __init__(
         self,
-        store: JobStore,
+        store: LiveSource,
         local: Callable[[], Collection[str]],
         *,
         open_while_none_live: bool,

@@ -50,6 +50,11 @@ def _readable(detail: ErrorDetail) -> str:
     return "; ".join(parts)
 
 
+class InvalidSession(BrookError, ValueError):
+    """A `session=` Brook cannot write with: from another client than the one it wraps, or
+    not in a transaction."""
+
+
 class WaitTimeout(BrookError, TimeoutError):
     """`wait(id, timeout)` ran out of time before the job finished."""
 

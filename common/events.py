@@ -18,10 +18,13 @@ class Event(StrEnum):
     JOB_CANCELLED = "job.cancelled"
     JOB_CANCEL_REQUESTED = "job.cancel_requested"
     JOB_RETRIED = "job.retried"  # a caller brought a failed or cancelled job back
+    JOB_UNBLOCKED = "job.unblocked"  # waiting → pending: its parents ended
+    JOB_DEPENDENCY_FAILED = "job.dependency_failed"  # waiting → cancelled: a parent failed
     JOB_RELEASED = "job.released"
     JOB_RELEASE_FAILED = "job.release_failed"  # shutdown could not hand it back: lease expiry will
     JOB_TIMED_OUT = "job.timed_out"
     JOB_RESULT_DISCARDED = "job.result_discarded"
+    TRANSACTION_ENDED = "transaction.ended"  # a dead or killed worker's open one, by its dispatcher
     LEASE_EXPIRED = "lease.expired"
     LEASE_LOST = "lease.lost"
     WORKER_STARTED = "worker.started"
@@ -48,6 +51,10 @@ class Event(StrEnum):
     DISPATCHER_STOPPED = "dispatcher.stopped"
     DISPATCHER_CRASHED = "dispatcher.crashed"
     API_STARTED = "api.started"
+    SSE_CLIENT_DROPPED = "sse.client_dropped"  # fell too far behind; it resumes by Last-Event-ID
+    SSE_RESET = "sse.reset"  # a client's Last-Event-ID is older than the oplog: told so
+    METRICS_LISTENING = "metrics.listening"
+    METRICS_UNAVAILABLE = "metrics.unavailable"
     MONGO_UNAVAILABLE = "mongo.unavailable"
     MONGO_REFUSED = "mongo.refused"  # MongoDB rejected a write itself (e.g. too large)
     MONGO_UP = "mongo.up"

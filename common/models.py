@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +30,10 @@ class JobSpec:
     schedule: dict[str, Any] | None = None
     unique_for_s: float | None = None  # how long `idempotency_key` returns this job
     retention_s: float | None = None  # None: the deployment's BROOK_RETENTION_SECONDS
+    # Workflows: the jobs (ids, or refs of specs in the same batch) that must end first.
+    depends_on: tuple[str, ...] = ()
+    ref: str | None = None  # a name other specs of the same batch may depend on
+    run_on_parent_failure: bool = False  # run once every parent ended, however it ended
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +64,11 @@ class Job:
     schedule: dict[str, Any] | None = None  # {"name", "tick"}
     progress: dict[str, Any] | None = None  # {"fraction", "message", "at", "attempt"}
     history_truncated: int  # entries dropped from the middle of `history` by its cap
+    depends_on: list[str] = field(default_factory=list)  # parent job ids
+    parents_left: list[str] = field(default_factory=list)  # parents not ended yet (waiting)
+    ref: str | None = None
+    run_on_parent_failure: bool = False
+    has_dependents: bool = False  # some job depends on this one
 
     @property
     def job_id(self) -> str:
@@ -104,6 +113,11 @@ class Job:
             schedule=doc.get("schedule"),
             progress=doc.get("progress"),
             history_truncated=int(doc.get("history_truncated", 0)),
+            depends_on=list(doc.get("depends_on") or []),
+            parents_left=list(doc.get("parents_left") or []),
+            ref=doc.get("ref"),
+            run_on_parent_failure=bool(doc.get("run_on_parent_failure", False)),
+            has_dependents=bool(doc.get("has_dependents", False)),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -135,4 +149,8 @@ class Job:
             "schedule": self.schedule,
             "progress": self.progress,
             "history_truncated": self.history_truncated,
+            "depends_on": self.depends_on,
+            "parents_left": self.parents_left,
+            "ref": self.ref,
+            "run_on_parent_failure": self.run_on_parent_failure,
         }

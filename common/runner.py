@@ -18,11 +18,17 @@ class RunJob:
     attempt: int
     task: str
     payload: dict[str, Any]
+    # The dispatcher holding the lease: a task's own transaction (`ctx.transaction()`)
+    # writes the completion itself, fenced by attempt and this owner.
+    owner: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
-    """How an attempt ended, as the process supervisor saw it."""
+    """How an attempt ended, as the process supervisor saw it. `committed`: the task's own
+    transaction already wrote the completion (nothing is left to write). `tx_session`: the
+    server session of a transaction the attempt opened and may have left open (its worker
+    died, was killed, or could not learn its commit's outcome): end it before writing."""
 
     kind: OutcomeKind
     result: Any = None
@@ -33,6 +39,19 @@ class Outcome:
     # (`time.monotonic()`): the task's real run, whenever the caller gets to look.
     started: float | None = None
     ended: float | None = None
+    committed: bool = False
+    tx_session: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TxOpened:
+    """A running attempt opened `ctx.transaction()` on this server session (its `lsid`),
+    sent by its worker process so that the dispatcher can end the session if the worker
+    dies before it commits."""
+
+    job_id: str
+    attempt: int
+    session_id: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -60,6 +60,13 @@ class Settings(BaseSettings):
     server_selection_timeout_ms: int = Field(default=10_000, ge=100)
     dispatcher_name: str | None = None
 
+    # Watching it live: dispatcher metrics, event streams (SSE).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=9464, ge=0, le=65535)  # a dispatcher's /metrics; 0 = off
+    metrics_cache_seconds: float = Field(default=2.0, ge=0.0, le=3600.0)
+    sse_ping_seconds: float = Field(default=15.0, gt=0.0, le=3600.0)
+    sse_buffer: int = Field(default=1000, ge=1, le=1_000_000)  # events queued per SSE client
+
     @field_validator("tasks", mode="before")
     @classmethod
     def _split_tasks(cls, value: Any) -> Any:

@@ -6,6 +6,7 @@ from enum import StrEnum
 
 
 class JobStatus(StrEnum):
+    WAITING = "waiting"  # some parent (`depends_on`) has not finished yet
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -13,7 +14,9 @@ class JobStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
-ACTIVE: frozenset[JobStatus] = frozenset({JobStatus.PENDING, JobStatus.RUNNING})
+ACTIVE: frozenset[JobStatus] = frozenset(
+    {JobStatus.WAITING, JobStatus.PENDING, JobStatus.RUNNING}
+)
 TERMINAL: frozenset[JobStatus] = frozenset(
     {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED}
 )
@@ -21,6 +24,8 @@ TERMINAL: frozenset[JobStatus] = frozenset(
 # (from, to) pairs the engine performs on its own: a job's life from submit to its end.
 TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
     {
+        (JobStatus.WAITING, JobStatus.PENDING),  # every parent completed (or ended, if allowed)
+        (JobStatus.WAITING, JobStatus.CANCELLED),  # a parent failed (DependencyFailed), or cancel
         (JobStatus.PENDING, JobStatus.RUNNING),  # claim
         (JobStatus.PENDING, JobStatus.CANCELLED),  # cancel before start
         (JobStatus.RUNNING, JobStatus.COMPLETED),  # fenced completion
@@ -32,9 +37,10 @@ TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
 
 # Only a caller's explicit `retry` (`POST /jobs/{id}/retry`) brings a finished job back:
 # the engine itself never leaves a terminal status. Which finished jobs may be retried.
+# A retried job with a parent that has not completed waits for it again.
 RETRYABLE: frozenset[JobStatus] = frozenset({JobStatus.FAILED, JobStatus.CANCELLED})
 RETRIES: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
-    (status, JobStatus.PENDING) for status in RETRYABLE
+    (status, to) for status in RETRYABLE for to in (JobStatus.PENDING, JobStatus.WAITING)
 )
 
 # Every (from, to) pair the store may perform; anything else is a bug.

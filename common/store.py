@@ -11,22 +11,24 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bson import ObjectId
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument, UpdateOne
 from pymongo.asynchronous.change_stream import AsyncChangeStream
+from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
+from pymongo.errors import BulkWriteError, CollectionInvalid, DuplicateKeyError, OperationFailure
 
 from common.errors import JobConflict, JobNotFound, LeaseLost
 from common.models import DEFAULT_QUEUE, Doc, Job, JobSpec
 from common.settings import WEEK_S
 from common.status import RETRYABLE, TERMINAL, JobStatus
+from common.workflows import external_parents, parent_ids
 
 JOBS = "jobs"
 STATE = "brook_state"
@@ -45,6 +47,11 @@ LIVE_LEASES = 3
 PRESENCE_TTL_S = 86400
 
 P, R = JobStatus.PENDING.value, JobStatus.RUNNING.value
+W = JobStatus.WAITING.value
+C = JobStatus.CANCELLED.value
+ENDED = sorted(s.value for s in TERMINAL)
+# How many waiting children one settling write handles (a larger fan-out takes more).
+SETTLE_PAGE = 1000
 
 CLAIM_SORT: list[tuple[str, int]] = [
     ("priority", DESCENDING),
@@ -89,6 +96,19 @@ INDEXES = [
         [("status", ASCENDING), ("lease_expires_at", ASCENDING)],
         name="lease_expiry",
         partialFilterExpression={"status": R},
+    ),
+    # Workflows: the waiting children of a parent (the partial index holds only waiting
+    # jobs, so it costs the rest nothing) ...
+    IndexModel(
+        [("parents_left", ASCENDING)],
+        name="waiting_on",
+        partialFilterExpression={"status": W},
+    ),
+    # ... and the parents whose children are not settled yet (the sweep's backstop).
+    IndexModel(
+        [("status", ASCENDING)],
+        name="dependents_unsettled",
+        partialFilterExpression={"unsettled": {"$exists": True}},
     ),
     # Listing, newest first, by status, task or queue.
     IndexModel([("status", ASCENDING), ("_id", DESCENDING)], name="list_status"),
@@ -179,15 +199,21 @@ def _history(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def _expiry(default_retention_s: float) -> dict[str, Any]:
-    """When a job finishing now is to be deleted: its own `retention_s`, else the default."""
+    """When a job finishing now is to be deleted: its own `retention_s`, else the default.
+    Never while it is a parent whose dependents are not settled yet (`unsettled`): they
+    are to read its result. Settling them sets its `expire_at` (`mark_settled`)."""
     seconds = {"$ifNull": ["$retention_s", default_retention_s]}
-    return {"$add": [NOW, {"$toLong": {"$multiply": [seconds, 1000]}}]}
+    at = {"$add": [NOW, {"$toLong": {"$multiply": [seconds, 1000]}}]}
+    return {"$cond": [{"$eq": [{"$type": "$unsettled"}, "missing"]}, at, "$$REMOVE"]}
 
 
-def _new_job(spec: JobSpec, now: datetime | None = None) -> dict[str, Any]:
-    """A pending job's fields. Without `now`: `$set` expressions for an update pipeline, the
-    server stamping the times (`$$NOW`) and user data wrapped in `$literal`. With `now` (the
-    server's time, read just before): the same fields as a document to insert as it is."""
+def _new_job(
+    spec: JobSpec, now: datetime | None = None, parents: Sequence[str] = ()
+) -> dict[str, Any]:
+    """A new job's fields: pending, or waiting for `parents` (job ids). Without `now`: `$set`
+    expressions for an update pipeline, the server stamping the times (`$$NOW`) and user
+    data wrapped in `$literal`. With `now` (the server's time, read just before): the same
+    fields as a document to insert as it is."""
 
     def lit(value: Any) -> Any:
         return _lit(value) if now is None else value
@@ -202,10 +228,11 @@ def _new_job(spec: JobSpec, now: datetime | None = None) -> dict[str, Any]:
         run_at = lit(spec.run_at)
     elif spec.delay_s is not None:
         run_at = at(spec.delay_s * 1000)
+    status = W if parents else P
     fields: dict[str, Any] = {
         "task": lit(spec.task),
         "payload": lit(spec.payload),
-        "status": P,
+        "status": status,
         "queue": lit(spec.queue),
         "priority": spec.priority,
         "attempts": 0,
@@ -222,9 +249,10 @@ def _new_job(spec: JobSpec, now: datetime | None = None) -> dict[str, Any]:
         "owner": None,
         "lease_expires_at": None,
         "cancel_requested": False,
-        "history": [{"status": P, "at": at(), "attempt": 0}],
+        "history": [{"status": status, "at": at(), "attempt": 0}],
         "progress": None,
     }
+    fields.update(_workflow_fields(spec, parents, lit))
     if spec.idempotency_key is not None:
         fields["idempotency_key"] = lit(spec.idempotency_key)
     if spec.unique_for_s is not None:
@@ -233,6 +261,20 @@ def _new_job(spec: JobSpec, now: datetime | None = None) -> dict[str, Any]:
         fields["retention_s"] = spec.retention_s
     if spec.schedule is not None:
         fields["schedule"] = lit(spec.schedule)
+    return fields
+
+
+def _workflow_fields(
+    spec: JobSpec, parents: Sequence[str], lit: Callable[[Any], Any]
+) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if parents:
+        fields["depends_on"] = lit(list(parents))
+        fields["parents_left"] = lit(list(parents))
+    if spec.run_on_parent_failure:
+        fields["run_on_parent_failure"] = True
+    if spec.ref is not None:
+        fields["ref"] = lit(spec.ref)
     return fields
 
 
@@ -290,11 +332,14 @@ def _completed(
     }
 
 
-def _retried() -> dict[str, Any]:
-    """A finished job back to pending, with as many attempts again as it was submitted with.
-    `attempts` keeps counting: it is the fencing token, and must never be reused."""
+def _retried(waiting_on: Sequence[str]) -> dict[str, Any]:
+    """A finished job back to pending (or waiting for the parents in `waiting_on`), with as
+    many attempts again as it was submitted with. `attempts` keeps counting: it is the
+    fencing token, and must never be reused."""
+    status = W if waiting_on else P
     return {
-        "status": P,
+        "status": status,
+        "parents_left": _lit(list(waiting_on)) if waiting_on else "$$REMOVE",
         "max_attempts": {
             "$add": ["$attempts", {"$ifNull": ["$attempt_budget", "$max_attempts"]}]
         },
@@ -305,8 +350,192 @@ def _retried() -> dict[str, Any]:
         "owner": None,
         "lease_expires_at": None,
         "cancel_requested": False,
-        **_history({"status": P, "at": NOW, "attempt": "$attempts", "reason": "retry"}),
+        **_history({"status": status, "at": NOW, "attempt": "$attempts", "reason": "retry"}),
     }
+
+
+def _session_of(doc: Doc, attempt: int) -> dict[str, Any] | None:
+    """The session of the transaction this attempt opened (`transaction_opened`), if any."""
+    tx = doc.get("tx")
+    if not isinstance(tx, dict) or tx.get("attempt") != attempt:
+        return None
+    session = tx.get("session")
+    return session if isinstance(session, dict) else None
+
+
+def transaction_opened(
+    lease: Lease, session_id: Mapping[str, Any], lease_seconds: float
+) -> list[dict[str, Any]]:
+    """A running attempt is about to open its own transaction (`ctx.transaction()`); its
+    worker writes this, fenced, just before. From here until the transaction ends, nothing
+    else writes the job (heartbeats and progress pass it by, `not_in_transaction`): a write
+    to it after the transaction's snapshot would make the completion write inside it a write
+    conflict, aborting the attempt's work. So the lease is renewed once, now, for the whole
+    transaction; and the session is recorded, so that whoever requeues an abandoned attempt
+    ends that transaction first."""
+    tx = {"attempt": lease.attempt, "session": _lit(dict(session_id)), "at": NOW}
+    # A short task's start is otherwise written with its outcome, which its transaction
+    # writes: its task has started by now, so now is the closest this write can tell.
+    started = {"$ifNull": ["$started_at", NOW]}
+    return [
+        {
+            "$set": {
+                "tx": tx,
+                "lease_expires_at": _after(lease_seconds * 1000),
+                "started_at": started,
+            }
+        }
+    ]
+
+
+def transaction_closed(lease_seconds: float) -> list[dict[str, Any]]:
+    """The attempt's transaction ended without its completion (it was aborted) and the task
+    goes on: its lease is renewed by heartbeats again."""
+    return [{"$set": {"lease_expires_at": _after(lease_seconds * 1000)}}, {"$unset": "tx"}]
+
+
+def not_in_transaction(attempt: int) -> dict[str, Any]:
+    """A filter clause: this attempt has no transaction of its own open on the job."""
+    return {"tx.attempt": {"$ne": attempt}}
+
+
+def key_window_over(job_id: str, key: str | None) -> dict[str, Any]:
+    """The job holding `key` whose unique window is over (by the server's clock)."""
+    return {"_id": job_id, "idempotency_key": key, "$expr": {"$lte": ["$unique_until", NOW]}}
+
+
+def release_key(key: str | None) -> list[dict[str, Any]]:
+    """Free a key whose window is over: the old job keeps it as `released_key`."""
+    return [
+        {"$set": {"released_key": _lit(key), "updated_at": NOW}},
+        {"$unset": "idempotency_key"},
+    ]
+
+
+def new_job_upsert(job_id: str, spec: JobSpec) -> UpdateOne:
+    """Insert a pending job as an upsert on a fresh `_id`, so that the server stamps its
+    times (`$$NOW`) without a read of its clock: usable inside a transaction too."""
+    return UpdateOne({"_id": job_id}, [{"$set": _new_job(spec)}], upsert=True)
+
+
+def running_fence(lease: Lease, owner: str) -> dict[str, Any]:
+    """The filter of every write of a running attempt: its job, attempt, owner, `running`."""
+    return {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R}
+
+
+def completed_in_transaction(
+    lease: Lease, result: Any, retention_s: float, progress: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The completion write a task's own transaction makes (`ctx.transaction()`): the same
+    fields as the dispatcher's, its history entry marked, and the attempt's last progress
+    (which the worker folds in rather than send it up its pipe to race the commit)."""
+    fields = _completed(lease, result, retention_s)
+    fields.update(
+        _history(
+            {
+                "status": JobStatus.COMPLETED.value,
+                "at": NOW,
+                "attempt": lease.attempt,
+                "transaction": True,
+            }
+        )
+    )
+    fields["tx"] = "$$REMOVE"
+    if progress is not None:
+        fields["progress"] = {**{k: _lit(v) for k, v in progress.items()}, "at": NOW}
+    return [{"$set": fields}]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndedParent:
+    """A parent that ended: finished with `status`, or deleted (`status` None). `token`:
+    its `unsettled` token when read."""
+
+    job_id: str
+    status: JobStatus | None
+    token: str | None
+
+    @property
+    def completed(self) -> bool:
+        return self.status == JobStatus.COMPLETED
+
+    def failure(self) -> str:
+        """What its dependents' `DependencyFailed` error says."""
+        if self.status is None:
+            return f"parent {self.job_id} no longer exists"
+        return f"parent {self.job_id} {self.status.value}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settled:
+    """A waiting child whose status a settle changed (to `pending` or `cancelled`)."""
+
+    job_id: str
+    task: str
+    attempt: int
+    status: JobStatus
+    has_dependents: bool
+    error: dict[str, Any] | None
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> Settled:
+        return cls(
+            job_id=doc["_id"],
+            task=doc["task"],
+            attempt=int(doc.get("attempts", 0)),
+            status=JobStatus(doc["status"]),
+            has_dependents=bool(doc.get("has_dependents", False)),
+            error=doc.get("error"),
+        )
+
+
+def _settled(ended: Sequence[EndedParent], tag: str, retention_s: float) -> list[dict[str, Any]]:
+    """The pipeline that settles a waiting child of these ended parents: forget them; no
+    parent left → pending (due at the latest of its `run_at` and now); a parent that did
+    not complete → cancelled with `DependencyFailed`, unless `run_on_parent_failure`.
+    A child whose status changes is tagged with `tag` and gets one history entry."""
+    failed = [p for p in ended if not p.completed]
+    failed_ids = _lit([p.job_id for p in failed])
+    hit = {"$setIntersection": ["$parents_left", failed_ids]}
+    first = {"$arrayElemAt": [hit, 0]}
+    messages = _lit([p.failure() for p in failed])
+    message = {"$arrayElemAt": [messages, {"$indexOfArray": [failed_ids, first]}]}
+    runs_anyway = {"$eq": ["$run_on_parent_failure", True]}
+    left = {"$setDifference": ["$parents_left", _lit([p.job_id for p in ended])]}
+    cancel = {"$and": [{"$not": [runs_anyway]}, {"$gt": [{"$size": hit}, 0]}]}
+    status = {
+        "$switch": {
+            "branches": [
+                {"case": cancel, "then": C},
+                {"case": {"$eq": [{"$size": left}, 0]}, "then": P},
+            ],
+            "default": W,
+        }
+    }
+    cancelled = {"$eq": ["$status", C]}
+    released = {"$eq": ["$status", P]}
+    changed = {"$ne": ["$status", W]}
+    entry = {
+        "status": "$status",
+        "at": NOW,
+        "attempt": "$attempts",
+        "error": {"$cond": [cancelled, "DependencyFailed", "$$REMOVE"]},
+    }
+    error = {"type": "DependencyFailed", "message": message}
+    return [
+        {"$set": {"error": {"$cond": [cancel, error, "$error"]}, "status": status}},
+        {
+            "$set": {
+                "parents_left": left,
+                "finished_at": {"$cond": [cancelled, NOW, "$finished_at"]},
+                "expire_at": {"$cond": [cancelled, _expiry(retention_s), "$$REMOVE"]},
+                "run_at": {"$cond": [released, {"$max": ["$run_at", NOW]}, "$run_at"]},
+                "updated_at": NOW,
+                "settle_tag": {"$cond": [changed, tag, "$settle_tag"]},
+                **{k: {"$cond": [changed, v, f"${k}"]} for k, v in _history(entry).items()},
+            }
+        },
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,10 +546,23 @@ class Submitted:
 
 @dataclass(frozen=True, kw_only=True)
 class Lease:
-    """What a dispatcher holds: the job and the attempt number that fences its writes."""
+    """What a dispatcher holds: the job and the attempt number that fences its writes.
+    `has_dependents`: the job had dependents when it was claimed (its completion then
+    settles them; see `complete_many`)."""
 
     job_id: str
     attempt: int
+    has_dependents: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Completions:
+    """What `complete_many` did: the jobs it completed, those MongoDB refused (with the
+    reason), and which completed jobs have dependents to settle."""
+
+    done: set[str]
+    refused: dict[str, str]
+    parents: set[str]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -341,6 +583,9 @@ class ExpiredLease:
     attempt: int
     task: str
     owner: str
+    # The server session of a transaction this attempt opened (`ctx.transaction()`): the
+    # watchdog ends it before requeueing the job.
+    tx_session: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -353,6 +598,22 @@ class LiveDispatcher:
     tasks: frozenset[str]
     queues: dict[str, int] | None
     seen_at: datetime
+
+    @classmethod
+    def from_doc(cls, d: Doc) -> LiveDispatcher:
+        return cls(
+            owner=str(d["_id"]),
+            name=str(d.get("name", "")),
+            tasks=frozenset(d.get("tasks") or ()),
+            queues=d.get("queues"),
+            seen_at=d["seen_at"],
+        )
+
+
+def live_query() -> dict[str, Any]:
+    """Dispatchers seen within LIVE_LEASES of their lease length, by the server's clock."""
+    window = {"$multiply": ["$lease_seconds", LIVE_LEASES * 1000]}
+    return {"$expr": {"$gte": [{"$add": ["$seen_at", window]}, NOW]}}
 
 
 class JobStore:
@@ -399,6 +660,8 @@ class JobStore:
 
     async def submit(self, spec: JobSpec) -> Submitted:
         """Insert a pending job, majority-acknowledged; a known idempotency key returns its job."""
+        if spec.depends_on:
+            return (await self.submit_many([spec]))[0]
         for _ in range(KEY_TRIES):
             try:
                 # An upsert on a fresh _id always inserts, and lets the server stamp the times.
@@ -425,7 +688,14 @@ class JobStore:
         # One reading of the server's clock stamps the whole batch: an insert cannot evaluate
         # `$$NOW`, and an upsert per job costs the server several times more.
         now = await self.server_clock()
+        if any(spec.depends_on for spec in specs):
+            return await self._submit_workflow(specs, now)
         docs = [{"_id": str(ObjectId()), **_new_job(spec, now)} for spec in specs]
+        return await self._insert_submitted(specs, docs)
+
+    async def _insert_submitted(
+        self, specs: Sequence[JobSpec], docs: Sequence[Doc]
+    ) -> list[Submitted]:
         duplicates = await self._insert_new(docs)
         out: list[Submitted] = []
         for i, spec in enumerate(specs):
@@ -433,10 +703,68 @@ class JobStore:
                 out.append(Submitted(job=Job.from_doc(docs[i]), created=True))
                 continue
             holder = await self._key_holder(spec)
-            out.append(
-                Submitted(job=holder, created=False) if holder else await self.submit(spec)
-            )
+            if holder is None:  # the key was freed meanwhile: this spec goes in on its own
+                holder_spec = replace(spec, depends_on=tuple(docs[i].get("depends_on", ())))
+                out.append(await self.submit(holder_spec))
+            else:
+                out.append(Submitted(job=holder, created=False))
         return out
+
+    async def _submit_workflow(self, specs: Sequence[JobSpec], now: datetime) -> list[Submitted]:
+        """Specs with parents: each child goes in `waiting` for its parents (ids, or refs
+        resolved to the ids of this batch's jobs), and every parent is marked as having
+        unsettled dependents. Parents named by id are marked before the insert (a submitter
+        dying after the insert leaves them marked, so the sweep finds the children) and
+        again after it (a settle that ran in between, and cleared the mark, missed them).
+        The caller then re-checks the parents (`workflows`' `recheck`): one that ended
+        before the second mark may have settled its dependents without these."""
+        ids = [str(ObjectId()) for _ in specs]
+        parents = parent_ids(specs, ids)
+        external = external_parents(specs)
+        if external:
+            await self.attach_dependents(external)
+        docs = [{"_id": ids[i], **_new_job(spec, now, parents[i])} for i, spec in enumerate(specs)]
+        named = {p for ps in parents for p in ps}
+        token = secrets.token_hex(8)
+        for doc in docs:
+            if doc["_id"] in named:
+                doc["has_dependents"] = True
+                doc["unsettled"] = token
+        out = await self._insert_submitted(specs, docs)
+        # A parent of this batch that was deduplicated (its idempotency key names an
+        # existing job) is that job: its children here are told so.
+        adopted = {ids[i]: s.job.id for i, s in enumerate(out) if s.job.id != ids[i]}
+        adopted = {new: old for new, old in adopted.items() if new in named}
+        if adopted:
+            out = await self._adopt_parents(adopted, out)
+        if external or adopted:
+            await self.attach_dependents([*external, *adopted.values()])
+        return out
+
+    async def _adopt_parents(
+        self, adopted: Mapping[str, str], out: Sequence[Submitted]
+    ) -> list[Submitted]:
+        """Point the waiting children of never-inserted jobs (`adopted`: their id → the id
+        of the job holding their idempotency key) at the jobs that hold the keys."""
+        new, old = _lit(list(adopted)), _lit(list(adopted.values()))
+
+        def swap(field: str) -> dict[str, Any]:
+            at = {"$indexOfArray": [new, "$$p"]}
+            one = {"$cond": [{"$lt": [at, 0]}, "$$p", {"$arrayElemAt": [old, at]}]}
+            return {"$map": {"input": f"${field}", "as": "p", "in": one}}
+
+        await self.jobs.update_many(
+            {"parents_left": {"$in": list(adopted)}, "status": W},
+            [{"$set": {"depends_on": swap("depends_on"), "parents_left": swap("parents_left")}}],
+        )
+        fresh = {
+            d["_id"]: Job.from_doc(d)
+            for d in await self.jobs.find({"_id": {"$in": [s.job.id for s in out]}}).to_list()
+        }
+        return [
+            Submitted(job=fresh.get(s.job.id, s.job), created=s.created) if s.created else s
+            for s in out
+        ]
 
     async def _insert_new(self, docs: Sequence[Doc]) -> set[int]:
         """Insert these new jobs (one unordered `insert_many`); return the indexes refused
@@ -460,13 +788,8 @@ class JobStore:
             doc = await self.jobs.find_one({"idempotency_key": key})
             if doc is None or doc.get("unique_until") is None:
                 return Job.from_doc(doc) if doc is not None else None
-            window_over = {"$expr": {"$lte": ["$unique_until", NOW]}}
             released = await self.jobs.update_one(
-                {"_id": doc["_id"], "idempotency_key": key, **window_over},
-                [
-                    {"$set": {"released_key": _lit(key), "updated_at": NOW}},
-                    {"$unset": "idempotency_key"},
-                ],
+                key_window_over(doc["_id"], key), release_key(key)
             )
             if released.modified_count:
                 return None
@@ -482,6 +805,11 @@ class JobStore:
         if doc is None:
             raise JobNotFound(job_id)
         return Job.from_doc(doc)
+
+    async def get_many(self, job_ids: Collection[str]) -> dict[str, Job]:
+        """The jobs of these ids that exist, by id."""
+        docs = await self.jobs.find({"_id": {"$in": list(job_ids)}}).to_list()
+        return {d["_id"]: Job.from_doc(d) for d in docs}
 
     async def list_jobs(
         self,
@@ -628,7 +956,8 @@ class JobStore:
     async def server_now(self) -> datetime:
         hello = await self.db.client.admin.command("hello")
         now: datetime = hello["localTime"]
-        return now
+        # A wrapped application client may not decode datetimes as aware ones.
+        return now if now.tzinfo is not None else now.replace(tzinfo=UTC)
 
     async def server_clock(self) -> datetime:
         """The server's time now, read from this process's clock and an offset measured
@@ -646,17 +975,27 @@ class JobStore:
         """Extend every lease `owner` still holds in one write; return the job ids it lost."""
         if not leases:
             return set()
-        held = {
-            "owner": owner,
-            "status": R,
-            "$or": [{"_id": lease.job_id, "attempts": lease.attempt} for lease in leases],
+        ids = [{"_id": lease.job_id, "attempts": lease.attempt} for lease in leases]
+        held = {"owner": owner, "status": R, "$or": ids}
+        # An attempt with its own transaction open renewed its lease for it, and must not
+        # be written meanwhile (`transaction_opened`): it is held, not renewed.
+        renewable = {
+            **held,
+            "$or": [
+                {"_id": lease.job_id, "attempts": a, **not_in_transaction(a)}
+                for lease in leases
+                for a in [lease.attempt]
+            ],
         }
         res = await self.jobs.update_many(
-            held, [{"$set": {"lease_expires_at": _after(lease_seconds * 1000)}}]
+            renewable, [{"$set": {"lease_expires_at": _after(lease_seconds * 1000)}}]
         )
         if res.matched_count == len(leases):
             return set()
-        still = await self.jobs.find(held, projection={"_id": 1}).to_list()
+        # Not lost either: a job its attempt completed itself, in its own transaction, an
+        # instant before its worker says so.
+        done = {"status": JobStatus.COMPLETED.value, "$or": ids}
+        still = await self.jobs.find({"$or": [held, done]}, projection={"_id": 1}).to_list()
         kept = {d["_id"] for d in still}
         return {lease.job_id for lease in leases} - kept
 
@@ -666,42 +1005,96 @@ class JobStore:
         items: Sequence[tuple[Lease, Any]],
         *,
         ran: Mapping[str, RunTimes] | None = None,
-    ) -> tuple[set[str], dict[str, str]]:
+    ) -> Completions:
         """Fenced completions in one round trip (one `bulk_write`, one majority wait);
         `ran` gives the attempts' real start and end times by job id.
 
-        Returns the job ids this call (or an earlier try of it, cut off by a failover)
-        completed, and the ids MongoDB refused with the reason (e.g. a document too large).
-        A job in neither set had lost its lease: another attempt or owner holds it.
+        Says which jobs this call (or an earlier try of it, cut off by a failover)
+        completed, which ones MongoDB refused with the reason (e.g. a document too large),
+        and which completed jobs have dependents to settle. A job in neither of the first
+        two had lost its lease: another attempt or owner holds it.
         """
-        times = ran or {}
+        # One causally consistent session: after a write-concern error (the write applied on
+        # the primary but its majority wait failed) the read-back waits until the write is
+        # majority-committed (or gone), instead of reading the old state and calling the
+        # job lost when it is in fact completed.
+        async with self.db.client.start_session(causal_consistency=True) as session:
+            times = ran or {}
+            refused = await self._write_completions(owner, items, times, session)
+            if refused is None:
+                done = {lease.job_id for lease, _ in items}
+                parents = {lease.job_id for lease, _ in items if lease.has_dependents}
+                return Completions(done=done, refused={}, parents=parents)
+            docs = await self._completion_states(items, session)
+            # A completion that did not know of dependents is fenced on there being none: a
+            # child attached after the claim (its submitter saw this job still running) made
+            # it match nothing. Complete those again, knowing; the caller settles the children.
+            late = [
+                (replace(lease, has_dependents=True), result)
+                for lease, result in items
+                if (d := docs.get(lease.job_id)) is not None
+                and not lease.has_dependents
+                and d.get("has_dependents") is True
+                and (d["status"], d["attempts"], d.get("owner")) == (R, lease.attempt, owner)
+            ]
+            if late:
+                refused.update(await self._write_completions(owner, late, times, session) or {})
+                docs = await self._completion_states(items, session)
+        # Which ones are ours? A completed job with our attempt number can only be ours:
+        # every claim takes a new attempt number.
+        wanted = {lease.job_id: lease.attempt for lease, _ in items}
+        done = {
+            job_id
+            for job_id, d in docs.items()
+            if d["status"] == JobStatus.COMPLETED.value and d["attempts"] == wanted[job_id]
+        }
+        return Completions(
+            done=done,
+            refused={k: v for k, v in refused.items() if k not in done},
+            parents={job_id for job_id in done if docs[job_id].get("has_dependents") is True},
+        )
+
+    async def _write_completions(
+        self,
+        owner: str,
+        items: Sequence[tuple[Lease, Any]],
+        times: Mapping[str, RunTimes],
+        session: AsyncClientSession,
+    ) -> dict[str, str] | None:
+        """One `bulk_write` of fenced completions: None if every one matched, else the ids
+        MongoDB refused, with the reason."""
         ops = [
             UpdateOne(
-                {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
+                {
+                    "_id": lease.job_id,
+                    "attempts": lease.attempt,
+                    "owner": owner,
+                    "status": R,
+                    **({} if lease.has_dependents else {"has_dependents": {"$ne": True}}),
+                },
                 [{"$set": _completed(lease, result, self.retention_s, times.get(lease.job_id))}],
             )
             for lease, result in items
         ]
         refused: dict[str, str] = {}
         try:
-            res = await self.jobs.bulk_write(ops, ordered=False)
+            res = await self.jobs.bulk_write(ops, ordered=False, session=session)
             if res.matched_count == len(ops):
-                return {lease.job_id for lease, _ in items}, refused
+                return None
         except BulkWriteError as exc:
             for err in exc.details.get("writeErrors", []):
                 refused[items[err["index"]][0].job_id] = str(err.get("errmsg", ""))[:2000]
-        # Which ones are ours? A completed job with our attempt number can only be ours:
-        # every claim takes a new attempt number.
-        wanted = {lease.job_id: lease.attempt for lease, _ in items}
+        return refused
+
+    async def _completion_states(
+        self, items: Sequence[tuple[Lease, Any]], session: AsyncClientSession
+    ) -> dict[str, Doc]:
         docs = await self.jobs.find(
-            {"_id": {"$in": list(wanted)}}, projection={"status": 1, "attempts": 1}
+            {"_id": {"$in": [lease.job_id for lease, _ in items]}},
+            projection={"status": 1, "attempts": 1, "owner": 1, "has_dependents": 1},
+            session=session,
         ).to_list()
-        done = {
-            d["_id"]
-            for d in docs
-            if d["status"] == JobStatus.COMPLETED.value and d["attempts"] == wanted[d["_id"]]
-        }
-        return done, {k: v for k, v in refused.items() if k not in done}
+        return {d["_id"]: d for d in docs}
 
     async def fail_attempt(
         self,
@@ -723,6 +1116,22 @@ class JobStore:
             final=final,
             ran=ran,
         )
+
+    async def completed_by(self, lease: Lease) -> bool:
+        """Whether this attempt completed the job itself (in its own transaction): every claim
+        takes a new attempt number, so a job completed at this number was completed by it."""
+        doc = await self.jobs.find_one(
+            {"_id": lease.job_id, "attempts": lease.attempt, "status": JobStatus.COMPLETED.value},
+            projection={"_id": 1},
+        )
+        return doc is not None
+
+    async def kill_sessions(self, session_ids: Sequence[Mapping[str, Any]]) -> None:
+        """End these server sessions, aborting any transaction they left open (a worker that
+        died or was killed mid-transaction): its locks go at once, not at the server's
+        `transactionLifetimeLimitSeconds`, and nothing it wrote can commit afterwards."""
+        if session_ids:
+            await self.db.client.admin.command("killSessions", list(session_ids))
 
     async def cancel_running(self, lease: Lease, owner: str, *, ran: RunTimes | None = None) -> Job:
         """The holder stopped the worker of a job whose cancel was requested (`ran`: when its
@@ -774,12 +1183,16 @@ class JobStore:
         """Running jobs whose lease is over by the server's clock."""
         docs = await self.jobs.find(
             {"status": R, "$expr": {"$lt": ["$lease_expires_at", NOW]}},
-            projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1},
+            projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1, "tx": 1},
             limit=limit,
         ).to_list()
         return [
             ExpiredLease(
-                job_id=str(d["_id"]), attempt=d["attempts"], task=d["task"], owner=d["owner"]
+                job_id=str(d["_id"]),
+                attempt=d["attempts"],
+                task=d["task"],
+                owner=d["owner"],
+                tx_session=_session_of(d, d["attempts"]),
             )
             for d in docs
         ]
@@ -815,10 +1228,11 @@ class JobStore:
     # -- a caller's operations on one job --------------------------------------------------
 
     async def cancel(self, job_id: str) -> Job:
-        """Pending → cancelled at once; running → `cancel_requested` (its holder stops it)."""
+        """Waiting or pending → cancelled at once; running → `cancel_requested` (its holder
+        stops it). A cancelled parent's dependents are the caller's to settle."""
         for _ in range(5):
             doc = await self.jobs.find_one_and_update(
-                {"_id": job_id, "status": P},
+                {"_id": job_id, "status": {"$in": [W, P]}},
                 [
                     {
                         "$set": {
@@ -857,12 +1271,13 @@ class JobStore:
         if JobStatus(current["status"]) in TERMINAL:
             raise JobConflict(f"job {job_id} is already {current['status']}")
 
-    async def retry(self, job_id: str) -> Job:
+    async def retry(self, job_id: str, waiting_on: Sequence[str] = ()) -> Job:
         """A failed or cancelled job back to `pending`, due now, with its attempt budget
-        renewed and its history kept; any other state is a conflict."""
+        renewed and its history kept; any other state is a conflict. With `waiting_on`
+        (parents that have not completed) it goes back to `waiting` for them instead."""
         doc = await self.jobs.find_one_and_update(
             {"_id": job_id, "status": {"$in": sorted(s.value for s in RETRYABLE)}},
-            [{"$set": _retried()}],
+            [{"$set": _retried(waiting_on)}],
             return_document=ReturnDocument.AFTER,
         )
         if doc is not None:
@@ -971,20 +1386,8 @@ class JobStore:
 
     async def live_dispatchers(self) -> list[LiveDispatcher]:
         """Dispatchers seen within LIVE_LEASES of their lease length, by the server's clock."""
-        window = {"$multiply": ["$lease_seconds", LIVE_LEASES * 1000]}
-        docs = await self.dispatchers.find(
-            {"$expr": {"$gte": [{"$add": ["$seen_at", window]}, NOW]}}
-        ).to_list()
-        return [
-            LiveDispatcher(
-                owner=str(d["_id"]),
-                name=str(d.get("name", "")),
-                tasks=frozenset(d.get("tasks") or ()),
-                queues=d.get("queues"),
-                seen_at=d["seen_at"],
-            )
-            for d in docs
-        ]
+        docs = await self.dispatchers.find(live_query()).to_list()
+        return [LiveDispatcher.from_doc(d) for d in docs]
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -1074,7 +1477,15 @@ class JobStore:
         matches nothing. Returns the job ids written."""
         ops = [
             UpdateOne(
-                {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
+                # Not while the attempt's own transaction is open: it writes the last report
+                # with its completion (`transaction_opened`).
+                {
+                    "_id": lease.job_id,
+                    "attempts": lease.attempt,
+                    "owner": owner,
+                    "status": R,
+                    **not_in_transaction(lease.attempt),
+                },
                 [
                     {
                         "$set": {
@@ -1115,6 +1526,9 @@ class JobStore:
                     "owner": owner,
                     "status": R,
                     "started_at": None,
+                    # never into an attempt's own open transaction (a write conflict there
+                    # would abort the task's work)
+                    **not_in_transaction(lease.attempt),
                 },
                 {"$set": {"started_at": started_at}},
             )
@@ -1122,3 +1536,166 @@ class JobStore:
         ]
         if ops:
             await self.jobs.bulk_write(ops, ordered=False)
+
+    # -- workflows: when a parent ends, its waiting dependents are settled -----------------
+    #
+    # A child is inserted `waiting` with `depends_on` (its parents, for good) and
+    # `parents_left` (those not ended yet). A parent gets `has_dependents` (its completion
+    # settles its children) and `unsettled` (a token: its children may still wait on it;
+    # the sweep's backstop, and it keeps the parent from expiring). Settling a parent's
+    # children is one conditional `update_many` per page of 1,000 children, whatever the
+    # fan-out, then one write that clears the parents' `unsettled` tokens.
+
+    async def missing_jobs(self, job_ids: Collection[str]) -> set[str]:
+        """Which of these ids name no job (unknown parents)."""
+        if not job_ids:
+            return set()
+        found = await self.jobs.find(
+            {"_id": {"$in": list(job_ids)}}, projection={"_id": 1}
+        ).to_list()
+        return set(job_ids) - {d["_id"] for d in found}
+
+    async def attach_dependents(self, parent_ids: Collection[str]) -> None:
+        """Mark these jobs as parents with dependents not settled yet. A parent that ended
+        already loses its `expire_at` until they are (`mark_settled` sets it again)."""
+        await self.jobs.update_many(
+            {"_id": {"$in": list(parent_ids)}},
+            {
+                "$set": {"has_dependents": True, "unsettled": secrets.token_hex(8)},
+                "$unset": {"expire_at": ""},
+            },
+        )
+
+    async def ended_parents(self, parent_ids: Collection[str]) -> list[EndedParent]:
+        """Which of these jobs have ended: finished (with their `unsettled` token), or gone
+        (deleted), which their dependents take as a failure."""
+        docs = await self.jobs.find(
+            {"_id": {"$in": list(parent_ids)}}, projection={"status": 1, "unsettled": 1}
+        ).to_list()
+        found = {d["_id"] for d in docs}
+        ended = [
+            EndedParent(job_id=d["_id"], status=JobStatus(d["status"]), token=d.get("unsettled"))
+            for d in docs
+            if JobStatus(d["status"]) in TERMINAL
+        ]
+        gone = [
+            EndedParent(job_id=i, status=None, token=None) for i in parent_ids if i not in found
+        ]
+        return ended + gone
+
+    async def settle_children(self, ended: Sequence[EndedParent]) -> list[Settled]:
+        """The waiting children of these ended parents forget them; a child left with no
+        parent becomes `pending`, and one with a parent that did not complete becomes
+        `cancelled` (`DependencyFailed`) unless it runs on parent failure. Returns the
+        children whose status this call changed."""
+        out: list[Settled] = []
+        ids = [p.job_id for p in ended]
+        while True:
+            page = await self.jobs.find(
+                {"parents_left": {"$in": ids}, "status": W},
+                projection={"_id": 1},
+                limit=SETTLE_PAGE,
+                batch_size=SETTLE_PAGE,
+                hint="waiting_on",
+            ).to_list()
+            if not page:
+                return out
+            children = [d["_id"] for d in page]
+            tag = secrets.token_hex(8)
+            await self.jobs.update_many(
+                {"_id": {"$in": children}, "parents_left": {"$in": ids}, "status": W},
+                _settled(ended, tag, self.retention_s),
+            )
+            changed = await self.jobs.find(
+                {"_id": {"$in": children}, "settle_tag": tag},
+                projection={"task": 1, "status": 1, "attempts": 1, "has_dependents": 1, "error": 1},
+                batch_size=SETTLE_PAGE,
+            ).to_list()
+            out += [Settled.from_doc(d) for d in changed]
+            if len(page) < SETTLE_PAGE:
+                return out
+
+    async def mark_settled(self, ended: Sequence[EndedParent]) -> None:
+        """Clear the `unsettled` token of these finished parents, unless a child attached
+        since it was read (a new token), and start their retention from now."""
+        ops = [
+            UpdateOne(
+                {"_id": p.job_id, "unsettled": p.token, "status": {"$in": ENDED}},
+                [{"$unset": "unsettled"}, {"$set": {"expire_at": _expiry(self.retention_s)}}],
+            )
+            for p in ended
+            if p.token is not None
+        ]
+        if ops:
+            await self.jobs.bulk_write(ops, ordered=False)
+
+    async def unsettled_parents(self, limit: int = 1000) -> list[str]:
+        """Finished parents whose dependents were not settled (say, the dispatcher that
+        completed them died first): the sweep settles them."""
+        docs = await self.jobs.find(
+            {"unsettled": {"$exists": True}, "status": {"$in": ENDED}},
+            projection={"_id": 1},
+            limit=limit,
+            hint="dependents_unsettled",
+        ).to_list()
+        return [d["_id"] for d in docs]
+
+    async def parent_results(self, job_id: str) -> dict[str, Any]:
+        """`{parent id: its result}` for this job's parents, in `depends_on` order (a parent
+        deleted meanwhile is left out; one that failed has a null result)."""
+        doc = await self.jobs.find_one({"_id": job_id}, projection={"depends_on": 1})
+        if doc is None:
+            raise JobNotFound(job_id)
+        parents: list[str] = list(doc.get("depends_on") or [])
+        if not parents:
+            return {}
+        found = await self.jobs.find(
+            {"_id": {"$in": parents}}, projection={"result": 1}
+        ).to_list()
+        results = {d["_id"]: d.get("result") for d in found}
+        return {p: results[p] for p in parents if p in results}
+
+    # -- live events ---------------------------------------------------------------------------
+    # What the API's event streams read: post-images on the change stream, a job's raw
+    # document, and the current state after a client lost its history.
+
+    async def enable_post_images(self) -> None:
+        """Have the change stream carry each job as that change left it (a post-image), not
+        as a later lookup finds it. Idempotent; creates the collection if need be."""
+        try:
+            await self.db.command("collMod", JOBS, changeStreamPreAndPostImages={"enabled": True})
+        except OperationFailure as exc:
+            if exc.code != 26:  # NamespaceNotFound
+                raise
+            options: dict[str, Any] = {"changeStreamPreAndPostImages": {"enabled": True}}
+            try:
+                await self.db.create_collection(JOBS, **options)
+            except CollectionInvalid:  # a peer created it meanwhile
+                await self.enable_post_images()
+
+    async def job_doc(self, job_id: str) -> Doc | None:
+        """The job's stored document, fields this version's `Job` does not know included."""
+        return await self.jobs.find_one({"_id": job_id})
+
+    async def changed_since(
+        self,
+        since: datetime,
+        *,
+        job_id: str | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        status: JobStatus | None = None,
+        limit: int = 500,
+    ) -> list[Doc]:
+        """Jobs changed at or after `since`, oldest change first (a client's catch-up after its
+        history was lost; rare, and not indexed: it scans what the other filters leave)."""
+        query: dict[str, Any] = {"updated_at": {"$gte": since}}
+        if job_id is not None:
+            query["_id"] = job_id
+        if queue is not None:
+            query["queue"] = {"$in": [queue, None]} if queue == DEFAULT_QUEUE else queue
+        if task is not None:
+            query["task"] = task
+        if status is not None:
+            query["status"] = status.value
+        return await self.jobs.find(query).sort("updated_at", ASCENDING).limit(limit).to_list()

@@ -10,13 +10,15 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
+    StringConstraints,
     ValidationError,
     field_validator,
     model_validator,
@@ -26,11 +28,14 @@ from common.errors import ErrorDetail, InvalidInput
 from common.models import DEFAULT_QUEUE, JobSpec
 from common.schedules import TICK_KEY_PREFIX
 from common.settings import QUEUE_NAME
+from common.workflows import MAX_PARENTS, check_graph
 
 MAX_DEPTH = 32
 MAX_BATCH = 1000
 INT64 = (-(2**63), 2**63 - 1)
 DAY_S = 86400.0
+
+ParentName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
 class SubmitJob(BaseModel):
@@ -50,7 +55,21 @@ class SubmitJob(BaseModel):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
     unique_for_s: float | None = Field(default=None, gt=0, le=365 * DAY_S)
     retention_s: float | None = Field(default=None, ge=0, le=100 * 365 * DAY_S)
-    depends_on: list[str] | None = None
+    depends_on: list[ParentName] | None = Field(
+        default=None,
+        max_length=MAX_PARENTS,
+        description="job ids, or refs of specs in the same batch, that must end first",
+    )
+    ref: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="a name the other specs of the same batch may list in depends_on",
+    )
+    run_on_parent_failure: StrictBool = Field(
+        default=False,
+        description="run once every parent ended, even if one failed or was cancelled",
+    )
 
     @field_validator("run_at")
     @classmethod
@@ -79,10 +98,8 @@ class SubmitJob(BaseModel):
 
     @field_validator("depends_on")
     @classmethod
-    def _no_workflows_yet(cls, value: list[str] | None) -> list[str] | None:
-        if value:
-            raise ValueError("workflows are not available yet")
-        return value
+    def _each_parent_once(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else list(dict.fromkeys(value))
 
     @model_validator(mode="after")
     def _together(self) -> SubmitJob:
@@ -105,6 +122,9 @@ class SubmitJob(BaseModel):
             idempotency_key=self.idempotency_key,
             unique_for_s=self.unique_for_s,
             retention_s=self.retention_s,
+            depends_on=tuple(self.depends_on or ()),
+            ref=self.ref,
+            run_on_parent_failure=self.run_on_parent_failure,
         )
 
 
@@ -166,19 +186,25 @@ def validate_spec(data: object) -> JobSpec:
     if not isinstance(data, Mapping):
         raise InvalidInput("body must be a JSON object")
     try:
-        return SubmitJob.model_validate(data).to_spec()
+        spec = SubmitJob.model_validate(data).to_spec()
     except ValidationError as exc:
         raise InvalidInput(_errors(exc)) from None
+    check_graph([spec], batch=False)
+    return spec
 
 
 def validate_batch(data: object) -> list[JobSpec]:
-    """`{"jobs": [spec, ...]}`, all or nothing; an error's `loc` names the bad spec's index."""
+    """`{"jobs": [spec, ...]}`, all or nothing; an error's `loc` names the bad spec's index.
+    Specs may depend on each other by `ref`: a ref used twice, or a cycle, is refused here;
+    parents named by job id are checked against the store by the client core."""
     if not isinstance(data, Mapping):
         raise InvalidInput("body must be a JSON object")
     try:
-        return [job.to_spec() for job in SubmitBatch.model_validate(data).jobs]
+        specs = [job.to_spec() for job in SubmitBatch.model_validate(data).jobs]
     except ValidationError as exc:
         raise InvalidInput(_errors(exc)) from None
+    check_graph(specs, batch=True)
+    return specs
 
 
 def unknown_task(task: str, known: Collection[str]) -> str:

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pymongo.errors import PyMongoError
 
 from common.events import Event, emit
+from common.metrics import CLAIMS
 from common.models import Job
 from common.settings import Settings
 from common.store import JobStore
@@ -38,6 +39,10 @@ StartJob = Callable[[Job], None]
 NextDue = Callable[[], Awaitable[datetime | None]]
 # A claim's target: one queue, or None for "every queue" (BROOK_QUEUES unset).
 Target = str | None
+
+
+def _claimed(job: Job) -> None:
+    CLAIMS.inc()
 
 
 class ServerClock:
@@ -310,6 +315,7 @@ class Claimer:
             await self._claim_failed(exc)
             return [False]
         for job in jobs:
+            _claimed(job)
             self.start(job)
         unfilled: bool | None = None if dry else False
         return [True] * len(jobs) + [unfilled] * (n - len(jobs))
@@ -325,6 +331,7 @@ class Claimer:
             return False
         if job is None:
             return None
+        _claimed(job)
         self.start(job)
         return True
 

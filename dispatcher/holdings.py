@@ -59,7 +59,7 @@ class Holdings:
 
     def add(self, job: Job) -> Lease:
         """A claimed job: it waits for a worker."""
-        lease = Lease(job_id=job.id, attempt=job.attempts)
+        lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)
         self._jobs[job.id] = job
         self._leases[job.id] = lease
         self._waiting[job.id] = job

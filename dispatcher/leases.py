@@ -17,10 +17,12 @@ from pymongo.errors import PyMongoError
 from common.backoff import backoff_delay
 from common.errors import LeaseLost
 from common.events import Event, emit, job_fields
+from common.metrics import LEASE_RENEWALS, LEASES_EXPIRED, LEASES_LOST, count_outcome
 from common.runner import KillReason
 from common.settings import Settings
 from common.store import ExpiredLease, JobStore
 from dispatcher.claimer import ServerClock
+from dispatcher.dependents import Dependents
 from dispatcher.holdings import Holdings
 
 Kill = Callable[[str, KillReason], bool]
@@ -36,6 +38,7 @@ class LeaseKeeper:
         clock: ServerClock,
         kill: Kill,
         swept: Callable[[], None],
+        dependents: Dependents,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -44,6 +47,7 @@ class LeaseKeeper:
         self.clock = clock
         self.kill = kill
         self.swept = swept
+        self.dependents = dependents
 
     def cancel(self, job_id: str) -> None:
         """Stop the worker of a held job whose cancel was requested."""
@@ -73,6 +77,7 @@ class LeaseKeeper:
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="renew", error=str(exc)[:200])
             return
+        LEASE_RENEWALS.inc(len(leases) - len(lost))
         for job_id in lost:
             if self.holdings.is_running(job_id):
                 job = self.holdings.job(job_id)
@@ -82,6 +87,7 @@ class LeaseKeeper:
                     **(job_fields(job) if job else {"job_id": job_id}),
                     owner=self.owner,
                 )
+                LEASES_LOST.inc()
                 self.kill(job_id, "lease_lost")
 
     # -- watchdog --------------------------------------------------------------------------
@@ -99,7 +105,8 @@ class LeaseKeeper:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="sweep", error=str(exc)[:200])
 
     async def sweep(self) -> None:
-        """Requeue expired leases, stop workers of cancelled jobs, and claim due work."""
+        """Requeue expired leases, stop workers of cancelled jobs, settle the dependents of
+        parents that ended without it (their settler died), and claim due work."""
         await self.clock.sync()
         requeued = 0
         for lease in await self.store.expired():
@@ -109,17 +116,35 @@ class LeaseKeeper:
         for job_id in await self.store.cancel_requested(self.owner, held):
             self.cancel(job_id)
         self.holdings.forget_old_cancels()
-        if requeued:
-            emit(Event.SWEEP_DONE, requeued=requeued)
+        parents = await self.dependents.sweep()
+        if requeued or parents:
+            emit(Event.SWEEP_DONE, requeued=requeued, parents_settled=parents)
         self.swept()
 
     async def _requeue(self, lease: ExpiredLease) -> bool:
         s = self.settings
+        if lease.tx_session is not None:
+            # The frozen or dead holder's attempt had a transaction open (`ctx.transaction()`,
+            # with locks on what it wrote, maybe on this job): end it, so that nothing of it
+            # can commit later and the next attempt does not wait out MongoDB's lifetime limit.
+            try:
+                await self.store.kill_sessions([lease.tx_session])
+            except PyMongoError as exc:
+                emit(
+                    Event.MONGO_UNAVAILABLE,
+                    level="warning",
+                    op="end_transaction",
+                    error=str(exc)[:200],
+                )
+            else:
+                emit(Event.TRANSACTION_ENDED, **job_fields(lease), owner=lease.owner)
         delay = backoff_delay(lease.attempt, s.retry_base_seconds, s.retry_cap_seconds)
         try:
             job = await self.store.requeue_expired(lease, delay)
         except LeaseLost:
             return False  # renewed or finished meanwhile
+        LEASES_EXPIRED.inc()
+        count_outcome(lease, "expired")
         emit(
             Event.LEASE_EXPIRED,
             level="warning",

@@ -21,6 +21,7 @@ from common.backoff import backoff_delay
 from common.batching import GroupCommit
 from common.errors import LeaseLost
 from common.events import Event, emit, job_fields
+from common.metrics import JOB_DURATION, count_outcome
 from common.models import Job
 from common.retrying import ride_out
 from common.runner import Outcome
@@ -28,6 +29,7 @@ from common.settings import Settings
 from common.status import JobStatus
 from common.store import JobStore, Lease, RunTimes
 from common.supervision import Spawn
+from dispatcher.dependents import Dependents
 
 VerdictKind = Literal["applied", "lost", "refused", "deadline"]
 
@@ -49,11 +51,31 @@ _REASONS: dict[VerdictKind, tuple[str, str]] = {
 }
 
 
+def _outcome(verdict: Verdict, outcome: Outcome) -> str:
+    """The `outcome` label of `brook_jobs_total` for an attempt's end."""
+    if verdict.kind != "applied":
+        return "discarded"
+    done = verdict.job
+    if done is None or done.status == JobStatus.COMPLETED:
+        return "completed"
+    if done.status == JobStatus.PENDING:
+        return "released" if outcome.kind == "shutdown" else "retried"
+    return done.status.value  # failed, cancelled
+
+
 class Outcomes:
-    def __init__(self, settings: Settings, store: JobStore, owner: str, spawn: Spawn) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        owner: str,
+        spawn: Spawn,
+        dependents: Dependents,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.owner = owner
+        self.dependents = dependents
         self._cutoff = math.inf
         self._completions: GroupCommit[tuple[Lease, Any, RunTimes | None], Verdict] = (
             GroupCommit(self._complete_many, spawn=spawn)
@@ -78,7 +100,14 @@ class Outcomes:
         """Write the outcome of one attempt and log the job's new state. `ran`: when its task
         really started and ended (None for a job stopped before its task started)."""
         fields = job_fields(job) | {"duration_ms": round(elapsed * 1000, 2)}
+        JOB_DURATION.labels(task=job.task).observe(elapsed)
+        if outcome.committed:
+            return self._committed(job, fields)
+        if outcome.tx_session is not None:
+            await self._end_transaction(outcome.tx_session, fields)
         if outcome.kind == "lease_lost":
+            if await self._completed_by(lease):
+                return self._committed(job, fields)
             emit(Event.JOB_RESULT_DISCARDED, level="warning", **fields, reason="lease lost")
             return Verdict(kind="lost")
         if outcome.kind == "timeout":
@@ -97,8 +126,60 @@ class Outcomes:
             )
             verdict = await self._fail_refused(job, lease, verdict.detail, ran)
             outcome = Outcome(kind="error")
+        if verdict.kind == "lost" and await self._completed_by(lease):
+            return self._committed(job, fields)
         self._log(verdict, outcome, fields)
+        count_outcome(job, _outcome(verdict, outcome))
+        if verdict.job is not None and verdict.job.has_dependents:
+            self._parent_ended(verdict.job)
         return verdict
+
+    def _parent_ended(self, job: Job) -> None:
+        if job.status == JobStatus.FAILED:
+            self.dependents.parents_ended([job.id], "failure")
+        elif job.status == JobStatus.CANCELLED:
+            self.dependents.parents_ended([job.id], "cancel")
+
+    # -- attempts that completed in their own transaction (`ctx.transaction()`) ------------------
+
+    def _committed(self, job: Job, fields: dict[str, Any]) -> Verdict:
+        """The task's own transaction wrote the completion (fenced by attempt and owner)
+        together with its writes: there is nothing left to write, only to log."""
+        emit(Event.JOB_COMPLETED, **fields, transaction=True)
+        count_outcome(job, "completed")
+        # That write was not fenced on the job having no dependents (`complete_many`), so
+        # whether a child was attached since the claim is not known here: settle anyway
+        # (one read, for a job that has none).
+        self.dependents.parents_ended([job.id], "completion")
+        return Verdict(kind="applied")
+
+    async def _completed_by(self, lease: Lease) -> bool:
+        """A write found the job no longer ours: did this very attempt complete it, in its
+        own transaction, before its worker could say so (it died, was killed, or could not
+        learn its commit's outcome)? Decided by what committed, read, never guessed."""
+        try:
+            done = await ride_out(
+                "completed_by", lambda: self.store.completed_by(lease), until=self._until()
+            )
+        except PyMongoError:
+            return False
+        return bool(done)
+
+    async def _end_transaction(self, session_id: dict[str, Any], fields: dict[str, Any]) -> None:
+        """The attempt's worker may have left its transaction open (it died, was killed, or
+        its commit's outcome is unknown): end that server session first, so that nothing of
+        it can commit after the write that follows, and its locks go now rather than at the
+        server's transaction lifetime limit. Best effort: that limit ends it anyway."""
+        try:
+            await ride_out(
+                "end_transaction",
+                lambda: self.store.kill_sessions([session_id]),
+                until=self._until(),
+            )
+        except PyMongoError as exc:
+            emit(Event.MONGO_REFUSED, level="warning", op="end_transaction", error=str(exc)[:300])
+            return
+        emit(Event.TRANSACTION_ENDED, **fields)
 
     async def _write(
         self, job: Job, lease: Lease, outcome: Outcome, ran: RunTimes | None
@@ -141,7 +222,10 @@ class Outcomes:
             return [Verdict(kind="refused", detail=str(exc))] * len(items)
         if written is None:
             return [Verdict(kind="deadline")] * len(items)
-        done, refused = written
+        # After the completions are written: a dispatcher that dies before this leaves
+        # their dependents to the sweep.
+        self.dependents.parents_ended(written.parents, "completion")
+        done, refused = written.done, written.refused
         verdicts: list[Verdict] = []
         for lease, _, _ in items:
             if lease.job_id in done:

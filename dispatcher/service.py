@@ -5,16 +5,18 @@
   tokens     saves the stream's resume token, coalesced majority writes (`stream.py`)
   claimer    while there is room: lease the best due jobs, ahead of free workers (`claimer.py`)
   heartbeat  renews this dispatcher's leases in one write; kills workers of lost leases
-  watchdog   slow sweep: requeue expired leases, claim what no event announced (`leases.py`)
+  watchdog   slow sweep: requeue expired leases, settle the dependents of parents whose
+             settler died, claim what no event announced (`leases.py`, `dependents.py`)
   schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
   presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
 A claimed job waits in `Holdings` until a worker is free (at once, when one is); then it
 runs as a supervised task that ends with one fenced write (`outcomes.py`), after its last
-progress report (`progress.py`) has landed. The worker takes its next job as soon as it
-reports its result; the outcome is written behind it, group-committed. `started_at` and
-`finished_at` are the task's own start and end on this dispatcher's reading of the server
-clock, written with the outcome (or sooner, for a long task: `starts.py`). A crash of any
-background task stops the dispatcher loudly.
+progress report (`progress.py`) has landed; a job with dependents then has them settled in
+the background (`dependents.py`). The worker takes its next job as soon as it reports its
+result; the outcome is written behind it, group-committed. `started_at` and `finished_at`
+are the task's own start and end on this dispatcher's reading of the server clock, written
+with the outcome (or sooner, for a long task: `starts.py`). A crash of any background task
+stops the dispatcher loudly.
 
 Start-up order loses nothing: the stream is opened first, then the backlog is swept,
 then the stream is followed.
@@ -31,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common.events import Event, emit, job_fields
+from common.metrics import JOB_WAIT
 from common.models import Job
 from common.retrying import ride_out
 from common.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, Slot
@@ -40,6 +43,7 @@ from common.settings import Settings
 from common.store import JobStore, Lease, RunTimes
 from common.supervision import Supervisor
 from dispatcher.claimer import Claimer, ServerClock
+from dispatcher.dependents import Dependents
 from dispatcher.holdings import Holdings
 from dispatcher.leases import LeaseKeeper
 from dispatcher.outcomes import Outcomes
@@ -81,11 +85,21 @@ class Dispatcher:
         self.claimer = Claimer(
             settings, store, self.owner, self.holdings, clock, self._claimed, tasks
         )
+        self.dependents = Dependents(settings, store, self.supervisor.spawn)
         self.leases = LeaseKeeper(
-            settings, store, self.owner, self.holdings, clock, self._stop, self.claimer.sweep_done
+            settings,
+            store,
+            self.owner,
+            self.holdings,
+            clock,
+            self._stop,
+            self.claimer.sweep_done,
+            self.dependents,
         )
         self.starts = StartMarks(store, self.owner, clock, self.supervisor.spawn)
-        self.outcomes = Outcomes(settings, store, self.owner, self.supervisor.spawn)
+        self.outcomes = Outcomes(
+            settings, store, self.owner, self.supervisor.spawn, self.dependents
+        )
         self.tokens = TokenSaver(store, self.name)
         self.stream = StreamFollower(
             store, self.name, self.tokens, self._on_change, self.leases.try_sweep
@@ -258,7 +272,7 @@ class Dispatcher:
         job = self.holdings.unwait(job_id)
         if job is None:
             return self.runner.kill(job_id, reason)
-        lease = Lease(job_id=job.id, attempt=job.attempts)
+        lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)
         self.supervisor.spawn(self._end_unstarted(job, lease, reason), f"job:{job.id}")
         self.claimer.slot_freed()
         return True
@@ -272,8 +286,16 @@ class Dispatcher:
 
     async def _execute(self, slot: Slot, job: Job, lease: Lease) -> None:
         timeout = job.timeout_s or self.settings.default_timeout_s
-        run = RunJob(job_id=job.id, attempt=job.attempts, task=job.task, payload=job.payload)
-        mark = self.starts.arm(lease, time.monotonic())
+        run = RunJob(
+            job_id=job.id,
+            attempt=job.attempts,
+            task=job.task,
+            payload=job.payload,
+            owner=self.owner,
+        )
+        sent = time.monotonic()
+        mark = self.starts.arm(lease, sent)
+        JOB_WAIT.observe(max((self.clock.stamp(sent) - job.run_at).total_seconds(), 0.0))
         try:
             try:
                 outcome = await self.runner.run(slot, run, timeout)

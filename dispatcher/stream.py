@@ -19,7 +19,10 @@ from pymongo.errors import OperationFailure, PyMongoError
 from common.backoff import Backoff
 from common.db import is_history_lost
 from common.events import Event, emit
+from common.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
 from common.store import JobStore
+
+STREAM = "dispatcher"  # the `stream` label of this change stream in metrics
 
 # Events after which the stream is over: reopen fresh and sweep.
 INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")
@@ -132,6 +135,7 @@ class StreamFollower:
                     emit(Event.STREAM_ERROR, level="warning", code=exc.code, error=str(exc)[:300])
                     await asyncio.sleep(backoff.next())
                     continue
+                STREAM_HISTORY_LOST.labels(stream=STREAM).inc()
                 emit(
                     Event.STREAM_HISTORY_LOST, level="warning", code=exc.code, error=str(exc)[:300]
                 )
@@ -150,6 +154,8 @@ class StreamFollower:
         async with await self.store.changes(
             PIPELINE, resume_after=token, max_await_ms=self.max_await_ms
         ) as stream:
+            if token is not None:
+                STREAM_RESUMES.labels(stream=STREAM).inc()
             emit(
                 Event.STREAM_RESUMED if token is not None else Event.STREAM_OPENED,
                 version=PIPELINE_VERSION,

@@ -1,52 +1,37 @@
 """What a task may ask of Brook while it runs: who it is, this process's MongoDB client,
-`submit` (a follow-up job, with the arguments of `Client.submit`), and `progress` (how far
-it got).
+`submit` (a follow-up job, with the arguments of `Client.submit`), `progress` (how far it
+got), `transaction` (its MongoDB writes, committed together with its completion) and
+`parent_results` (what the jobs it depends on returned).
 
-An `async def` task gets a `TaskContext` (`await ctx.submit(...)`); a plain `def` task runs
-on a worker thread and gets a `SyncTaskContext` (`ctx.submit(...)` returns the job), whose
-calls run on the worker process's event loop. Either way they go through this process's
-one client, created in this process.
+An `async def` task gets a `TaskContext` (`await ctx.submit(...)`, `async with
+ctx.transaction() as session`); a plain `def` task runs on a worker thread and gets a
+`SyncTaskContext` (`ctx.submit(...)` returns the job, `with ctx.transaction() as session`),
+whose calls without a session run on the worker process's event loop. Either way they go
+through this process's own clients, created in this process (`executor.clients`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymongo import AsyncMongoClient
+from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.synchronous.client_session import ClientSession
+from pymongo.synchronous.database import Database
 
-from common.blocking import Coro, T, blocking, delegating, run_on
-from common.core import ClientCore
-from common.db import database, make_client
-from common.directory import TaskDirectory
+from common.blocking import Coro, T, blocking_or_in_session, delegating, run_on
+from common.core import ClientCore, Submitting
+from common.db import database, sync_database
 from common.log import get_logger
 from common.settings import Settings
-from common.store import JobStore
+from executor.clients import process_client, process_core, process_sessions, process_sync_client
 from executor.progress import ProgressReporter, check_progress
-from executor.registry import registered
+from executor.transaction import AttemptTransaction
 
-_client: AsyncMongoClient[dict[str, Any]] | None = None
-_core: ClientCore | None = None
-
-
-def process_client(settings: Settings) -> AsyncMongoClient[dict[str, Any]]:
-    """One client per worker process, created lazily in that process (the DB factory)."""
-    global _client
-    if _client is None:
-        _client = make_client(settings, appname="brook-worker")
-    return _client
-
-
-def process_core(settings: Settings) -> ClientCore:
-    """The Python client's core on this process's client (for `ctx.submit`)."""
-    global _core
-    if _core is None:
-        db = database(process_client(settings), settings)
-        store = JobStore(db, retention_s=settings.retention_seconds)
-        _core = ClientCore(store, TaskDirectory(store, registered, open_while_none_live=True))
-    return _core
+__all__ = ["SyncTaskContext", "TaskContext", "process_client", "process_core"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,10 +42,7 @@ class BaseContext:
     settings: Settings
     log: Any = field(default_factory=get_logger)
     reporter: ProgressReporter | None = None
-
-    def database(self) -> AsyncDatabase[dict[str, Any]]:
-        """Brook's database through this worker process's own client (for `async def` tasks)."""
-        return database(process_client(self.settings), self.settings)
+    tx: AttemptTransaction | None = None
 
     def progress(self, fraction: float, message: str | None = None) -> None:
         """Report how far this attempt got: `fraction` in [0, 1], an optional `message`.
@@ -76,12 +58,33 @@ class BaseContext:
     def _target(self) -> ClientCore:
         return process_core(self.settings)
 
+    def _attempt_tx(self) -> AttemptTransaction:
+        if self.tx is None:
+            raise RuntimeError("ctx.transaction() needs a running attempt of a Brook worker")
+        return self.tx
+
 
 @dataclass(frozen=True, kw_only=True)
 class TaskContext(BaseContext):
     """The context of an `async def` task."""
 
-    submit = delegating(ClientCore.submit)
+    def database(self) -> AsyncDatabase[dict[str, Any]]:
+        """Brook's database through this worker process's own client."""
+        return database(process_client(self.settings), self.settings)
+
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncClientSession]:
+        """`async with ctx.transaction() as session:` — write through `session` (any database
+        of `session.client`); when the task returns, the job's completion and these writes
+        commit together, fenced by attempt and owner. A lost lease, an exception or a dead
+        worker aborts them. One per attempt; it commits when the task returns, not when the
+        block ends."""
+        return self._attempt_tx().open_async(process_client(self.settings))
+
+    submit = delegating(Submitting.submit)
+
+    async def parent_results(self) -> dict[str, Any]:
+        """`{parent job id: result}` for this job's `depends_on`, in that order."""
+        return await self._target().parent_results(self.job_id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +93,23 @@ class SyncTaskContext(BaseContext):
 
     loop: asyncio.AbstractEventLoop
 
+    def database(self) -> Database[dict[str, Any]]:
+        """Brook's database through this worker process's own blocking client."""
+        return sync_database(process_sync_client(self.settings), self.settings)
+
+    def transaction(self) -> contextlib.AbstractContextManager[ClientSession]:
+        """`with ctx.transaction() as session:` — as `TaskContext.transaction`, with a
+        blocking session of this worker process's blocking client."""
+        return self._attempt_tx().open_sync(process_sync_client(self.settings))
+
     def _block(self, coro: Coro[T]) -> T:
         return run_on(self.loop, coro)
 
-    submit = blocking(ClientCore.submit)
+    def _session_target(self) -> Submitting:
+        return process_sessions(self.settings)
+
+    submit = blocking_or_in_session(Submitting.submit)
+
+    def parent_results(self) -> dict[str, Any]:
+        """`{parent job id: result}` for this job's `depends_on`, in that order."""
+        return self._block(self._target().parent_results(self.job_id))

@@ -7,7 +7,8 @@ Brook supervises its own long-lived `aiomultiprocess.Process` children instead:
 * the parent watches each process's sentinel, so a death (crash, SIGKILL, OOM) is seen
   within milliseconds, the job's waiter gets a `crashed` outcome and the slot is refilled;
 * timeouts, cancellations and lost leases are enforced by the parent killing the process;
-* a running task's progress reports come up the same pipe and go to `on_progress`;
+* a running task's progress reports come up the same pipe and go to `on_progress`; the
+  session of a transaction it opens comes too, and goes with its outcome;
 * a worker that reports its job's result is free at once (`on_free`): the dispatcher
   hands it the next job while the outcome is written behind it.
 
@@ -34,7 +35,7 @@ import aiomultiprocess.core
 
 from common.backoff import exponential
 from common.events import Event, emit, job_fields
-from common.runner import KillReason, Outcome, ProgressReport, RunJob, Slot
+from common.runner import KillReason, Outcome, ProgressReport, RunJob, Slot, TxOpened
 from common.settings import Settings
 from common.supervision import Spawn, spawn_logged
 from executor.forking import start_method
@@ -61,6 +62,7 @@ class _Worker:
         self.waiter: asyncio.Future[Outcome] | None = None
         self.sent_at = 0.0  # time.monotonic() when its job was sent
         self.kill_reason: KillReason | None = None
+        self.tx_session: dict[str, Any] | None = None  # the running attempt's transaction
         self.exited = asyncio.get_running_loop().create_future()
 
     @property
@@ -184,6 +186,7 @@ class WorkerPool:
     async def run(self, slot: Slot, job: RunJob, timeout: float | None) -> Outcome:
         worker = _worker_of(slot)
         worker.job = job
+        worker.tx_session = None
         waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         worker.waiter = waiter
         worker.sent_at = time.monotonic()
@@ -241,13 +244,13 @@ class WorkerPool:
             if self._holds(worker, msg.job_id, msg.attempt):
                 self.on_progress(msg)
             return
+        if isinstance(msg, TxOpened):
+            job = worker.job
+            if job is not None and (job.job_id, job.attempt) == (msg.job_id, msg.attempt):
+                worker.tx_session = msg.session_id
+            return
         if isinstance(msg, JobDone) and self._holds(worker, msg.job_id, msg.attempt):
-            outcome = (
-                Outcome(kind="ok", result=msg.result)
-                if msg.ok
-                else Outcome(kind="error", error=msg.error, retry_delay=msg.retry_delay)
-            )
-            self._settle(worker, outcome)
+            self._settle(worker, _done_outcome(msg, worker.tx_session))
             # Free at once: its next job need not wait for this one's outcome write.
             self.on_free()
 
@@ -315,14 +318,33 @@ class WorkerPool:
         task.add_done_callback(self._tasks.discard)
 
 
+def _done_outcome(msg: JobDone, tx_session: dict[str, Any] | None) -> Outcome:
+    """How an attempt ended, as its worker reported it."""
+    if msg.tx == "committed":  # its own transaction wrote the completion
+        return Outcome(kind="ok", result=msg.result, committed=True)
+    if msg.tx == "lost":  # its transaction found the lease lost, and aborted
+        return Outcome(kind="lease_lost")
+    if msg.ok:
+        return Outcome(kind="ok", result=msg.result)
+    return Outcome(
+        kind="error",
+        error=msg.error,
+        retry_delay=msg.retry_delay,
+        tx_session=tx_session if msg.tx == "unknown" else None,
+    )
+
+
 def _death_outcome(worker: _Worker, code: int | None) -> Outcome:
-    """How the attempt of a worker that exited while holding a job ended."""
+    """How the attempt of a worker that exited while holding a job ended. A transaction it
+    opened may still be open on the server: its session goes with the outcome."""
     reason = worker.kill_reason
+    tx = worker.tx_session
     if reason == "timeout":
         message = f"attempt exceeded its timeout; worker {worker.pid} was killed"
-        return Outcome(kind="timeout", exitcode=code, error={"type": "Timeout", "message": message})
+        error = {"type": "Timeout", "message": message}
+        return Outcome(kind="timeout", exitcode=code, error=error, tx_session=tx)
     if reason is not None:
-        return Outcome(kind=reason, exitcode=code)
+        return Outcome(kind=reason, exitcode=code, tx_session=tx)
     sig = _signal_name(code)
     emit(
         Event.WORKER_CRASHED,
@@ -335,7 +357,10 @@ def _death_outcome(worker: _Worker, code: int | None) -> Outcome:
     )
     message = f"worker process {worker.pid} exited with code {code}" + (f" ({sig})" if sig else "")
     return Outcome(
-        kind="crashed", exitcode=code, error={"type": "WorkerCrashed", "message": message}
+        kind="crashed",
+        exitcode=code,
+        error={"type": "WorkerCrashed", "message": message},
+        tx_session=tx,
     )
 
 

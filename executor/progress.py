@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from common.runner import ProgressReport, RunJob
 
@@ -50,6 +51,8 @@ class ProgressReporter:
         self._last_sent = -math.inf
         self._timer: threading.Timer | None = None
         self._closed = False
+        self._latest: ProgressReport | None = None  # sent or not
+        self._held = False
 
     def report(self, fraction: float, message: str | None = None) -> None:
         value, text = check_progress(fraction, message)
@@ -60,6 +63,9 @@ class ProgressReporter:
             self._pending = ProgressReport(
                 job_id=job.job_id, attempt=job.attempt, task=job.task, fraction=value, message=text
             )
+            self._latest = self._pending
+            if self._held:
+                return
             wait = self._last_sent + self._interval - time.monotonic()
             if wait <= 0:
                 self._send_pending()
@@ -74,10 +80,44 @@ class ProgressReporter:
             self._send_pending()
             self._closed = True
 
+    def hold(self) -> None:
+        """While the attempt's own transaction is open nothing else may write its job (see
+        `common.store.transaction_opened`): keep reports here. The newest goes with the
+        completion (`take_last`), or up the pipe if the transaction ends without it
+        (`release`)."""
+        with self._lock:
+            self._held = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def release(self) -> None:
+        with self._lock:
+            self._held = False
+            if not self._closed:
+                self._send_pending()
+
+    def take_last(self) -> dict[str, Any] | None:
+        """Stop, sending nothing more, and return the newest report (sent or not) as the
+        job's `progress` fields: a transactional task writes it with its completion, rather
+        than send it up the pipe to race its own commit."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._pending = None
+            self._closed = True
+            latest = self._latest
+        if latest is None:
+            return None
+        return {"fraction": latest.fraction, "message": latest.message, "attempt": latest.attempt}
+
     def _flush(self) -> None:
         with self._lock:
+            if self._timer is not threading.current_thread():
+                return  # cancelled after it fired: a direct send came first, and reset it
             self._timer = None
-            if not self._closed:
+            if not self._closed and not self._held:
                 self._send_pending()
 
     def _send_pending(self) -> None:

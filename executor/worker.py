@@ -1,8 +1,10 @@
 """The worker process: a long-lived child that runs one job at a time.
 
-It never touches the jobs collection: the parent (the dispatcher) owns every state write,
-fenced by the lease, progress included (sent up the pipe, see `executor.progress`). A
-task that wants MongoDB gets this process's own client.
+The parent (the dispatcher) owns every state write, fenced by the lease, progress included
+(sent up the pipe, see `executor.progress`), with one exception: a task that opened
+`ctx.transaction()` has its completion written here, in its own transaction, fenced by
+the same attempt and owner (`executor.transaction`). A task that wants MongoDB gets this
+process's own client.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import contextlib
 import ctypes
 import os
 import signal
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
 
 import bson
 import structlog
@@ -24,11 +27,13 @@ import structlog
 from common.errors import Retry
 from common.events import Event, emit
 from common.log import configure_logging
-from common.runner import ProgressReport, RunJob
+from common.runner import RunJob
 from common.settings import Settings
+from common.transactions import TxEnd
 from executor.context import SyncTaskContext, TaskContext
 from executor.progress import ProgressReporter
 from executor.registry import get_task, load_tasks
+from executor.transaction import AttemptTransaction
 
 PR_SET_PDEATHSIG = 1
 MAX_RESULT_BYTES = 8 * 1024 * 1024  # half of MongoDB's 16 MiB document limit
@@ -46,6 +51,10 @@ class JobDone:
     result: Any = None
     error: dict[str, Any] | None = None
     retry_delay: float | None = None
+    # Set when the task opened `ctx.transaction()`: "committed" (the job is completed, with
+    # the task's writes), "lost" (its lease was lost: aborted) or "unknown" (the commit's
+    # outcome could not be learnt: the dispatcher decides by its fenced write).
+    tx: Literal["committed", "lost", "unknown"] | None = None
 
 
 STOP = "stop"
@@ -87,7 +96,11 @@ def error_doc(exc: BaseException) -> dict[str, Any]:
 
 
 def _context(
-    msg: RunJob, settings: Settings, is_async: bool, reporter: ProgressReporter | None
+    msg: RunJob,
+    settings: Settings,
+    is_async: bool,
+    reporter: ProgressReporter | None,
+    tx: AttemptTransaction,
 ) -> TaskContext | SyncTaskContext:
     if is_async:
         return TaskContext(
@@ -96,6 +109,7 @@ def _context(
             task=msg.task,
             settings=settings,
             reporter=reporter,
+            tx=tx,
         )
     return SyncTaskContext(
         job_id=msg.job_id,
@@ -103,52 +117,81 @@ def _context(
         task=msg.task,
         settings=settings,
         reporter=reporter,
+        tx=tx,
         loop=asyncio.get_running_loop(),
     )
 
 
+async def _call(msg: RunJob, settings: Settings, ctx: Callable[[bool], Any]) -> Any:
+    """Run the task; fail here, with a clear error, not at the store, if its result cannot
+    be stored."""
+    spec = get_task(msg.task)
+    args: list[Any] = [msg.payload]
+    if spec.wants_context:
+        args.append(ctx(spec.is_async))
+    # A plain `def` runs on a thread, so this process's event loop stays free to serve its
+    # context (`ctx.submit` blocks on it).
+    result = await spec.fn(*args) if spec.is_async else await asyncio.to_thread(spec.fn, *args)
+    size = len(bson.encode({"result": result}))
+    if size > MAX_RESULT_BYTES:
+        raise ResultTooLarge(f"result is {size} bytes as BSON; the limit is {MAX_RESULT_BYTES}")
+    return result
+
+
 async def run_one(
-    msg: RunJob, settings: Settings, send: Callable[[ProgressReport], None] | None = None
+    msg: RunJob, settings: Settings, send: Callable[[Any], None] | None = None
 ) -> JobDone:
-    """Run one attempt; its progress reports go to `send`, the last one before this returns."""
+    """Run one attempt; its progress reports go to `send`, the last one before this returns
+    (or, for a task that opened `ctx.transaction()`, with its completion)."""
     structlog.contextvars.bind_contextvars(job_id=msg.job_id, attempt=msg.attempt, task=msg.task)
     reporter = ProgressReporter(send, msg) if send is not None else None
+    tx = AttemptTransaction(msg, settings, send, reporter)
     try:
-        emit(Event.TASK_STARTED)
-        try:
-            spec = get_task(msg.task)
-            args: list[Any] = [msg.payload]
-            if spec.wants_context:
-                args.append(_context(msg, settings, spec.is_async, reporter))
-            # A plain `def` runs on a thread, so this process's event loop stays free to
-            # serve its context (`ctx.submit` blocks on it).
-            result = await spec.fn(*args) if spec.is_async else await asyncio.to_thread(
-                spec.fn, *args
-            )
-            # Fail here, with a clear error, not at the store, if it can't be stored.
-            size = len(bson.encode({"result": result}))
-            if size > MAX_RESULT_BYTES:
-                raise ResultTooLarge(
-                    f"result is {size} bytes as BSON; the limit is {MAX_RESULT_BYTES}"
+        with tx.current():
+            emit(Event.TASK_STARTED)
+            try:
+                result = await _call(
+                    msg, settings, lambda is_async: _context(msg, settings, is_async, reporter, tx)
                 )
-        except Retry as exc:
-            emit(Event.TASK_FINISHED, ok=False, error_type="Retry", delay=exc.delay)
-            return JobDone(
-                job_id=msg.job_id,
-                attempt=msg.attempt,
-                ok=False,
-                error=error_doc(exc),
-                retry_delay=exc.delay,
-            )
-        except Exception as exc:
-            emit(Event.TASK_FINISHED, ok=False, error_type=type(exc).__name__)
-            return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=False, error=error_doc(exc))
-        emit(Event.TASK_FINISHED, ok=True)
-        return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, result=result)
+            except Retry as exc:
+                await tx.abandon()
+                emit(Event.TASK_FINISHED, ok=False, error_type="Retry", delay=exc.delay)
+                return _failed(msg, error_doc(exc), retry_delay=exc.delay)
+            except Exception as exc:
+                await tx.abandon()
+                emit(Event.TASK_FINISHED, ok=False, error_type=type(exc).__name__)
+                return _failed(msg, error_doc(exc))
+            if tx.opened:
+                progress = reporter.take_last() if reporter is not None else None
+                return _transaction_done(msg, await tx.finish(result, progress), result)
+            emit(Event.TASK_FINISHED, ok=True)
+            return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, result=result)
     finally:
+        await tx.abandon()  # cancelled mid-task: nothing of its transaction remains
         if reporter is not None:
             reporter.close()
         structlog.contextvars.unbind_contextvars("job_id", "attempt", "task")
+
+
+def _failed(msg: RunJob, error: dict[str, Any], **kw: Any) -> JobDone:
+    return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=False, error=error, **kw)
+
+
+def _transaction_done(msg: RunJob, end: TxEnd, result: Any) -> JobDone:
+    """What the dispatcher hears of an attempt that committed (or not) in its own
+    transaction."""
+    if end.kind == "committed":
+        emit(Event.TASK_FINISHED, ok=True, transaction="committed")
+        return JobDone(
+            job_id=msg.job_id, attempt=msg.attempt, ok=True, result=result, tx="committed"
+        )
+    if end.kind == "lost":
+        emit(Event.TASK_FINISHED, ok=False, error_type="LeaseLost", transaction="aborted")
+        error = {"type": "LeaseLost", "message": "the lease was lost; the transaction aborted"}
+        return _failed(msg, error, tx="lost")
+    error = end.error or {"type": "TransactionAborted", "message": end.kind}
+    emit(Event.TASK_FINISHED, ok=False, error_type=error["type"], transaction=end.kind)
+    return _failed(msg, error, tx="unknown" if end.kind == "unknown" else None)
 
 
 async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
@@ -159,7 +202,14 @@ async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
     configure_logging(settings.log_level, role="worker")
     structlog.contextvars.bind_contextvars(worker=name)
     load_tasks(settings)
-    conn.send(READY)
+    lock = threading.Lock()
+
+    def send(message: Any) -> None:
+        # Progress timers, a plain `def` task's thread and this loop all send: one at a time.
+        with lock:
+            conn.send(message)
+
+    send(READY)
     while True:
         try:
             msg = await _recv(conn)
@@ -167,10 +217,8 @@ async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
             return  # the parent closed the pipe: nothing to do but leave
         if msg == STOP:
             return
-        done = await run_one(msg, settings, conn.send)
+        done = await run_one(msg, settings, send)
         try:
-            conn.send(done)
+            send(done)
         except Exception as exc:  # e.g. a result that cannot be pickled
-            conn.send(
-                JobDone(job_id=done.job_id, attempt=done.attempt, ok=False, error=error_doc(exc))
-            )
+            send(JobDone(job_id=done.job_id, attempt=done.attempt, ok=False, error=error_doc(exc)))

@@ -1,63 +1,94 @@
 """The HTTP API: submit (one or a batch), read, list, cancel and retry jobs; queues;
-schedules; health, readiness and metrics.
+schedules; live events and the dashboard; health, readiness and metrics.
 
 `create_app` only wires the parts together: the typed state (`ingest.state`, built by the
-lifespan), the dependencies that reach it (`ingest.deps`), the routers (`ingest.routes`),
-the error handlers (`ingest.errors`) and the request counter (`ingest.metrics`).
+lifespan, which also runs the live-event hub), the dependencies that reach it
+(`ingest.deps`), the routers (`ingest.routes`), the error handlers (`ingest.errors`) and
+the metrics (`ingest.metrics`).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import asyncio
+import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
 from common.settings import Settings
+from common.supervision import spawn_logged
 from ingest.deps import require_token
 from ingest.errors import install_error_handlers
-from ingest.metrics import RequestCounter
-from ingest.routes import docs, jobs, ops, queues, schedules
-from ingest.state import RequestCounts, open_state
+from ingest.metrics import ApiMetrics, RequestCounter
+from ingest.openapi import install_openapi
+from ingest.routes import dashboard, docs, events, jobs, ops, queues, schedules
+from ingest.state import open_state
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+CLOSE_TIMEOUT_S = 1.0
 
 
-def _lifespan(settings: Settings, known_tasks: frozenset[str], requests: RequestCounts) -> Lifespan:
+def _lifespan(settings: Settings, known_tasks: frozenset[str], metrics: ApiMetrics) -> Lifespan:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = await open_state(settings, known_tasks, requests)
+        state = await open_state(settings, known_tasks, metrics)
         app.state.brook = state
+        metrics.sse_clients.set_function(state.hub.count)
+        hub = spawn_logged(state.hub.run(), "live-events")
+        hub.add_done_callback(lambda task: _stop_on_crash(app, task))
         try:
             yield
         finally:
-            await state.client.close()
+            hub.cancel()
+            # Its stream's goodbye (killCursors) may hang on an unreachable MongoDB: the hub
+            # gets a moment, then is abandoned (a crash was logged already).
+            await asyncio.wait({hub}, timeout=CLOSE_TIMEOUT_S)
+            # Closing ends the server sessions; an unreachable MongoDB must not stop the exit.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.client.close(), CLOSE_TIMEOUT_S)
 
     return lifespan
+
+
+def _stop_on_crash(app: FastAPI, task: asyncio.Task[None]) -> None:
+    """The hub never ends but by cancellation: if it crashed (logged `background.crashed`),
+    stop the process loudly rather than serve event streams that never move; `brook api`
+    then exits 1 (and `brook up` restarts it)."""
+    if task.cancelled() or task.exception() is None:
+        return
+    app.state.crashed = True
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     """The API for these settings; `known_tasks` comes from the caller (the composition root
     in `brook/`), so the API never imports the task registry itself."""
-    requests: RequestCounts = Counter()
+    metrics = ApiMetrics()
+    known_tasks = frozenset(known_tasks)
     app = FastAPI(
         title="Brook",
         version="0.1.0",
         description="Event-driven job engine on MongoDB.",
-        lifespan=_lifespan(settings, frozenset(known_tasks), requests),
+        lifespan=_lifespan(settings, known_tasks, metrics),
         # Replaced by `ingest.routes.docs`, which puts them behind the token.
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
     )
-    app.add_middleware(RequestCounter, counts=requests)
+    app.add_middleware(RequestCounter, metrics=metrics)
     install_error_handlers(app)
+    install_openapi(app, bearer=settings.api_token is not None)
     protected = [Depends(require_token)]
     app.include_router(jobs.router, dependencies=protected)
     app.include_router(queues.router, dependencies=protected)
     app.include_router(schedules.router, dependencies=protected)
+    app.include_router(events.router, dependencies=protected)
     app.include_router(ops.probes)
     app.include_router(ops.router, dependencies=protected)
     app.include_router(docs.router, dependencies=protected)
+    app.include_router(dashboard.pages)  # the page itself asks for the token, then sends it
+    app.include_router(dashboard.router, dependencies=protected)
     return app

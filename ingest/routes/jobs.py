@@ -67,7 +67,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 )
 async def submit(spec: Annotated[JobSpec, Depends(submit_body)], core: Core) -> JSONResponse:
     """Submit a job. `202` with the new job, or `200` with the job an idempotency key names
-    (within its `unique_for_s` window, if it has one)."""
+    (within its `unique_for_s` window, if it has one). With `depends_on` (parent job ids)
+    it is `waiting` until every parent completed; an unknown parent → `422`."""
     submitted = await core.submit_spec(spec)
     job = submitted.job
     headers = {"Location": f"/jobs/{job.id}"}
@@ -88,7 +89,8 @@ async def submit_batch(
 ) -> JSONResponse:
     """Submit up to 1,000 jobs in one write: `202 {"jobs": [...]}` in spec order. All or
     nothing: one invalid spec (or unknown task) → `422` naming its index, and nothing is
-    stored. A spec whose idempotency key is taken gets the job holding it."""
+    stored. A spec whose idempotency key is taken gets the job holding it. Specs may depend
+    on each other by `ref` (a whole DAG); a cycle or an unknown parent → `422`."""
     submitted = await core.submit_specs(specs)
     return json_response({"jobs": [s.job.to_api() for s in submitted]}, 202)
 
@@ -119,8 +121,8 @@ async def list_jobs(
 
 @router.post("/jobs/{job_id}/cancel", responses=_ERRORS)
 async def cancel(job_id: str, core: Core) -> JSONResponse:
-    """Pending → cancelled at once; running → its worker is stopped, then cancelled;
-    finished → `409`."""
+    """Waiting or pending → cancelled at once (its dependents too, `DependencyFailed`);
+    running → its worker is stopped, then cancelled; finished → `409`."""
     try:
         return job_response(await core.cancel(job_id))
     except JobNotFound:
@@ -133,7 +135,8 @@ async def cancel(job_id: str, core: Core) -> JSONResponse:
 async def retry(job_id: str, core: Core) -> JSONResponse:
     """A failed or cancelled job back to `pending`, due now, with its attempt budget renewed
     (`max_attempts` grows by what it was submitted with; `attempts` keeps counting) and its
-    history kept. Any other state → `409`."""
+    history kept. Any other state → `409`. A job with parents that have not all completed
+    goes back to `waiting` for them."""
     try:
         return job_response(await core.retry(job_id))
     except JobNotFound:

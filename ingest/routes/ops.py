@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, Response
 
 from common.db import ping
 from ingest.deps import State
 from ingest.errors import RETRY_AFTER_S
-from ingest.metrics import CONTENT_TYPE, render
+from ingest.metrics import CONTENT_TYPE
 
 READY_TIMEOUT_S = 2.0
 
@@ -24,7 +22,18 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@probes.get("/readyz")
+_NO_PRIMARY = {
+    "description": "No primary reachable; retry after `Retry-After` seconds.",
+    "headers": {"Retry-After": {"schema": {"type": "string"}}},
+    "content": {
+        "application/json": {
+            "schema": {"type": "object", "properties": {"status": {"type": "string"}}}
+        }
+    },
+}
+
+
+@probes.get("/readyz", responses={503: _NO_PRIMARY})
 async def readyz(state: State) -> JSONResponse:
     """`200` only while a primary answers."""
     if await ping(state.client, READY_TIMEOUT_S):
@@ -34,11 +43,13 @@ async def readyz(state: State) -> JSONResponse:
     )
 
 
-@router.get("/metrics")
-async def metrics(state: State) -> PlainTextResponse:
-    """Prometheus text: jobs by status (counted in the background, `ingest.counts`),
-    requests by route and code, uptime."""
-    text = render(
-        await state.counts.by_status(), state.requests, time.monotonic() - state.started
-    )
-    return PlainTextResponse(text, media_type=CONTENT_TYPE)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
+)
+async def metrics(state: State) -> Response:
+    """Prometheus text: jobs by queue and status (one aggregation kept in memory, refreshed
+    in the background), requests by route and code, event-stream clients, change-stream
+    resumes, uptime."""
+    return Response(state.metrics.render(await state.depth.get()), media_type=CONTENT_TYPE)

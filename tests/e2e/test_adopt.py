@@ -272,7 +272,7 @@ def test_the_cli_submits_many_retries_and_lists_queues(cluster: Cluster, http: h
     table = brook(cluster, "queue", "ls")
     assert table.returncode == 0, table.stderr
     rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:]}
-    assert rows["bulk"][1] == "2500" and rows["default"][1] == "1"
+    assert rows["bulk"][2] == "2500" and rows["default"][2] == "1"  # waiting, pending, ...
     bad = brook(cluster, "submit", "noop", "--count", "3", "--wait")
     assert bad.returncode == 2 and "--count" in bad.stderr
 

@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
+import threading
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
+import pytest
+from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from common.models import JobSpec
 from common.settings import Settings
 from common.store import JobStore
+from tests.conftest import extra_port
 from tests.e2e.conftest import Cluster
-from tests.support.checker import check_history
+from tests.support.checker import check_history, settled_logs
 from tests.support.procs import BrookProcess, pid_alive, wait_until
 
 
@@ -64,15 +71,9 @@ def worker_pid(proc: BrookProcess, job_id: str, timeout: float = 15) -> int:
 async def assert_clean(
     store: JobStore, ids: list[str], *procs: BrookProcess, effects: bool = False
 ) -> None:
-    # A job's log line follows its write: a job seen terminal may not be logged yet. Lines
-    # only ever get added, so waiting a little can fix a missing one, never hide an extra.
-    deadline = time.monotonic() + 5
-    while True:
-        report = await check_history(store, ids, all_logs(*procs), effects=effects)
-        if not report.problems or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.1)
-    assert report.problems == []
+    logs = await settled_logs(store, lambda: all_logs(*procs))
+    report = await check_history(store, ids, logs, effects=effects)
+    assert report.problems == [], "\n".join(report.problems)
 
 
 # -- retries -----------------------------------------------------------------------------------
@@ -81,23 +82,37 @@ async def assert_clean(
 async def test_a_failing_task_is_retried_with_backoff_then_failed_with_its_traceback(
     cluster: Cluster, store: JobStore
 ) -> None:
-    disp = cluster.dispatcher()
-    [job_id] = await submit(store, "fail", payload={"message": "boom"}, max_attempts=3)
+    # Retry n waits min(cap, base·2^(n-1))·U(0.5, 1): 0.25-0.5 s, 0.5-1 s, then 1-2 s. The
+    # sweep is slow, so only the due timer starts a retry.
+    base = 0.5
+    disp = cluster.dispatcher(
+        BROOK_RETRY_BASE_SECONDS=str(base), BROOK_RETRY_CAP_SECONDS="30", BROOK_SWEEP_SECONDS="30"
+    )
+    [job_id] = await submit(store, "fail", payload={"message": "boom"}, max_attempts=4)
     flaky = await submit(store, "flaky", payload={"succeed_on": 2})
     await wait_all_terminal(store, 2)
     job = await store.get(job_id)
-    assert job.status == "failed" and job.attempts == 3
+    assert job.status == "failed" and job.attempts == 4
     assert (
         job.error is not None
         and job.error["type"] == "DemoFailure"
         and job.error["message"] == "boom"
     )
     assert "Traceback" in job.error["traceback"] and "raise DemoFailure" in job.error["traceback"]
-    retries = [h for h in job.history if h["status"] == "pending"][1:]
-    assert len(retries) == 2
+    # The spacing: from each failed attempt to the claim of the next one.
+    steps = [(h["status"], h["at"]) for h in job.history]
+    gaps = [
+        (claimed - failed).total_seconds()
+        for (s1, failed), (s2, claimed) in itertools.pairwise(steps[1:])
+        if (s1, s2) == ("pending", "running")
+    ]
+    assert len(gaps) == 3, steps
+    for attempt, gap in enumerate(gaps, start=1):
+        full = base * 2 ** (attempt - 1)
+        assert full / 2 <= gap <= full + 0.5, (attempt, gaps)
     assert [e["event"] for e in disp.logs() if e.get("job_id") == job_id].count(
         "job.retry_scheduled"
-    ) == 2
+    ) == 3
     ok = await store.get(flaky[0])
     assert ok.status == "completed" and ok.result == 2 and ok.attempts == 2
     await assert_clean(store, [job_id, *flaky], disp)
@@ -214,18 +229,24 @@ async def test_a_sigkilled_dispatchers_jobs_are_requeued_and_run_exactly_once(
     cluster: Cluster, store: JobStore
 ) -> None:
     a = cluster.dispatcher()
-    ids = await submit(store, "record", 6, payload={"seconds": 1.0})
+    ids = await submit(store, "record", 6, payload={"seconds": 3.0})
     wait_until(lambda: len(a.events("task.started")) >= 2, timeout=15)
-    workers = a.children()
+    workers = [int(e["pid"]) for e in a.events("task.started")]
+    assert len(workers) == 2 and all(pid_alive(p) for p in workers)
+    taken = {e["job_id"] for e in a.events("job.claimed")}
+    assert len(taken) == 2  # concurrency 2, and 3 s jobs: none finished yet
     a.kill()  # SIGKILL: no release, no goodbye
     wait_until(lambda: not any(pid_alive(p) for p in workers), timeout=5)  # workers die with it
     b = cluster.dispatcher()
     await wait_all_terminal(store, 6, timeout=60)
     expired = b.events("lease.expired")
-    assert len(expired) == 2 and {e["owner"] for e in expired} == {a_owner(a)}
-    report = await check_history(store, ids, all_logs(a, b), effects=True)
-    assert report.problems == []
+    assert {e["job_id"] for e in expired} == taken and {e["owner"] for e in expired} == {a_owner(a)}
+    logs = await settled_logs(store, lambda: all_logs(a, b))
+    report = await check_history(store, ids, logs, effects=True)
+    assert report.problems == [], "\n".join(report.problems)
     assert report.by_status() == {"completed": 6}
+    for job_id in ids:  # the killed attempt counts; no other job was touched twice
+        assert report.jobs[job_id]["attempts"] == (2 if job_id in taken else 1), job_id
 
 
 def a_owner(proc: BrookProcess) -> str:
@@ -236,24 +257,27 @@ async def test_a_frozen_dispatcher_loses_its_lease_and_kills_its_worker_on_wakin
     cluster: Cluster, store: JobStore
 ) -> None:
     a = cluster.dispatcher()
-    [job_id] = await submit(store, "record", payload={"seconds": 8})
+    # Attempt 1 would take a minute; attempt 2 (elsewhere) half a second.
+    [job_id] = await submit(store, "record", payload={"seconds": [60, 0.5]})
     pid = worker_pid(a, job_id)
-    a.signal(signal.SIGSTOP)
+    os.killpg(a.pid, signal.SIGSTOP)  # the dispatcher and its workers: nothing of it runs
     try:
         b = cluster.dispatcher()
         b.wait_for_event("lease.expired", timeout=20)
-        b.wait_for_event("job.claimed", timeout=20, where=lambda e: e["job_id"] == job_id)
+        b.wait_for_event("job.completed", timeout=20, where=lambda e: e["job_id"] == job_id)
     finally:
-        a.signal(signal.SIGCONT)
+        os.killpg(a.pid, signal.SIGCONT)
+    # On waking, a's worker is still in attempt 1: a must find its lease gone and stop it.
     lost = a.wait_for_event("lease.lost", timeout=10)
     assert lost["job_id"] == job_id
     killed = a.wait_for_event("worker.killed", timeout=5)
     assert killed["reason"] == "lease_lost" and killed["pid"] == pid
     wait_until(lambda: not pid_alive(pid), timeout=5)
-    await wait_all_terminal(store, 1, timeout=30)
     job = await store.get(job_id)
     assert job.status == "completed" and job.attempts == 2 and job.result["attempt"] == 2
     assert not a.events("job.completed")
+    effects = await store.db["effects"].find({}, projection={"_id": 0}).to_list()
+    assert effects == [{"job_id": job_id, "attempt": 2, "n": None}]
     await assert_clean(store, [job_id], a, b, effects=True)
 
 
@@ -283,77 +307,219 @@ async def test_sigterm_releases_running_jobs_so_another_dispatcher_takes_them_at
 # -- failover ----------------------------------------------------------------------------------
 
 
-async def test_failover_under_load_loses_no_acknowledged_job_and_completes_none_twice(
-    cluster: Cluster, store: JobStore, settings: Settings, mongo: Any
-) -> None:
-    import threading
+class Load:
+    """Several HTTP clients submitting `record` jobs of half a second, each code recorded."""
 
-    import httpx
+    def __init__(self, url: str, clients: int = 4) -> None:
+        self.url = url
+        self.acknowledged: list[str] = []
+        self.codes: list[int] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
 
-    rs = mongo.replset
-    assert rs is not None, "needs the embedded replica set"
-    cluster.api()
-    disp = cluster.dispatcher()
-    acknowledged: list[str] = []
-    codes: list[int] = []
-    stop = threading.Event()
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
 
-    def load() -> None:
-        with httpx.Client(base_url=cluster.api_url, timeout=30) as client:
-            n = 0
-            while not stop.is_set():
-                n += 1
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            while not self.stop.is_set():
+                body = {"task": "record", "payload": {"seconds": 0.5}}
                 try:
-                    resp = client.post("/jobs", json={"task": "record", "payload": {"n": n}})
+                    resp = client.post("/jobs", json=body)
                 except httpx.HTTPError:
-                    codes.append(-1)
+                    self.codes.append(-1)
                     continue
-                codes.append(resp.status_code)
+                self.codes.append(resp.status_code)
                 if resp.status_code == 202:
-                    acknowledged.append(resp.json()["id"])
-                elif resp.status_code == 503:
-                    assert resp.headers.get("retry-after")
-                    time.sleep(0.2)
-                time.sleep(0.02)
+                    self.acknowledged.append(resp.json()["id"])
+                time.sleep(0.3)
 
-    thread = threading.Thread(target=load, daemon=True)
-    thread.start()
+    def more(self, n: int, timeout: float = 20) -> None:
+        target = len(self.acknowledged) + n
+        wait_until(lambda: len(self.acknowledged) >= target, timeout=timeout)
+
+
+def direct(rs: Any, index: int) -> MongoClient[dict[str, Any]]:
+    return MongoClient(
+        f"mongodb://127.0.0.1:{rs.ports[index]}/?directConnection=true",
+        serverSelectionTimeoutMS=5000,
+    )
+
+
+def fail_point(rs: Any, index: int, name: str, mode: Any, **data: Any) -> int:
+    with direct(rs, index) as client:
+        reply = client.admin.command("configureFailPoint", name, mode=mode, data=data)
+    return int(reply["count"])
+
+
+def current_primary(rs: Any) -> int:
+    index = rs.primary_index()
+    assert index is not None, "no primary"
+    return int(index)
+
+
+def running_now(jobs: Any) -> int:
+    n: int = jobs.count_documents({"status": "running"})
+    return n
+
+
+def ran_across(docs: list[dict[str, Any]], moment: datetime) -> list[str]:
+    """Jobs that were running (claimed, not yet ended) at `moment`."""
+    out = []
+    for doc in docs:
+        for a, b in itertools.pairwise(doc["history"]):
+            if a["status"] == "running" and a["at"] <= moment <= b["at"]:
+                out.append(doc["_id"])
+    return out
+
+
+@pytest.mark.timeout(420)  # its own waits add up to about 370 s
+async def test_failover_under_load_loses_no_acknowledged_job_and_completes_none_twice(
+    tmp_path: Any, db_name: str
+) -> None:
+    from brook.replset import ReplicaSet
+    from common.db import database, make_client
+
+    # A set of its own (the shared one is never disturbed), elections well within the API's
+    # 5 s of patience: no client ever sees a 5xx, not even a 503.
+    rs = ReplicaSet(
+        home=tmp_path / "rs",
+        base_port=extra_port("failover"),
+        test_commands=True,
+        election_timeout_ms=2000,
+    )
+    rs.up()
+    settings = Settings(
+        mongo_uri=rs.uri,
+        db=db_name,
+        concurrency=6,
+        lease_seconds=5,
+        sweep_seconds=1,
+        retry_base_seconds=0.05,
+        retry_cap_seconds=0.5,
+        shutdown_grace_seconds=2,
+        home=tmp_path / "home",
+    )
+    cluster = Cluster(settings, tmp_path)
+    client = make_client(settings)
+    store = JobStore(database(client, settings))
+    probe: MongoClient[dict[str, Any]] = MongoClient(rs.uri, tz_aware=True)
+    jobs = probe[db_name]["jobs"]
+    faults: dict[str, datetime] = {}
     try:
-        wait_until(lambda: len(acknowledged) >= 20, timeout=30)
-        old = rs.primary_index()
-        direct = rs.ports[old]
-        from pymongo import MongoClient
-
-        c: MongoClient[dict[str, Any]] = MongoClient(
-            f"mongodb://127.0.0.1:{direct}/?directConnection=true"
-        )
-        with contextlib.suppress(PyMongoError):  # the stepping-down primary hangs up
-            c.admin.command("replSetStepDown", 10, secondaryCatchUpPeriodSecs=5)
-        c.close()
-        wait_until(lambda: rs.primary_index() not in (None, old), timeout=60, interval=0.2)
-        new = rs.primary_index()
-        assert new is not None
-        wait_until(lambda: len(acknowledged) >= 40, timeout=60)
-        rs.stop_member(new, signal.SIGKILL)
-        t_kill = time.monotonic()
-        wait_until(lambda: rs.primary_index() not in (None, new), timeout=60, interval=0.2)
-        before = len(acknowledged)
-        wait_until(lambda: len(acknowledged) > before + 10, timeout=60)
-        recovered = time.monotonic() - t_kill
+        cluster.api()
+        disp = cluster.dispatcher()
+        with Load(cluster.api_url) as load:
+            load.more(10)
+            # 1. Completions acknowledged without their write concern: the write was applied,
+            #    the dispatcher is told it failed, and must neither lose nor repeat it.
+            primary = current_primary(rs)
+            before = fail_point(
+                rs,
+                primary,
+                "failCommand",
+                {"times": 10},
+                failCommands=["update"],
+                namespace=f"{db_name}.jobs",
+                appName=f"brook-dispatcher:{disp.pid}",
+                writeConcernError={
+                    "code": 64,
+                    "codeName": "WriteConcernFailed",
+                    "errmsg": "injected by the test",
+                    "errInfo": {"wtimeout": True},
+                },
+            )
+            try:
+                with direct(rs, primary) as c:
+                    c.admin.command(
+                        "waitForFailPoint", "failCommand", timesEntered=before + 10, maxTimeMS=20000
+                    )
+            finally:
+                fail_point(rs, primary, "failCommand", "off")
+            # 2. A step-down while jobs run.
+            load.more(5)
+            assert running_now(jobs) > 0
+            faults["step-down"] = datetime.now(UTC)
+            with direct(rs, primary) as c, contextlib.suppress(PyMongoError):
+                c.admin.command("replSetStepDown", 10, secondaryCatchUpPeriodSecs=5)
+            wait_until(lambda: rs.primary_index() not in (None, primary), timeout=30, interval=0.1)
+            load.more(10)
+            # 3. The primary killed while jobs run and its last writes are on no secondary:
+            #    they were never acknowledged, and must not be lost or done twice either.
+            primary = current_primary(rs)
+            others = [i for i in range(rs.members) if i != primary]
+            for i in others:
+                fail_point(rs, i, "stopReplProducer", "alwaysOn")
+            try:
+                time.sleep(1.0)
+                assert running_now(jobs) > 0
+                faults["kill"] = datetime.now(UTC)
+                rs.stop_member(primary, signal.SIGKILL)
+                t_kill = time.monotonic()
+            finally:
+                for i in others:
+                    fail_point(rs, i, "stopReplProducer", "off")
+            wait_until(lambda: rs.primary_index() not in (None, primary), timeout=30, interval=0.1)
+            load.more(10)
+            recovered = time.monotonic() - t_kill
+        assert recovered < 20, recovered
+        assert set(load.codes) == {202}, sorted(set(load.codes))  # no 5xx, no dropped request
+        await wait_all_terminal(store, len(load.acknowledged), timeout=60)
+        docs = await store.jobs.find({}).to_list()
+        for fault, moment in faults.items():
+            assert ran_across(docs, moment), f"no job was running at the {fault}"
+        await assert_clean(store, load.acknowledged, disp, effects=True)
     finally:
-        stop.set()
-        thread.join(30)
-        rs.up()
-    assert recovered < 30, recovered
-    assert 500 not in codes and -1 not in codes, sorted(set(codes))
-    await wait_all_terminal(store, len(acknowledged), timeout=120)
-    report = await check_history(store, acknowledged, disp.logs(), effects=True)
-    assert report.problems == []
+        cluster.close()
+        probe.close()
+        await client.drop_database(db_name)
+        await client.close()
+        rs.down()
 
 
 # -- history lost ------------------------------------------------------------------------------
 
 
+async def fall_off_the_oplog(store: JobStore, oplog: Any) -> None:
+    """Write junk until the oplog no longer holds anything written before this call."""
+
+    async def oplog_ts(direction: int) -> Any:
+        entry = await oplog.find_one({}, sort=[("$natural", direction)])
+        assert entry is not None
+        return entry["ts"]
+
+    mark = await oplog_ts(-1)
+    junk = store.db["junk"]
+    deadline = time.monotonic() + 30
+    while await oplog_ts(1) <= mark:
+        assert time.monotonic() < deadline, "the oplog was never truncated"
+        await junk.insert_many([{"blob": "x" * 500_000} for _ in range(4)])
+        await asyncio.sleep(0.3)
+    await junk.drop()
+
+
+async def start_at_once(store: JobStore, n: int) -> list[str]:
+    """Submit `n` jobs one by one; each must start within a second (the stream's news, not
+    a sweep)."""
+    ids = []
+    for _ in range(n):
+        [job_id] = await submit(store, "noop")
+        await wait_until_status(store, job_id, "completed", timeout=5)
+        job = await store.get(job_id)
+        assert job.started_at is not None
+        assert (job.started_at - job.created_at).total_seconds() < 1.0, job
+        ids.append(job_id)
+    return ids
+
+
+@pytest.mark.timeout(420)  # its own waits add up to about 380 s
 async def test_a_dispatcher_whose_token_fell_off_the_oplog_sweeps_and_runs_everything(
     tmp_path: Any, db_name: str
 ) -> None:
@@ -363,7 +529,7 @@ async def test_a_dispatcher_whose_token_fell_off_the_oplog_sweeps_and_runs_every
     # A 1 MB oplog and a checkpoint every second, so the oplog really is truncated.
     rs = ReplicaSet(
         home=tmp_path / "tiny",
-        base_port=27567,
+        base_port=extra_port("tiny_oplog"),
         members=1,
         oplog_mb=1,
         extra_args=("--syncdelay", "1"),
@@ -375,7 +541,7 @@ async def test_a_dispatcher_whose_token_fell_off_the_oplog_sweeps_and_runs_every
             db=db_name,
             concurrency=2,
             lease_seconds=5,
-            sweep_seconds=1,
+            sweep_seconds=120,  # no watchdog sweep during the test: only the reset path helps
             home=tmp_path / "home",
         )
         cluster = Cluster(settings, tmp_path)
@@ -383,28 +549,34 @@ async def test_a_dispatcher_whose_token_fell_off_the_oplog_sweeps_and_runs_every
         store = JobStore(database(client, settings))
         oplog = client["local"]["oplog.rs"]
         try:
+            # 1. A restarted dispatcher whose saved token fell off the oplog.
             first = cluster.dispatcher()
-            await submit(store, "noop")
+            ids = await submit(store, "noop")
             first.wait_for_event("job.completed")
             assert first.stop() == 0
-            ids = await submit(store, "noop", 20)
-
-            async def oplog_ts(direction: int) -> Any:
-                entry = await oplog.find_one({}, sort=[("$natural", direction)])
-                assert entry is not None
-                return entry["ts"]
-
-            mark = await oplog_ts(-1)
-            junk = store.db["junk"]
-            deadline = time.monotonic() + 60
-            while await oplog_ts(1) <= mark:
-                assert time.monotonic() < deadline, "the oplog was never truncated"
-                await junk.insert_many([{"blob": "x" * 500_000} for _ in range(4)])
-                await asyncio.sleep(0.3)
-            await junk.drop()
+            missed = await submit(store, "noop", 20)
+            await fall_off_the_oplog(store, oplog)
             second = cluster.dispatcher()
             second.wait_for_event("stream.history_lost", timeout=30)
-            await wait_all_terminal(store, 21, timeout=60)
+            await wait_all_terminal(store, 21, timeout=10)
+            ids += missed + await start_at_once(store, 3)  # a fresh stream follows
+            # 2. A running dispatcher whose stream falls off the oplog (frozen meanwhile): the
+            #    jobs submitted in between are found by the reset path's sweep, at once.
+            os.killpg(second.pid, signal.SIGSTOP)
+            try:
+                # A decoy answers the stream's pending getMore, so no later insert can reach
+                # the frozen dispatcher except through the reset's sweep.
+                later = datetime.now(UTC) + timedelta(hours=1)
+                [decoy] = await submit(store, "noop", run_at=later)
+                await asyncio.sleep(0.5)
+                late = await submit(store, "noop", 10)
+                await fall_off_the_oplog(store, oplog)
+            finally:
+                os.killpg(second.pid, signal.SIGCONT)
+            wait_until(lambda: len(second.events("stream.history_lost")) == 2, timeout=30)
+            await wait_all_terminal(store, len(ids) + 10, timeout=5)
+            await store.cancel(decoy)
+            ids += [decoy, *late, *await start_at_once(store, 3)]
             await assert_clean(store, ids, first, second)
         finally:
             cluster.close()

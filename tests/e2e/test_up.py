@@ -12,22 +12,25 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from brook.replset import ReplicaSet
-from tests.conftest import ROOT
+from tests.conftest import ROOT, extra_port
 from tests.e2e.conftest import free_port
 from tests.support.procs import pid_alive, wait_until
 
 
+@pytest.mark.timeout(330)  # its own waits: 90 + 30 + 60 + 30 + 60 + 40 s
 def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans_up(
     tmp_path: Path,
 ) -> None:
     port = free_port()
+    mongo_port = extra_port("up")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
     env.update(
         {
             "BROOK_HOME": str(tmp_path / "home"),
-            "BROOK_MONGO_PORT": "27827",
+            "BROOK_MONGO_PORT": str(mongo_port),
             "BROOK_API_PORT": str(port),
             "BROOK_CONCURRENCY": "2",
             "BROOK_SHUTDOWN_GRACE_SECONDS": "1",
@@ -42,7 +45,7 @@ def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    rs = ReplicaSet(home=tmp_path / "home", base_port=27827)
+    rs = ReplicaSet(home=tmp_path / "home", base_port=mongo_port)
 
     def events(name: str) -> list[dict[str, Any]]:
         lines = (tmp_path / "up.log").read_text(errors="replace").splitlines()
@@ -60,8 +63,8 @@ def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans
         )
 
     try:
-        wait_until(lambda: events("up.started"), timeout=120)
-        wait_until(lambda: _ok(f"http://127.0.0.1:{port}/readyz"), timeout=60)
+        wait_until(lambda: events("up.started"), timeout=90)
+        wait_until(lambda: _ok(f"http://127.0.0.1:{port}/readyz"), timeout=30)
         assert sorted(s for _, s in rs.member_states()) == ["PRIMARY", "SECONDARY", "SECONDARY"]
         done = cli("submit", "echo", "--payload", '{"x": 1}', "--wait", "--wait-timeout", "60")
         assert done.returncode == 0 and json.loads(done.stdout) == {"x": 1}, done.stderr
@@ -78,7 +81,7 @@ def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans
         workers = [int(e["pid"]) for e in events("worker.started")]
         assert len(workers) >= 4  # two per dispatcher, both generations
         up.send_signal(signal.SIGINT)  # Ctrl-C
-        assert up.wait(90) == 0
+        assert up.wait(40) == 0
     finally:
         if up.poll() is None:
             up.kill()

@@ -46,8 +46,8 @@ async def run_once(store: JobStore, result: Any = None, **claim: Any) -> str:
     """Claim the next job and complete it, as a dispatcher would."""
     job = await store.claim(OWNER, 30, **claim)
     assert job is not None
-    done, _ = await store.complete_many(OWNER, [(Lease(job_id=job.id, attempt=job.attempts), result)])
-    assert done == {job.id}
+    written = await store.complete_many(OWNER, [(Lease(job_id=job.id, attempt=job.attempts), result)])
+    assert written.done == {job.id}
     return job.id
 
 
@@ -97,8 +97,7 @@ async def test_retry_renews_the_attempt_budget_and_attempts_keep_counting(
     third = await store.claim(OWNER, 30)
     assert third is not None and third.attempts == 3  # the fencing token is never reused
     stale = Lease(job_id=job.id, attempt=2)
-    done, _ = await store.complete_many(OWNER, [(stale, "stale")])
-    assert not done
+    assert not (await store.complete_many(OWNER, [(stale, "stale")])).done
 
 
 async def test_every_transition_including_retries_is_in_the_table(
@@ -112,6 +111,22 @@ async def test_every_transition_including_retries_is_in_the_table(
     cancelled = await aclient.submit("noop", delay=3600)
     await aclient.cancel(cancelled.id)
     await aclient.retry(cancelled.id)
+    # a workflow job retried while a parent has not completed waits for it again ...
+    _, child = await aclient.submit_many(
+        [{"task": "noop", "ref": "p", "delay": 3600}, {"task": "noop", "depends_on": ["p"]}]
+    )
+    await aclient.cancel(child.id)
+    assert (await aclient.retry(child.id)).status == JobStatus.WAITING
+    # ... and one that runs on parent failure is released again at once
+    gone = await aclient.cancel((await aclient.submit("noop", delay=3600)).id)
+    tolerant = await aclient.submit(
+        "echo", max_attempts=1, depends_on=[gone.id], run_on_parent_failure=True
+    )
+    claimed = await store.claim(OWNER, 30, tasks={"echo"})
+    assert claimed is not None and claimed.id == tolerant.id
+    await store.fail_attempt(Lease(job_id=tolerant.id, attempt=1), OWNER, {"type": "E"}, 0)
+    again = await aclient.retry(tolerant.id)
+    assert [h["status"] for h in again.history][-3:] == ["failed", "waiting", "pending"]
     seen: set[tuple[JobStatus, JobStatus]] = set()
     async for doc in store.jobs.find({}):
         statuses = [JobStatus(h["status"]) for h in doc["history"]]
@@ -260,9 +275,10 @@ async def test_ttl_removes_finished_jobs_and_leaves_active_ones(
     aclient: AsyncClient, store: JobStore
 ) -> None:
     """The test replica set runs MongoDB's TTL monitor every second."""
-    done_id = (await aclient.submit("noop", retention_s=0)).id
+    # A few seconds of retention: long enough to read them back before the monitor runs.
+    done_id = (await aclient.submit("noop", retention_s=5)).id
     await run_once(store)
-    cancelled = await aclient.submit("noop", retention_s=1, delay=3600)
+    cancelled = await aclient.submit("noop", retention_s=5, delay=3600)
     await aclient.cancel(cancelled.id)
     kept = await aclient.submit("noop", delay=3600)  # the default: a week
     await aclient.cancel(kept.id)
@@ -396,7 +412,7 @@ async def test_counts_by_queue_come_from_one_aggregation(store: JobStore) -> Non
     counts = await store.count_by_queue()
     assert list(counts) == ["default", "emails"]
     assert counts["emails"]["pending"] == 1 and counts["emails"]["completed"] == 1
-    assert counts["default"] == {"pending": 1, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}
+    assert counts["default"] == {"waiting": 0, "pending": 1, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}
 
 
 # -- presence and the task-name check ----------------------------------------------------------

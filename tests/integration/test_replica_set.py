@@ -7,15 +7,16 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pymongo import MongoClient, ReadPreference
+from pymongo import MongoClient
 from pymongo.read_concern import ReadConcern
 
 from brook.replset import ReplicaSet
-from tests.conftest import ROOT, Mongo
+from tests.conftest import ROOT, Mongo, extra_port
 from tests.support.procs import pid_alive, wait_until
 
 
@@ -31,21 +32,32 @@ def test_the_set_has_one_primary_and_two_secondaries(mongo: Mongo) -> None:
 
 
 def test_a_majority_write_is_readable_from_a_secondary(mongo: Mongo, db_name: str) -> None:
+    rs = _embedded(mongo)
     client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, w="majority")
+    secondaries: list[MongoClient[dict[str, Any]]] = [
+        MongoClient(
+            f"mongodb://127.0.0.1:{rs.ports[i]}/?directConnection=true",
+            readPreference="secondary",
+        )
+        for i in range(rs.members)
+        if i != rs.primary_index()
+    ]
     try:
-        coll = client[db_name]["probe"]
-        with client.start_session(causal_consistency=True) as session:
-            coll.insert_one({"_id": "x", "v": 1}, session=session)
-            secondary = client[db_name].get_collection(
-                "probe",
-                read_preference=ReadPreference.SECONDARY,
-                read_concern=ReadConcern("majority"),
-            )
-            doc = secondary.find_one({"_id": "x"}, session=session)
-            server = session.client.topology_description  # read went to a secondary
-        assert doc == {"_id": "x", "v": 1}
-        assert server.has_readable_server(ReadPreference.SECONDARY)
+        assert len(secondaries) == 2
+        for c in secondaries:
+            assert c.admin.command("hello")["secondary"]
+        client[db_name]["probe"].insert_one({"_id": "x", "v": 1})
+        # Acknowledged by a majority (two of three) means applied on at least one secondary
+        # already: read each one directly, with no session to carry causal consistency.
+        found = [c[db_name]["probe"].find_one({"_id": "x"}) for c in secondaries]
+        assert {"_id": "x", "v": 1} in found, found
+        # And in every secondary's majority-committed view, once it learns the commit point.
+        for c in secondaries:
+            majority = c[db_name].get_collection("probe", read_concern=ReadConcern("majority"))
+            wait_until(partial(majority.find_one, {"_id": "x"}), timeout=10)
     finally:
+        for c in secondaries:
+            c.close()
         client.drop_database(db_name)
         client.close()
 
@@ -74,9 +86,13 @@ def test_killing_the_primary_elects_a_new_one_and_the_client_keeps_working(
         client.close()
 
 
+@pytest.mark.timeout(330)  # five `brook mongo` calls of up to 60 s
 def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path) -> None:
+    port = extra_port("mongo_cli")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
-    env.update({"BROOK_HOME": str(tmp_path), "BROOK_MONGO_PORT": "27717", "PYTHONPATH": str(ROOT)})
+    env.update(
+        {"BROOK_HOME": str(tmp_path), "BROOK_MONGO_PORT": str(port), "PYTHONPATH": str(ROOT)}
+    )
 
     def brook(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -84,16 +100,14 @@ def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path
             env=env,
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=60,
         )
 
     up = brook("up")
     assert up.returncode == 0, up.stderr
-    assert (
-        up.stdout.strip()
-        == "mongodb://127.0.0.1:27717,127.0.0.1:27718,127.0.0.1:27719/?replicaSet=brook"
-    )
-    rs = ReplicaSet(home=tmp_path, base_port=27717)
+    hosts = ",".join(f"127.0.0.1:{port + i}" for i in range(3))
+    assert up.stdout.strip() == f"mongodb://{hosts}/?replicaSet=brook"
+    rs = ReplicaSet(home=tmp_path, base_port=port)
     pids = [rs.pid(i) for i in range(3)]
     assert all(pids)
     again = brook("up")
@@ -115,10 +129,13 @@ def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path
 def test_mongo_up_reports_a_taken_port_in_one_line(tmp_path: Path) -> None:
     import socket
 
+    port = extra_port("taken_port")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
-    env.update({"BROOK_HOME": str(tmp_path), "BROOK_MONGO_PORT": "27517", "PYTHONPATH": str(ROOT)})
+    env.update(
+        {"BROOK_HOME": str(tmp_path), "BROOK_MONGO_PORT": str(port), "PYTHONPATH": str(ROOT)}
+    )
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 27517))
+        sock.bind(("127.0.0.1", port))
         sock.listen()
         proc = subprocess.run(
             [sys.executable, "-m", "brook.cli", "mongo", "up"],
@@ -129,11 +146,11 @@ def test_mongo_up_reports_a_taken_port_in_one_line(tmp_path: Path) -> None:
         )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "port 27517 is already in use" in lines[0]
+    assert len(lines) == 1 and f"port {port} is already in use" in lines[0]
 
 
 def test_mongo_up_after_a_crash_reuses_the_data(tmp_path: Path) -> None:
-    rs = ReplicaSet(home=tmp_path, base_port=27617)
+    rs = ReplicaSet(home=tmp_path, base_port=extra_port("crash_reuse"))
     rs.up()
     try:
         client: MongoClient[dict[str, Any]] = MongoClient(rs.uri, w="majority")

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
+from common.dependents import settle
 from common.errors import JobConflict, JobNotFound, LeaseLost
 from common.models import Job, JobSpec
 from common.status import TRANSITIONS, JobStatus
 from common.store import CLAIM_FILTER, CLAIM_SORT, JobStore, Lease, RunTimes
 
 OWNER = "test-owner"
+T = TypeVar("T")
 
 
 def spec(task: str = "noop", **kw: Any) -> JobSpec:
@@ -28,12 +31,48 @@ async def expire_now(store: JobStore, job_id: str) -> None:
     )
 
 
+async def profiled(store: JobStore, op: Awaitable[T]) -> tuple[T, dict[str, Any]]:
+    """Run `op` with the profiler on; return its result and the one `findAndModify` it sent
+    to the jobs collection, as the server received it."""
+    await store.db.command("profile", 2)
+    try:
+        result = await op
+    finally:
+        await store.db.command("profile", 0)
+    entries = (
+        await store.db["system.profile"]
+        .find({"ns": f"{store.db.name}.jobs", "command.findAndModify": "jobs"})
+        .to_list()
+    )
+    assert len(entries) == 1, entries
+    command: dict[str, Any] = entries[0]["command"]
+    return result, command
+
+
+def client_times(value: Any) -> list[datetime]:
+    """Every date inside a command: a time the client stamped."""
+    if isinstance(value, datetime):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in client_times(v)]
+    if isinstance(value, list):
+        return [t for v in value for t in client_times(v)]
+    return []
+
+
 async def test_submit_stores_a_pending_job_stamped_by_the_server(store: JobStore) -> None:
-    sub = await store.submit(spec("echo", payload={"a": "$notAField", "b": [1, {"c": 2}]}))
+    sub, command = await profiled(
+        store, store.submit(spec("echo", payload={"a": "$notAField", "b": [1, {"c": 2}]}))
+    )
     job = await store.get(sub.job.id)
     assert sub.created and job.status == JobStatus.PENDING and job.attempts == 0
     assert job.payload == {"a": "$notAField", "b": [1, {"c": 2}]}  # stored literally
     assert job.run_at == job.created_at
+    # The server's clock, not ours: the write carries `$$NOW` and no time of the client's.
+    [stage] = command["update"]
+    assert stage["$set"]["created_at"] == "$$NOW" and stage["$set"]["run_at"] == "$$NOW"
+    assert stage["$set"]["history"][0]["at"] == "$$NOW"
+    assert client_times(command) == []
 
 
 async def test_claim_takes_the_highest_priority_then_the_earliest_due(store: JobStore) -> None:
@@ -51,13 +90,21 @@ async def test_claim_sets_lease_from_the_server_clock_and_bumps_the_attempt(
     store: JobStore,
 ) -> None:
     await store.submit(spec())
-    job = await store.claim(OWNER, 30)
+    job, command = await profiled(store, store.claim(OWNER, 30))
     assert job is not None and job.status == JobStatus.RUNNING and job.attempts == 1
     assert job.owner == OWNER and job.lease_expires_at is not None
     claimed_at = job.history[-1]["at"]
     assert abs((job.lease_expires_at - claimed_at).total_seconds() - 30) < 0.01
     # A claim is a lease, not a start: the job may wait in its dispatcher's prefetch buffer.
     assert job.started_at is None
+
+    # Due and leased by the server's clock: `$$NOW` in the filter and in the lease, and no
+    # time of the client's anywhere in the command.
+    assert command["query"]["$expr"] == {"$lte": ["$run_at", "$$NOW"]}
+    [stage] = command["update"]
+    assert stage["$set"]["started_at"] is None
+    assert stage["$set"]["lease_expires_at"] == {"$add": ["$$NOW", 30000]}
+    assert client_times(command) == []
 
 
 async def test_a_batch_claim_returns_the_claimed_jobs_without_a_read_back(
@@ -82,8 +129,10 @@ async def test_an_attempt_records_its_tasks_real_start_and_end(store: JobStore) 
     ran = RunTimes(started_at=t0, finished_at=t0 + timedelta(milliseconds=250))
     await store.mark_started(OWNER, [(Lease(job_id=b.id, attempt=1), t0)])
     assert (await store.get(b.id)).started_at == t0  # a long task shows its start while running
-    done, _ = await store.complete_many(OWNER, [(Lease(job_id=a.id, attempt=1), 1)], ran={a.id: ran})
-    assert a.id in done
+    done = await store.complete_many(
+        OWNER, [(Lease(job_id=a.id, attempt=1), 1)], ran={a.id: ran}
+    )
+    assert a.id in done.done
     completed = await store.get(a.id)
     assert (completed.started_at, completed.finished_at) == (ran.started_at, ran.finished_at)
     failed = await store.fail_attempt(
@@ -128,14 +177,22 @@ async def test_a_zombie_completion_from_a_stale_attempt_is_rejected(store: JobSt
 
     async def complete(attempt: int, owner: str, result: str) -> bool:
         lease = Lease(job_id=sub.job.id, attempt=attempt)
-        done, refused = await store.complete_many(owner, [(lease, result)])
-        assert not refused
-        return sub.job.id in done
+        written = await store.complete_many(owner, [(lease, result)])
+        assert not written.refused
+        return sub.job.id in written.done
 
     assert not await complete(1, OWNER, "stale")
-    with pytest.raises(LeaseLost):  # every other outcome write is fenced the same way
-        await store.fail_attempt(Lease(job_id=sub.job.id, attempt=1), OWNER, {"type": "E"}, 0)
     assert not await complete(2, OWNER, "stale")  # right attempt, wrong owner
+    stale = Lease(job_id=sub.job.id, attempt=1)
+    writes: list[Callable[[], Awaitable[Job]]] = [  # every other outcome write is fenced too
+        lambda: store.fail_attempt(stale, OWNER, {"type": "E", "message": ""}, 0),
+        lambda: store.cancel_running(stale, OWNER),
+        lambda: store.release(stale, OWNER),
+    ]
+    for write in writes:
+        with pytest.raises(LeaseLost):
+            await write()
+    assert (await store.get(sub.job.id)).status == JobStatus.RUNNING
     assert await complete(2, "other-owner", "fresh")
     await complete(2, "other-owner", "again")  # a completed job cannot be completed again
     done = await store.get(sub.job.id)
@@ -256,6 +313,13 @@ async def test_every_transition_the_store_performs_is_in_the_table(store: JobSto
     await store.cancel_running(Lease(job_id=j.id, attempt=j.attempts), OWNER)
     p = await store.submit(spec())
     await store.cancel(p.job.id)
+    # workflows: waiting → pending (its parent completed), waiting → cancelled
+    family = await store.submit_many([spec(ref="p"), spec(depends_on=("p",)), spec(depends_on=("p",))])
+    await store.cancel(family[2].job.id)
+    j = await store.claim(OWNER, 30)
+    assert j and j.id == family[0].job.id and j.has_dependents
+    written = await store.complete_many(OWNER, [(Lease(job_id=j.id, attempt=1, has_dependents=True), 0)])
+    assert len(await settle(store, written.parents, via="completion")) == 1
 
     seen: set[tuple[JobStatus, JobStatus]] = set()
     async for doc in store.jobs.find({}):
@@ -289,7 +353,7 @@ async def test_complete_many_completes_held_leases_and_reports_lost_and_refused_
     [doc] = await store.expired()
     await store.requeue_expired(doc, 0)  # b's lease is gone
     big = "x" * (11 * 1024 * 1024)  # with the 6 MiB payload, over the 16 MiB document limit
-    done, refused = await store.complete_many(
+    written = await store.complete_many(
         OWNER,
         [
             (Lease(job_id=a.id, attempt=1), {"ok": 1}),
@@ -297,12 +361,12 @@ async def test_complete_many_completes_held_leases_and_reports_lost_and_refused_
             (Lease(job_id=c.id, attempt=1), big),
         ],
     )
-    assert done == {a.id} and set(refused) == {c.id}
+    assert written.done == {a.id} and set(written.refused) == {c.id} and not written.parents
     assert (await store.get(a.id)).result == {"ok": 1}
     assert (await store.get(b.id)).status == JobStatus.PENDING
     assert (await store.get(c.id)).status == JobStatus.RUNNING  # untouched; the caller fails it
-    again, _ = await store.complete_many(OWNER, [(Lease(job_id=a.id, attempt=1), {"ok": 1})])
-    assert again == {a.id}  # a retried batch recognises its own earlier write
+    again = await store.complete_many(OWNER, [(Lease(job_id=a.id, attempt=1), {"ok": 1})])
+    assert again.done == {a.id}  # a retried batch recognises its own earlier write
 
 
 async def test_claim_many_leases_the_best_due_jobs_once_each_under_a_race(store: JobStore) -> None:

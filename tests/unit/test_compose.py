@@ -7,10 +7,15 @@ promises (three `mongo` containers in replica set rs0 with keyfile auth, `api` a
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,22 +138,108 @@ def test_keyfile_is_generated_at_runtime_before_any_mongod_starts() -> None:
     for name in MONGO_SERVICES:
         deps = _depends_on(services[name])
         assert any(deps.get(g) == "service_completed_successfully" for g in generators), name
-    script = KEYFILE_SCRIPT.read_text(encoding="utf-8")
-    assert "rand" in script and "756" in script
-    assert "chmod 400" in script
-    assert "999:999" in script or "MONGO_UID:-999" in script
     committed = [p.name for p in MONGO_DIR.iterdir() if p.suffix not in {".sh", ".md"}]
     assert not [n for n in committed if "key" in n.lower()], f"keyfile committed: {committed}"
 
 
-def test_init_script_initiates_rs0_with_all_three_members_once() -> None:
-    script = INIT_SCRIPT.read_text(encoding="utf-8")
-    assert "rs0" in script
+def _stub(bin_dir: Path, name: str, exit_code: int = 0) -> Path:
+    """A fake `name` on PATH that records each call's arguments (one JSON list a line)."""
+    calls = bin_dir / f"{name}.calls"
+    stub = bin_dir / name
+    stub.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        f"with open({str(calls)!r}, 'a') as f:\n"
+        "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"sys.exit({exit_code})\n"
+    )
+    stub.chmod(0o755)
+    return calls
+
+
+def _calls(log: Path) -> list[list[str]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _run(script: Path, shell: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    executable = shutil.which(shell)
+    assert executable is not None, f"{shell} is needed to run {script.name}"
+    return subprocess.run(
+        [executable, str(script), *args], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_keyfile_script_writes_a_private_random_key_for_mongodb_once(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    chown = _stub(bin_dir, "chown")  # the real one would need root
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    keyfile = tmp_path / "volume" / "keyfile"
+    first = _run(KEYFILE_SCRIPT, "sh", str(keyfile), **env)
+    assert first.returncode == 0, first.stderr
+    key = keyfile.read_text()
+    assert len(base64.b64decode("".join(key.split()))) == 756  # mongod accepts 6 to 1024 chars
+    assert stat.S_IMODE(keyfile.stat().st_mode) == 0o400  # mongod refuses a readable keyfile
+    assert _calls(chown) == [["999:999", str(keyfile)]]  # the image's mongodb user
+    again = _run(KEYFILE_SCRIPT, "sh", str(keyfile), **env)
+    assert again.returncode == 0, again.stderr
+    assert keyfile.read_text() == key  # kept: restarted members still recognise each other
+    other = tmp_path / "other" / "keyfile"
+    assert _run(KEYFILE_SCRIPT, "sh", str(other), **env).returncode == 0
+    assert other.read_text() != key  # random, not a committed constant
+
+
+def _init(
+    tmp_path: Path, *, members_answer: bool = True, **env: str
+) -> tuple[int, list[list[str]]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    mongosh = _stub(bin_dir, "mongosh", 0 if members_answer else 1)
+    proc = _run(
+        INIT_SCRIPT, "bash", PATH=f"{bin_dir}:{os.environ['PATH']}", RS_WAIT_SECONDS="0", **env
+    )
+    return proc.returncode, _calls(mongosh)
+
+
+def _js(call: list[str]) -> str:
+    """The script passed with --eval, without its comments."""
+    code = call[call.index("--eval") + 1]
+    return "\n".join(line for line in code.splitlines() if not line.strip().startswith("//"))
+
+
+def test_init_script_initiates_rs0_with_all_three_members_once(tmp_path: Path) -> None:
+    code, calls = _init(tmp_path, MONGO_ROOT_USER="root", MONGO_ROOT_PASSWORD="pw-never-on-argv")
+    assert code == 0
+    pings, initiate = calls[:-1], calls[-1]
+    # Every member answers a ping before anything else happens.
+    assert [c[1] for c in pings] == [f"mongodb://{m}/admin?directConnection=true" for m in MEMBERS]
+    assert all("ping" in _js(c) for c in pings)
+    assert initiate[1] == f"mongodb://{MEMBERS[0]}/admin?directConnection=true"
+    js = _js(initiate)
+    assert "_id: 'rs0'" in js
     for member in MEMBERS:
-        assert member in script
-    assert "rs.initiate" in script
-    assert "rs.status()" in script, "initiation must be skipped when the set already exists"
-    assert "PRIMARY" in script, "the script must wait for a primary"
+        assert f"host: '{member}'" in js
+    # Initiated only when rs.status() says the set does not exist yet, then wait for a PRIMARY.
+    assert js.index("rs.status()") < js.index("rs.initiate(config)")
+    assert "NotYetInitialized" in js
+    assert "stateStr === 'PRIMARY'" in js
+    # Credentials reach mongosh through its environment, never on a command line.
+    assert "process.env.MONGO_ROOT_PASSWORD" in js
+    assert not any("pw-never-on-argv" in arg for call in calls for arg in call)
+
+
+def test_init_script_stops_without_credentials_or_when_a_member_never_answers(
+    tmp_path: Path,
+) -> None:
+    code, calls = _init(tmp_path / "a", MONGO_ROOT_USER="root")
+    assert code != 0 and calls == []  # no MONGO_ROOT_PASSWORD: nothing is attempted
+    code, calls = _init(
+        tmp_path / "b", members_answer=False, MONGO_ROOT_USER="root", MONGO_ROOT_PASSWORD="pw"
+    )
+    assert code != 0
+    assert len(calls) == 1 and not any("rs.initiate" in _js(c) for c in calls)
 
 
 def test_mongo_init_runs_the_script_after_all_members_are_healthy() -> None:

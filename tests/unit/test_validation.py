@@ -60,10 +60,14 @@ def test_unique_for_s_needs_an_idempotency_key() -> None:
     assert spec.unique_for_s == 10
 
 
-def test_depends_on_is_refused_until_workflows_exist() -> None:
-    [error] = detail({"task": "noop", "depends_on": ["a"]})
-    assert error["loc"] == ["depends_on"] and "workflows are not available yet" in error["msg"]
-    assert validate_spec({"task": "noop", "depends_on": []}).task == "noop"
+def test_depends_on_takes_parent_names_each_once() -> None:
+    spec = validate_spec({"task": "noop", "depends_on": ["a", "b", "a"]})
+    assert spec.depends_on == ("a", "b") and not spec.run_on_parent_failure
+    assert validate_spec({"task": "noop", "depends_on": []}).depends_on == ()
+    [error] = detail({"task": "noop", "depends_on": [""]})
+    assert error["loc"] == ["depends_on", 0]
+    [error] = detail({"task": "noop", "run_on_parent_failure": "yes"})
+    assert error["loc"] == ["run_on_parent_failure"]
 
 
 @pytest.mark.parametrize(
@@ -130,6 +134,8 @@ def test_only_a_retry_leaves_a_terminal_status_and_only_for_failed_or_cancelled(
     assert {
         (JobStatus.FAILED, JobStatus.PENDING),
         (JobStatus.CANCELLED, JobStatus.PENDING),
+        (JobStatus.FAILED, JobStatus.WAITING),  # a workflow job whose parents did not complete
+        (JobStatus.CANCELLED, JobStatus.WAITING),
     } == RETRIES
     assert ALLOWED == TRANSITIONS | RETRIES
 

@@ -1,0 +1,166 @@
+"""One client's event stream: what it missed (replayed from memory, or caught up from the
+oplog), then live events, as server-sent events.
+
+Every event is `event: job` with the job as its data and an `id:` that resumes right
+after it. While nothing happens, the feed sends an id-only line from time to time: it
+moves the client's Last-Event-ID forward without an event (browsers and SSE clients
+keep it), so a client whose filter matches nothing for hours still resumes from a recent
+point. When the client's history is no longer in the oplog it gets `event: reset`, then
+the current state of the jobs it watches (changed since its last event), then live ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo.errors import PyMongoError
+from sse_starlette import ServerSentEvent
+
+from common.events import Event, emit
+from common.models import Doc
+from common.status import JobStatus
+from common.store import JobStore
+from ingest.eventids import encode_id
+from ingest.live import (
+    Closed,
+    EventFilter,
+    Hub,
+    LiveEvent,
+    Position,
+    Reset,
+    Subscription,
+    catch_up,
+    live_event,
+)
+from ingest.metrics import SSE_CATCH_UPS, SSE_RESETS
+
+SEP = "\n"  # plain lines: `grep '^id:'` in a shell gets an id without a stray CR
+RESET_SLACK_MS = 5000  # clocks differ: after a reset, send a little more rather than less
+RESET_LIMIT = 500  # jobs sent as the current state after a reset, at most
+JOB_EVENT = "job"
+RESET_EVENT = "reset"
+
+
+def _sse(**fields: Any) -> ServerSentEvent:
+    return ServerSentEvent(sep=SEP, **fields)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FeedOptions:
+    per_job: bool  # starts with the current state, skips repeats, ends after a terminal state
+    idle_s: float  # how often an idle feed moves the client's Last-Event-ID forward
+
+
+class Feed:
+    def __init__(self, hub: Hub, store: JobStore, flt: EventFilter, options: FeedOptions) -> None:
+        self.hub = hub
+        self.store = store
+        self.filter = flt
+        self.options = options
+        self.done = False
+        self._last_data: str | None = None
+        self._floor = ""  # the client has everything up to here: never send an id before it
+
+    async def events(self, since: Position | None) -> AsyncGenerator[ServerSentEvent, None]:
+        """Subscribe now (so nothing is missed from here on), then stream."""
+        if self.hub.position is None:  # the hub restarted since this request was accepted
+            yield _sse(comment="closing: the event stream is restarting; reconnect")
+            return
+        if since is not None:
+            self._floor = since.key
+        sub = self.hub.subscribe(self.filter, since)
+        try:
+            async for sse in self._stream(sub, since):
+                yield sse
+        except Closed as exc:
+            yield _sse(comment=f"closing: {exc}; reconnect with Last-Event-ID")
+        except PyMongoError as exc:
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="events", error=str(exc)[:200])
+            yield _sse(
+                comment="closing: database unavailable; reconnect with Last-Event-ID"
+            )
+        finally:
+            self.hub.unsubscribe(sub)
+
+    async def _stream(
+        self, sub: Subscription, since: Position | None
+    ) -> AsyncIterator[ServerSentEvent]:
+        if since is None and self.options.per_job:
+            async for sse in self._current_state(sub.start, reset=None):
+                yield sse
+        elif since is not None:
+            async for sse in self._missed(sub, since):
+                yield sse
+        while not self.done:
+            event = await sub.next(self.options.idle_s)
+            if event is not None:
+                for sse in self._job(event):
+                    yield sse
+                continue
+            # Nothing queued: every matching event up to the hub's position has been sent.
+            position = self.hub.position
+            if position is not None and position.key > self._floor:
+                self._floor = position.key
+                yield _sse(id=encode_id(position))
+
+    async def _missed(self, sub: Subscription, since: Position) -> AsyncIterator[ServerSentEvent]:
+        if sub.replay is not None:
+            for event in sub.replay:
+                for sse in self._job(event):
+                    yield sse
+                if self.done:
+                    return
+            return
+        SSE_CATCH_UPS.inc()
+        async for item in catch_up(self.store, sub, since):
+            if isinstance(item, Reset):
+                async for sse in self._current_state(sub.start, reset=item):
+                    yield sse
+                return
+            for sse in self._job(item):
+                yield sse
+            if self.done:
+                return
+
+    def _job(self, event: LiveEvent) -> list[ServerSentEvent]:
+        if self.done or (self.options.per_job and event.data == self._last_data):
+            return []
+        self._last_data = event.data
+        final = self.options.per_job and event.terminal
+        self.done = final
+        self._floor = max(self._floor, event.at.key)
+        event_id = encode_id(event.at, final=final)
+        return [_sse(data=event.data, event=JOB_EVENT, id=event_id)]
+
+    async def _current_state(
+        self, at: Position, reset: Reset | None
+    ) -> AsyncIterator[ServerSentEvent]:
+        """The jobs as they are now, with the position `at` (events after it follow)."""
+        if reset is not None:
+            SSE_RESETS.inc()
+            emit(Event.SSE_RESET, level="warning", reason=reset.reason, job_id=self.filter.job_id)
+            since = datetime.fromtimestamp((reset.since_ms - RESET_SLACK_MS) / 1000, UTC)
+            body = {"reason": reset.reason, "since": since.isoformat()}
+            yield _sse(data=json.dumps(body), event=RESET_EVENT, id=encode_id(at))
+        for doc in await self._now(reset):
+            for sse in self._job(live_event(at, doc)):
+                yield sse
+
+    async def _now(self, reset: Reset | None) -> list[Doc]:
+        f = self.filter
+        if f.job_id is not None:
+            doc = await self.store.job_doc(f.job_id)
+            return [doc] if doc is not None else []
+        if reset is None:  # a feed of many jobs has no "current state" but after a reset
+            return []
+        return await self.store.changed_since(
+            datetime.fromtimestamp((reset.since_ms - RESET_SLACK_MS) / 1000, UTC),
+            queue=f.queue,
+            task=f.task,
+            status=JobStatus(f.status) if f.status else None,
+            limit=RESET_LIMIT,
+        )

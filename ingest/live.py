@@ -1,0 +1,458 @@
+"""Live job events: one change stream per API process, fanned out in memory.
+
+`Hub.run()` follows one change stream on the jobs collection, opened with post-images so
+that each event carries the job exactly as that change left it (not as a later lookup
+finds it). Every event is encoded once (its JSON text is shared by every client) and kept
+in a ring of the latest ones; each client's `Subscription` gets the events its filter
+matches through a bounded queue. A client that falls `BROOK_SSE_BUFFER` events behind is
+dropped (it reconnects with its Last-Event-ID and resumes), so a slow client never slows
+the others, and memory stays bounded however many clients there are.
+
+Resuming: an event's position is the change stream's resume token. A position still in
+the ring is replayed from memory. An older one (say, from before this process started) is
+read by a short-lived catch-up stream of the client's own, from its position up to the
+hub's position at the moment it subscribed, while live events queue behind; then the
+client goes live. So idle clients cost no cursor, and a catch-up cursor lives only as long
+as the catch-up. Positions are ordered by the token's `_data`: a KeyString in hex, whose
+byte order is the oplog's order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pymongo.errors import OperationFailure, PyMongoError
+
+from common.backoff import Backoff
+from common.db import is_history_lost, is_transient
+from common.events import Event, emit
+from common.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
+from common.models import DEFAULT_QUEUE, Doc, Job
+from common.status import TERMINAL, JobStatus
+from common.store import JobStore
+from ingest.encoding import job_text
+from ingest.metrics import SSE_DROPPED
+
+STREAM = "live"  # the `stream` label of this process's change stream in logs and metrics
+RING_SIZE = 2_000  # events kept for resuming from memory (older: a catch-up stream)
+CATCH_UP_AWAIT_MS = 200
+INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")
+TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
+
+# Every insert and replacement, and every update that changes more than the lease or the
+# clock (a lease renewal is not news to anyone watching).
+_QUIET_FIELDS = ["lease_expires_at", "updated_at"]
+LIVE_PIPELINE: list[dict[str, Any]] = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": {"$in": ["insert", "replace", *INVALIDATING]}},
+                {
+                    "operationType": "update",
+                    "$expr": {
+                        "$gt": [
+                            {
+                                "$size": {
+                                    "$setDifference": [
+                                        {
+                                            "$map": {
+                                                "input": {
+                                                    "$objectToArray": (
+                                                        "$updateDescription.updatedFields"
+                                                    )
+                                                },
+                                                "in": "$$this.k",
+                                            }
+                                        },
+                                        _QUIET_FIELDS,
+                                    ]
+                                }
+                            },
+                            0,
+                        ]
+                    },
+                },
+            ]
+        }
+    }
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Position:
+    """A point in the change stream: its resume token, and the server's wall time there
+    (this host's clock for a position between events), used only after history was lost."""
+
+    token: Mapping[str, Any]
+    wall_ms: int
+
+    @property
+    def key(self) -> str:
+        return str(self.token["_data"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveEvent:
+    at: Position
+    job_id: str
+    task: str
+    queue: str
+    status: str
+    data: str  # the job as JSON text, encoded once for every client
+    wait_ms: float | None = None  # a start: from due (`run_at`) to `started_at`
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_VALUES
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reset:
+    """The client's position is no longer in the oplog: its history between `since_ms` and
+    now is lost, and it is told so."""
+
+    reason: str
+    since_ms: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventFilter:
+    job_id: str | None = None
+    queue: str | None = None
+    task: str | None = None
+    status: str | None = None
+
+    def matches(self, event: LiveEvent) -> bool:
+        return (
+            (self.job_id is None or event.job_id == self.job_id)
+            and (self.queue is None or event.queue == self.queue)
+            and (self.task is None or event.task == self.task)
+            and (self.status is None or event.status == self.status)
+        )
+
+
+class Closed(Exception):
+    """The hub let go of this client (it fell too far behind, or the hub restarted); the
+    client resumes from its last event id."""
+
+
+def wall_ms(when: datetime) -> int:
+    return int(when.timestamp() * 1000)
+
+
+def _wait_ms(job: Job) -> float | None:
+    """A start's wait: from due (`run_at`) to `started_at`, both the server's clock."""
+    if job.status != JobStatus.RUNNING or job.started_at is None:
+        return None
+    return max((job.started_at - job.run_at).total_seconds() * 1000, 0.0)
+
+
+def live_event(at: Position, doc: Doc) -> LiveEvent:
+    job = Job.from_doc(doc)
+    return LiveEvent(
+        at=at,
+        job_id=job.id,
+        task=job.task,
+        queue=job.queue or DEFAULT_QUEUE,
+        status=job.status.value,
+        data=job_text(job),
+        wait_ms=_wait_ms(job),
+    )
+
+
+async def build_event(store: JobStore, change: Mapping[str, Any]) -> LiveEvent | None:
+    """The event for one change; a change without a post-image (images not enabled yet, or
+    expired) carries the job as it is now. None for a job deleted since, or not a job."""
+    doc = change.get("fullDocument")
+    if doc is None:
+        doc = await store.job_doc(str(change["documentKey"]["_id"]))
+        if doc is None:
+            return None
+    wall = change.get("wallTime")
+    ms = wall_ms(wall) if isinstance(wall, datetime) else int(time.time() * 1000)
+    try:
+        return live_event(Position(token=change["_id"], wall_ms=ms), doc)
+    except (KeyError, ValueError, TypeError) as exc:
+        emit(Event.STREAM_ERROR, level="warning", stream=STREAM, error=f"not a job: {exc!r}")
+        return None
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One client's view of the hub: a filter, and a bounded queue of matching events."""
+
+    filter: EventFilter
+    start: Position  # the hub's position when it subscribed: later events are queued
+    limit: int
+    after_key: str | None = None  # skip events at or before this (the client is ahead)
+    replay: list[LiveEvent] | None = None  # None: events before `start` need a catch-up
+    closed: str | None = None  # why the hub let go of it
+    _queue: deque[LiveEvent] = field(default_factory=deque)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def offer(self, event: LiveEvent) -> bool:
+        """Queue an event; False (and dropped) when the client is `limit` events behind."""
+        if len(self._queue) >= self.limit:
+            self.close(f"this client fell {self.limit} events behind")
+            return False
+        self._queue.append(event)
+        self._wake.set()
+        return True
+
+    def close(self, reason: str) -> None:
+        """Stop this client: it ends once it has what is already queued."""
+        self.closed = reason
+        self._wake.set()
+
+    def backlog(self) -> int:
+        return len(self._queue)
+
+    async def next(self, timeout: float) -> LiveEvent | None:
+        """The next event, or None after `timeout` seconds without one."""
+        while not self._queue:
+            if self.closed is not None:
+                raise Closed(self.closed)
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+            except TimeoutError:
+                return None
+        return self._queue.popleft()
+
+
+AHEAD_S = 60  # how far ahead of us another API process's position may plausibly be
+
+
+def cluster_seconds(key: str) -> int | None:
+    """The cluster time (seconds) a token's `_data` starts with: a KeyString timestamp
+    (type byte 0x82, then 4 bytes of seconds and 4 of increment), or None if it is not one."""
+    if len(key) < 18 or key[:2] != "82":
+        return None
+    try:
+        return int(key[2:10], 16)
+    except ValueError:
+        return None
+
+
+def _close_ahead(since: Position, position: Position) -> bool:
+    """A position ahead of ours is another API process's (its stream is a little further
+    on): plausible only if it is a real token and not far in the future. Anything else is
+    left to the server to judge, by a catch-up stream."""
+    theirs, ours = cluster_seconds(since.key), cluster_seconds(position.key)
+    return theirs is not None and ours is not None and theirs - ours <= AHEAD_S
+
+
+class Hub:
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        buffer: int,
+        ring_size: int = RING_SIZE,
+        observe: Callable[[LiveEvent], None] | None = None,
+        max_await_ms: int = 1000,
+    ) -> None:
+        self.store = store
+        self.buffer = buffer
+        self.observe = observe
+        self.max_await_ms = max_await_ms
+        self.position: Position | None = None
+        self.ready = asyncio.Event()
+        self._ring: deque[LiveEvent] = deque(maxlen=ring_size)
+        self._floor: Position | None = None  # every event after it, to `position`, is in the ring
+        self._by_job: dict[str, set[Subscription]] = {}
+        self._others: set[Subscription] = set()
+        self._images = False
+
+    def count(self) -> int:
+        return len(self._others) + sum(len(s) for s in self._by_job.values())
+
+    # -- the one change stream ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        finally:  # cancelled at shutdown, or a bug: no client waits on a hub that is gone
+            self._restart("the hub stopped", why=None)
+
+    async def _run(self) -> None:
+        backoff = Backoff(0.1, 5.0)
+        while True:
+            try:
+                await self._follow(backoff)
+            except OperationFailure as exc:
+                if is_history_lost(exc):
+                    self._restart(f"history lost: {exc}")
+                    continue
+                emit(Event.STREAM_ERROR, level="warning", stream=STREAM, error=str(exc)[:300])
+                await asyncio.sleep(backoff.next())
+            except PyMongoError as exc:
+                emit(Event.STREAM_ERROR, level="warning", stream=STREAM, error=str(exc)[:300])
+                await asyncio.sleep(backoff.next())
+
+    async def _follow(self, backoff: Backoff) -> None:
+        if not self._images:
+            await self._enable_post_images()
+        token = self.position.token if self.position is not None else None
+        async with await self.store.changes(
+            LIVE_PIPELINE,
+            resume_after=token,
+            max_await_ms=self.max_await_ms,
+            full_document="whenAvailable",
+        ) as stream:
+            if token is None:
+                emit(Event.STREAM_OPENED, stream=STREAM)
+            else:
+                STREAM_RESUMES.labels(stream=STREAM).inc()
+                emit(Event.STREAM_RESUMED, stream=STREAM)
+            backoff.reset()
+            self._advance(stream.resume_token)
+            self.ready.set()
+            while stream.alive:
+                change = await stream.try_next()
+                if change is not None and change["operationType"] in INVALIDATING:
+                    self._restart(
+                        f"the jobs collection saw {change['operationType']}",
+                        why=Event.STREAM_INVALIDATED,
+                    )
+                    return
+                if change is not None and (event := await build_event(self.store, change)):
+                    self._publish(event)
+                self._advance(stream.resume_token)
+
+    async def _enable_post_images(self) -> None:
+        """Without post-images (no privilege for `collMod`, say) events still flow: each
+        carries the job as a lookup finds it, which may be later than the change's own."""
+        try:
+            await self.store.enable_post_images()
+        except OperationFailure as exc:
+            if is_transient(exc):
+                raise
+            emit(Event.MONGO_REFUSED, level="warning", op="enable_post_images", error=str(exc))
+        self._images = True
+
+    def _advance(self, token: Mapping[str, Any] | None) -> None:
+        if token is None:
+            return
+        if self.position is None or str(token["_data"]) > self.position.key:
+            self.position = Position(token=token, wall_ms=int(time.time() * 1000))
+        if self._floor is None:
+            self._floor = self.position
+
+    def _publish(self, event: LiveEvent) -> None:
+        if len(self._ring) == self._ring.maxlen:
+            self._floor = self._ring[0].at
+        self._ring.append(event)
+        self.position = event.at
+        behind: list[Subscription] = []
+        for sub in (*self._by_job.get(event.job_id, ()), *self._others):
+            if not sub.filter.matches(event):
+                continue
+            if sub.after_key is not None and event.at.key <= sub.after_key:
+                continue
+            if not sub.offer(event):
+                behind.append(sub)
+        for sub in behind:
+            self.unsubscribe(sub)
+            SSE_DROPPED.inc()
+            emit(Event.SSE_CLIENT_DROPPED, level="warning", reason=sub.closed, **asdict(sub.filter))
+        if self.observe is not None:
+            self.observe(event)
+
+    def _restart(self, reason: str, *, why: Event | None = Event.STREAM_HISTORY_LOST) -> None:
+        """The stream cannot go on from its position: start afresh, and drop every client
+        (each resumes from its own Last-Event-ID, and is told what it lost)."""
+        if why is Event.STREAM_HISTORY_LOST:
+            STREAM_HISTORY_LOST.labels(stream=STREAM).inc()
+        if why is not None:
+            emit(why, level="warning", stream=STREAM, reason=reason[:300])
+        self.ready.clear()
+        self._images = False  # a dropped collection comes back without them
+        self.position = None
+        self._floor = None
+        self._ring.clear()
+        for sub in [*self._others, *(s for subs in self._by_job.values() for s in subs)]:
+            sub.close(reason)
+        self._others.clear()
+        self._by_job.clear()
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def subscribe(self, flt: EventFilter, since: Position | None = None) -> Subscription:
+        """Register a client now (call only once `ready`); events after the hub's current
+        position are queued for it. With `since`, also say how to get those before."""
+        assert self.position is not None, "subscribe only once the hub is ready"
+        sub = Subscription(filter=flt, start=self.position, limit=self.buffer)
+        if since is not None:
+            if since.key >= self.position.key:
+                if _close_ahead(since, self.position):
+                    sub.after_key = since.key  # nothing to replay: it is at or ahead of us
+                    sub.replay = []
+            elif self._floor is not None and since.key >= self._floor.key:
+                sub.replay = [e for e in self._ring if e.at.key > since.key and flt.matches(e)]
+        if flt.job_id is not None:
+            self._by_job.setdefault(flt.job_id, set()).add(sub)
+        else:
+            self._others.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._others.discard(sub)
+        if sub.filter.job_id is not None:
+            subs = self._by_job.get(sub.filter.job_id)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._by_job[sub.filter.job_id]
+
+
+async def catch_up(
+    store: JobStore, sub: Subscription, since: Position
+) -> AsyncIterator[LiveEvent | Reset]:
+    """The events after `since` up to `sub.start`, from a change stream of this client's own
+    that ends with the catch-up; a `Reset` if the oplog no longer reaches back to `since`."""
+    pipeline = list(LIVE_PIPELINE)
+    if sub.filter.job_id is not None:
+        pipeline.append({"$match": {"documentKey._id": sub.filter.job_id}})
+    end = sub.start.key
+    try:
+        async with await store.changes(
+            pipeline,
+            resume_after=since.token,
+            max_await_ms=CATCH_UP_AWAIT_MS,
+            full_document="whenAvailable",
+        ) as stream:
+            while stream.alive:
+                change = await stream.try_next()
+                if change is not None:
+                    if str(change["_id"]["_data"]) > end:
+                        return
+                    if change["operationType"] in INVALIDATING:
+                        raise _Unreachable(f"the jobs collection saw {change['operationType']}")
+                    event = await build_event(store, change)
+                    if event is not None and sub.filter.matches(event):
+                        yield event
+                    continue
+                token = stream.resume_token
+                if token is not None and str(token["_data"]) >= end:
+                    return
+    except OperationFailure as exc:
+        # A position the server cannot resume from (fell off the oplog, or not a token of
+        # this deployment at all; the server names that many ways): the history since is
+        # lost to this client. A passing failure (an election) is not: the client retries.
+        if is_transient(exc):
+            raise
+        yield Reset(reason=f"history lost: {str(exc)[:200]}", since_ms=since.wall_ms)
+    except _Unreachable as exc:
+        yield Reset(reason=str(exc), since_ms=since.wall_ms)
+
+
+class _Unreachable(Exception):
+    pass

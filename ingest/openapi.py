@@ -1,0 +1,148 @@
+"""The OpenAPI document describes every error a route can answer, by one set of rules.
+
+FastAPI documents what a route returns on success; the errors come from the edges every
+route shares (the token, MongoDB's availability, path ids, validation, the body limit),
+so they are added here, by rule, to every operation, including routes added later:
+
+- every route behind the token: `401`; every route but `/healthz`: `503` + `Retry-After`
+  (no primary);
+- a path with an `{id}`: `404`;
+- parameters or a body: `422` (`detail` is a message, or the list of validation errors);
+- a body: `413`;
+- `POST` on an action of one resource (`/jobs/{job_id}/cancel`, …): `409` (not in a state
+  that allows it).
+
+With a token set, it also names the bearer scheme on every route behind it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "title": "Error",
+    "type": "object",
+    "required": ["detail"],
+    "properties": {
+        "detail": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "object"}},
+            ]
+        }
+    },
+}
+
+_DESCRIPTIONS = {
+    401: "Missing or wrong bearer token (when `BROOK_API_TOKEN` is set).",
+    404: "No such job (or other resource).",
+    409: "The job is not in a state that allows this.",
+    413: "Body larger than `BROOK_MAX_BODY_BYTES`.",
+    422: "Invalid input: `detail` says what.",
+    503: "No MongoDB primary reachable; retry after `Retry-After` seconds.",
+}
+
+_HEADERS = {
+    401: {"WWW-Authenticate": {"schema": {"type": "string"}}},
+    503: {"Retry-After": {"schema": {"type": "string"}}},
+}
+
+
+def error_response(code: int) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": _DESCRIPTIONS[code],
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+    if code in _HEADERS:
+        response["headers"] = _HEADERS[code]
+    return response
+
+
+def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """Error responses to declare on a route by hand (the rules add them anyway)."""
+    return {code: error_response(code) for code in codes}
+
+
+PROTECTED = responses(401, 503)
+
+# Successes a route sends besides its declared status (the routes return plain responses).
+OTHER_SUCCESSES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
+    ("post", "/jobs"): {
+        "200": {
+            "description": "The job its `idempotency_key` already names (nothing new stored).",
+            "content": {"application/json": {"schema": {}}},
+        }
+    },
+}
+
+
+def _error_codes(path: str, method: str, operation: dict[str, Any]) -> list[int]:
+    codes: list[int] = []
+    if path not in OPEN_PATHS:
+        codes.append(401)
+    if path != "/healthz":
+        codes.append(503)
+    if "{" in path:
+        codes.append(404)
+    if operation.get("parameters") or operation.get("requestBody"):
+        codes.append(422)
+    if operation.get("requestBody"):
+        codes.append(413)
+    parts = path.strip("/").split("/")
+    if method == "post" and len(parts) == 3 and parts[1].startswith("{"):
+        codes.append(409)
+    return codes
+
+
+def document_bearer(schema: dict[str, Any]) -> None:
+    components = schema.setdefault("components", {})
+    components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, item in schema.get("paths", {}).items():
+        if path in OPEN_PATHS:
+            continue
+        for operation in item.values():
+            if isinstance(operation, dict) and "responses" in operation:
+                operation["security"] = [{"bearer": []}]
+
+
+def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
+    schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    for path, item in schema.get("paths", {}).items():
+        for method, operation in item.items():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            responses = operation["responses"]
+            for code in _error_codes(path, method, operation):
+                if code == 422 or str(code) not in responses:  # 422: ours, not FastAPI's
+                    responses[str(code)] = error_response(code)
+            for code_text, response in OTHER_SUCCESSES.get((method, path), {}).items():
+                operation["responses"].setdefault(code_text, response)
+    # Every 422 is ours now, not FastAPI's default shape.
+    schema["components"]["schemas"].pop("HTTPValidationError", None)
+    schema["components"]["schemas"].pop("ValidationError", None)
+    return schema
+
+
+def install_openapi(app: FastAPI, *, bearer: bool) -> None:
+    """Generate the document once, with the errors and the auth documented."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            document_errors(schema)
+            if bearer:
+                document_bearer(schema)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,131 @@
+"""Live job events as server-sent events: one job's story, or every matching change.
+
+Both streams are `text/event-stream`: `event: job` with the job as JSON, `event: reset`
+when the client's history was lost; every event's `id:` resumes the stream right after
+it (send it back as `Last-Event-ID`, on this API process or another, after a restart or a
+failover too, as long as the oplog still holds that point). Heartbeats (comment lines)
+keep proxies from closing idle streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Query
+from fastapi.responses import Response
+from sse_starlette import EventSourceResponse
+
+from common.status import JobStatus
+from ingest.deps import State
+from ingest.errors import RETRY_AFTER_S
+from ingest.eventids import EventId, InvalidEventId, decode_id
+from ingest.feeds import SEP, Feed, FeedOptions
+from ingest.live import EventFilter, Hub
+
+READY_WAIT_S = 5.0
+SEND_TIMEOUT_S = 30.0  # a client that takes no bytes for this long is cut off
+
+router = APIRouter(tags=["events"])
+
+LastEventId = Annotated[
+    str | None,
+    Header(
+        max_length=1024,
+        description="The `id:` of the last event received: the stream resumes right after it.",
+    ),
+]
+
+# One event of the stream (id-only lines, which move Last-Event-ID on, carry no event).
+_EVENT_SCHEMA = {
+    "title": "ServerSentEvent",
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "enum": ["job", "reset"]},
+        "data": {
+            "type": "string",
+            "description": "`job`: the job. `reset`: `{reason, since}`, then the current state.",
+            "contentMediaType": "application/json",
+            "contentSchema": {"type": "object"},
+        },
+        "id": {
+            "type": "string",
+            "description": "Opaque; send it back as `Last-Event-ID` to resume right after it.",
+        },
+    },
+}
+
+_STREAM = {
+    "description": "A `text/event-stream` of `job` events (and `reset`, after lost history).",
+    "content": {"text/event-stream": {"schema": _EVENT_SCHEMA}},
+}
+
+
+def _since(last_event_id: str | None) -> EventId | None:
+    if last_event_id is None:
+        return None
+    try:
+        return decode_id(last_event_id)
+    except InvalidEventId as exc:
+        raise HTTPException(422, str(exc)) from None
+
+
+async def _ready(hub: Hub) -> None:
+    try:
+        async with asyncio.timeout(READY_WAIT_S):
+            await hub.ready.wait()
+    except TimeoutError:
+        raise HTTPException(
+            503,
+            "the event stream is not open yet (no primary?); retry shortly",
+            headers={"Retry-After": RETRY_AFTER_S},
+        ) from None
+
+
+def _respond(state: State, feed: Feed, since: EventId | None) -> EventSourceResponse:
+    return EventSourceResponse(
+        feed.events(since.at if since is not None else None),
+        ping=state.settings.sse_ping_seconds,
+        send_timeout=SEND_TIMEOUT_S,
+        sep=SEP,  # the pings' line ends too
+    )
+
+
+@router.get(
+    "/jobs/{job_id}/events",
+    response_class=EventSourceResponse,
+    responses={
+        200: _STREAM,
+        204: {"description": "The stream already ended at `Last-Event-ID` (a terminal state)."},
+    },
+)
+async def job_events(job_id: str, state: State, last_event_id: LastEventId = None) -> Response:
+    """One job's events: its current state first (unless resuming), then one event per
+    change (status, attempt, progress, result or error); the stream ends after a terminal
+    state."""
+    since = _since(last_event_id)
+    if since is not None and since.final:
+        return Response(status_code=204)
+    if await state.store.job_doc(job_id) is None:
+        raise HTTPException(404, f"no job {job_id}")
+    await _ready(state.hub)
+    options = FeedOptions(per_job=True, idle_s=state.settings.sse_ping_seconds)
+    return _respond(state, Feed(state.hub, state.store, EventFilter(job_id=job_id), options), since)
+
+
+@router.get("/events", response_class=EventSourceResponse, responses={200: _STREAM})
+async def events(
+    state: State,
+    queue: Annotated[str | None, Query(max_length=200)] = None,
+    task: Annotated[str | None, Query(max_length=200)] = None,
+    status: JobStatus | None = None,
+    last_event_id: LastEventId = None,
+) -> Response:
+    """Every change of every matching job (by queue, task and the status it changed to),
+    for as long as the client stays."""
+    since = _since(last_event_id)
+    await _ready(state.hub)
+    flt = EventFilter(queue=queue, task=task, status=status.value if status else None)
+    options = FeedOptions(per_job=False, idle_s=state.settings.sse_ping_seconds)
+    return _respond(state, Feed(state.hub, state.store, flt, options), since)

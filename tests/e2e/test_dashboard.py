@@ -1,0 +1,176 @@
+"""The dashboard in a real headless browser: Debian's Chromium, driven by Selenium through
+Debian's chromedriver (nothing downloads a browser). Screenshots go to `.brook/artifacts/`.
+
+`make test` installs both packages when they are missing. Without them these tests skip
+with a message naming the packages, except under CI (`CI` set), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from pymongo import MongoClient
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.conftest import ROOT
+from tests.e2e.conftest import Cluster
+from tests.e2e.test_events import api, dispatcher
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+ARTIFACTS = ROOT / ".brook" / "artifacts"
+TOKEN = "dashboard-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    missing = [
+        package
+        for package, path in (("chromium", CHROMIUM), ("chromium-driver", CHROMEDRIVER))
+        if not os.path.exists(path)
+    ]
+    if missing:
+        message = (
+            f"BROWSER TESTS NOT RUN: the Debian package(s) {' and '.join(missing)} are missing;"
+            " `make test` installs them (apt-get install chromium chromium-driver)"
+        )
+        pytest.fail(message)  # never a skip: a browser test that did not run proves nothing
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1200"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(driver: WebDriver, condition: Any, timeout: float = 20) -> Any:
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: condition(d))
+
+
+def texts(driver: WebDriver, css: str) -> list[str]:
+    """The text of every element `css` selects, read at once (the page re-renders live, so
+    element handles go stale)."""
+    found: list[str] = driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent.trim())", css
+    )
+    return found
+
+
+def text(driver: WebDriver, css: str) -> str:
+    found = texts(driver, css)
+    return found[0] if found else ""
+
+
+def screenshot(driver: WebDriver, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(ARTIFACTS / name))
+
+
+def set_progress(cluster: Cluster, job_id: str, fraction: float, message: str) -> None:
+    """What `ctx.progress` stores on the job (written here directly: this test is about the
+    page, not about how a task reports)."""
+    client: MongoClient[dict[str, Any]] = MongoClient(cluster.settings.mongo_uri)
+    try:
+        progress = {"fraction": fraction, "message": message, "at": datetime.now(UTC)}
+        client[cluster.settings.db]["jobs"].update_one(
+            {"_id": job_id}, {"$set": {"progress": progress}}
+        )
+    finally:
+        client.close()
+
+
+def test_the_dashboard_shows_counts_and_progress_live_and_cancels_from_the_page(
+    cluster: Cluster, browser: WebDriver, http: httpx.Client
+) -> None:
+    api(cluster, BROOK_API_TOKEN=TOKEN, BROOK_METRICS_CACHE_SECONDS="0.2")
+    http.headers.update(AUTH)
+    browser.get(cluster.api_url + "/")
+    # The token is asked once, kept in this tab's sessionStorage, never in the URL.
+    wait_for(browser, lambda d: d.find_element(By.ID, "token-dialog").get_attribute("open") is not None)
+    browser.find_element(By.ID, "token-input").send_keys(TOKEN)
+    browser.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+    wait_for(browser, lambda d: text(d, "#count-pending .n") == "0")
+    wait_for(browser, lambda d: text(d, "#live") == "live")
+    assert browser.execute_script("return sessionStorage.getItem('brook.token')") == TOKEN
+    assert TOKEN not in browser.current_url
+    browser.execute_script("window.notReloaded = true")
+
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    for _ in range(5):
+        assert http.post("/jobs", json={"task": "noop", "run_at": later}).status_code == 202
+    wait_for(browser, lambda d: text(d, "#count-pending .n") == "5")
+
+    dispatcher(cluster)
+    job_id = http.post("/jobs", json={"task": "sleep", "payload": {"seconds": 60}}).json()["id"]
+    row = f"#running tr[data-id='{job_id}']"
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row))
+    wait_for(browser, lambda d: text(d, "#count-running .n") == "1")
+    bar = f"{row} .progress"
+    for fraction, message in ((0.25, "a quarter"), (0.75, "three quarters")):
+        set_progress(cluster, job_id, fraction, message)
+        wait_for(
+            browser,
+            lambda d, f=fraction: d.find_element(By.CSS_SELECTOR, bar).get_attribute("data-fraction")
+            == str(f),
+        )
+        assert message in text(browser, bar)
+    width = browser.execute_script(
+        "return document.querySelector(arguments[0]).style.width", f"{bar} .bar"
+    )
+    assert width == "75%"
+    screenshot(browser, "dashboard.png")
+
+    browser.find_element(By.CSS_SELECTOR, f"{row} button[data-cancel]").click()
+    wait_for(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, row))
+    wait_for(browser, lambda d: text(d, "#count-cancelled .n") == "1")
+    assert http.get(f"/jobs/{job_id}").json()["status"] == "cancelled"
+    assert browser.execute_script("return window.notReloaded") is True  # all of it live
+
+
+def test_the_job_page_shows_history_payload_result_and_errors(
+    cluster: Cluster, browser: WebDriver, http: httpx.Client
+) -> None:
+    api(cluster)
+    dispatcher(cluster)
+    failed = http.post(
+        "/jobs", json={"task": "fail", "payload": {"message": "disk full"}, "max_attempts": 2}
+    ).json()["id"]
+    done = http.post("/jobs", json={"task": "echo", "payload": {"greeting": "hi"}}).json()["id"]
+    browser.get(f"{cluster.api_url}/#/jobs/{failed}")
+    wait_for(browser, lambda d: text(d, "#job-status") == "failed", timeout=30)
+    assert "DemoFailure: disk full" in text(browser, "#job-error")
+    assert "Traceback" in text(browser, "#job-traceback")
+    column = "#job-history tbody td:nth-child(2)"
+    assert texts(browser, column) == ["pending", "running", "pending", "running", "failed"]
+    assert '"message": "disk full"' in text(browser, "#job-payload")
+    assert not browser.find_element(By.ID, "job-cancel").is_displayed()
+    screenshot(browser, "job.png")
+    # Retry (the API offers it): a new attempt budget, the same history, followed live.
+    browser.find_element(By.ID, "job-retry").click()
+    wait_for(
+        browser,
+        lambda d: texts(d, column).count("failed") == 2 and text(d, "#job-status") == "failed",
+        timeout=60,
+    )
+    history = texts(browser, column)
+    assert history[:5] == ["pending", "running", "pending", "running", "failed"]
+    assert history[5] == "pending" and history[-1] == "failed"
+    assert http.get(f"/jobs/{failed}").json()["max_attempts"] == 4
+    browser.get(f"{cluster.api_url}/#/jobs/{done}")
+    browser.refresh()
+    wait_for(browser, lambda d: text(d, "#job-status") == "completed")
+    assert '"greeting": "hi"' in text(browser, "#job-result")

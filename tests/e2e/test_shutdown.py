@@ -1,0 +1,424 @@
+"""Shutdown always ends: SIGTERM stops every role (`brook dispatcher`, `brook api`, `brook up`)
+within the grace period + 5 s whatever MongoDB does, a second signal stops it at once, and
+the roles die with `brook up` even when it is SIGKILLed.
+
+MongoDB is made unreachable on a dedicated one-member replica set (the shared test set is
+never disturbed) in two ways: *down* (the `mongod` is killed: connections are refused, as
+after `brook mongo down`) before the signal, and *frozen* (SIGSTOP: connections hang, as in
+a network partition) during the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pymongo.errors import PyMongoError
+
+from brook.replset import ReplicaSet
+from common.models import JobSpec
+from common.settings import Settings
+from common.store import JobStore
+from tests.conftest import extra_port
+from tests.e2e.conftest import Cluster
+from tests.support.procs import BrookProcess, pid_alive, wait_until
+
+GRACE_S = 2.0
+LIMIT_S = GRACE_S + 5.0  # the contract: every role is gone by then
+AT_ONCE_S = 2.0  # "at once", with room for a loaded two-core machine
+SECOND_SIGNALS = pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name
+)
+
+
+class Mongo1:
+    """A one-member replica set the tests may kill or freeze."""
+
+    def __init__(self, home: Path) -> None:
+        self.rs = ReplicaSet(home=home, base_port=extra_port("shutdown"), members=1)
+        self.frozen: int | None = None
+
+    def down(self) -> None:
+        self.rs.stop_member(0, signal.SIGKILL)
+
+    def freeze(self) -> None:
+        pid = self.rs.pid(0)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        self.frozen = pid
+
+    def restore(self) -> None:
+        if self.frozen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.frozen, signal.SIGCONT)
+            self.frozen = None
+        self.rs.up()
+
+
+@pytest.fixture(scope="module")
+def mongo1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mongo1]:
+    m = Mongo1(tmp_path_factory.mktemp("mongo1"))
+    m.rs.up()
+    try:
+        yield m
+    finally:
+        m.restore()
+        m.rs.down()
+
+
+@pytest.fixture
+def settings(mongo1: Mongo1, db_name: str, tmp_path: Path) -> Settings:
+    return Settings(
+        mongo_uri=mongo1.rs.uri,
+        db=db_name,
+        concurrency=2,
+        lease_seconds=5.0,
+        sweep_seconds=1.0,
+        retry_base_seconds=0.05,
+        retry_cap_seconds=0.5,
+        shutdown_grace_seconds=GRACE_S,
+        home=tmp_path / "home",
+    )
+
+
+@pytest.fixture
+async def outage(mongo1: Mongo1, store: JobStore, cluster: Cluster) -> AsyncIterator[Mongo1]:
+    """MongoDB back before the processes are stopped and the database dropped."""
+    yield mongo1
+    await back(mongo1, store)
+
+
+async def back(mongo1: Mongo1, store: JobStore) -> None:
+    """Restore MongoDB; the test's client drops the connections the outage broke."""
+    mongo1.restore()
+    for _ in range(20):
+        try:
+            await store.db.command("ping")
+            return
+        except PyMongoError:
+            await asyncio.sleep(0.1)
+
+
+def exits_within(proc: BrookProcess, since: float, limit: float) -> float:
+    """Seconds from `since` until `proc` exited; fails (with its log) past `limit`."""
+    try:
+        proc.proc.wait(max(since + limit - time.monotonic(), 0.0))
+    except subprocess.TimeoutExpired:
+        log = proc.raw_log()[-3000:]
+        proc.kill()  # its workers and roles die with it (PR_SET_PDEATHSIG)
+        raise AssertionError(
+            f"{proc.role} still running {limit}s after the signal:\n{log}"
+        ) from None
+    return time.monotonic() - since
+
+
+def assert_gone(pids: list[int]) -> None:
+    assert pids, "no process to check"
+    wait_until(lambda: not any(pid_alive(p) for p in pids), timeout=3)
+
+
+def worker_pids(proc: BrookProcess) -> list[int]:
+    return [int(e["pid"]) for e in proc.events("worker.started")]
+
+
+async def running(store: JobStore, proc: BrookProcess, task: str, **payload: Any) -> str:
+    """Submit a job and wait until a worker of `proc` runs it."""
+    job_id = (await store.submit(JobSpec(task=task, payload=payload))).job.id
+    proc.wait_for_event("task.started", timeout=20, where=lambda e: e.get("job_id") == job_id)
+    return job_id
+
+
+async def assert_nothing_left_leased_silently(store: JobStore, proc: BrookProcess) -> None:
+    """A job the dispatcher could not hand back stays leased (it returns at lease expiry),
+    and the log says so."""
+    said = {
+        e.get("job_id")
+        for e in proc.logs()
+        if e.get("event") in ("job.release_failed", "job.result_discarded")
+    }
+    async for doc in store.jobs.find({"status": "running"}):
+        assert doc["_id"] in said, f"{doc['_id']} left running without a word in the log"
+
+
+def post_in_background(url: str) -> threading.Thread:
+    """A submit that is still waiting on MongoDB when the API is told to stop."""
+
+    def post() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(f"{url}/jobs", json={"task": "noop"}, timeout=60)
+
+    thread = threading.Thread(target=post, daemon=True)
+    thread.start()
+    return thread
+
+
+# -- brook dispatcher ---------------------------------------------------------------------------
+
+
+async def test_a_dispatcher_whose_mongodb_is_down_exits_on_sigterm_in_time_and_says_what_it_kept(
+    cluster: Cluster, store: JobStore, outage: Mongo1
+) -> None:
+    disp = cluster.dispatcher()
+    job_id = await running(store, disp, "sleep", seconds=60)
+    workers = worker_pids(disp)
+    outage.down()
+    t0 = time.monotonic()
+    disp.signal(signal.SIGTERM)
+    assert exits_within(disp, t0, LIMIT_S) <= LIMIT_S
+    assert_gone(workers)
+    failed = disp.events("job.release_failed")
+    assert [e["job_id"] for e in failed] == [job_id], failed
+    await back(outage, store)
+    job = await store.get(job_id)
+    # Still leased by the stopped dispatcher: the watchdog of another requeues it at expiry.
+    assert job.status == "running" and job.attempts == 1
+    assert job.owner == disp.events("dispatcher.started")[0]["owner"]
+
+
+async def test_a_dispatcher_whose_mongodb_goes_down_during_the_grace_period_exits_in_time(
+    cluster: Cluster, store: JobStore, outage: Mongo1
+) -> None:
+    disp = cluster.dispatcher()
+    await running(store, disp, "sleep", seconds=GRACE_S / 2 + 0.5)  # ends mid-grace
+    long = await running(store, disp, "sleep", seconds=60)  # stopped at the end of the grace
+    t0 = time.monotonic()
+    disp.signal(signal.SIGTERM)
+    disp.wait_for_event("dispatcher.stopping", timeout=5)
+    outage.freeze()  # the short job's completion and the long one's release hang
+    assert exits_within(disp, t0, LIMIT_S) <= LIMIT_S
+    assert_gone(worker_pids(disp))
+    await back(outage, store)
+    await assert_nothing_left_leased_silently(store, disp)
+    assert {e["job_id"] for e in disp.events("job.release_failed")} >= {long}
+
+
+@SECOND_SIGNALS
+async def test_a_second_signal_stops_a_dispatcher_at_once(
+    cluster: Cluster, store: JobStore, outage: Mongo1, sig: signal.Signals
+) -> None:
+    disp = cluster.dispatcher(BROOK_SHUTDOWN_GRACE_SECONDS="60")
+    await running(store, disp, "sleep", seconds=60)
+    workers = worker_pids(disp)
+    outage.freeze()
+    disp.signal(sig)
+    disp.wait_for_event("dispatcher.stopping", timeout=5)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    disp.signal(sig)
+    assert exits_within(disp, t0, AT_ONCE_S) <= AT_ONCE_S
+    assert_gone(workers)
+
+
+# -- brook api -----------------------------------------------------------------------------------
+
+
+def test_an_api_whose_mongodb_is_down_exits_on_sigterm_in_time(
+    cluster: Cluster, outage: Mongo1
+) -> None:
+    api = cluster.api()
+    outage.down()
+    request = post_in_background(cluster.api_url)  # waits for a primary that never comes
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    api.signal(signal.SIGTERM)
+    assert exits_within(api, t0, LIMIT_S) <= LIMIT_S
+    request.join(10)
+    assert port_is_free(cluster.port)
+
+
+def test_an_api_whose_mongodb_goes_down_during_the_grace_period_exits_in_time(
+    cluster: Cluster, outage: Mongo1
+) -> None:
+    api = cluster.api()
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=cluster.api_url, timeout=60) as client:
+            while not stop.is_set():
+                try:
+                    client.post("/jobs", json={"task": "noop"})
+                except httpx.HTTPError:
+                    return
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        api.signal(signal.SIGTERM)
+        outage.freeze()  # requests in flight, and the client's goodbye, now hang
+        assert exits_within(api, t0, LIMIT_S) <= LIMIT_S
+    finally:
+        stop.set()
+        outage.restore()
+        for thread in threads:
+            thread.join(10)
+    assert port_is_free(cluster.port)
+
+
+@SECOND_SIGNALS
+def test_a_second_signal_stops_an_api_at_once(
+    cluster: Cluster, outage: Mongo1, sig: signal.Signals
+) -> None:
+    api = cluster.api(BROOK_SHUTDOWN_GRACE_SECONDS="60")
+    outage.freeze()
+    request = post_in_background(cluster.api_url)  # keeps the first shutdown waiting
+    time.sleep(0.5)
+    api.signal(sig)
+    api.wait_for_event("Shutting down", timeout=5)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    api.signal(sig)
+    assert exits_within(api, t0, AT_ONCE_S) <= AT_ONCE_S
+    outage.restore()
+    request.join(10)
+    assert port_is_free(cluster.port)
+
+
+def port_is_free(port: int) -> bool:
+    """Free for the next API: nothing listens on it (as uvicorn does, ignore TIME_WAIT)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        except OSError:
+            return False
+    return True
+
+
+# -- brook up ------------------------------------------------------------------------------------
+
+
+def start_up(cluster: Cluster, **env: str) -> BrookProcess:
+    """`brook up` on the dedicated set (BROOK_MONGO_URI: it starts no mongod of its own)."""
+    up = cluster.start("up", **env)
+    up.wait_for_event("up.started", timeout=30)
+    up.wait_for_event("dispatcher.ready", timeout=60)
+    up.wait_for_event("api.started", timeout=30)
+    wait_until(cluster._healthy, timeout=30)
+    return up
+
+
+def up_processes(up: BrookProcess) -> list[int]:
+    """`up` itself, its roles (restarted ones too) and the dispatchers' workers."""
+    roles = [int(p) for p in up.events("up.started")[0]["pids"].values()]
+    roles += [int(e["pid"]) for e in up.events("up.child_restarted")]
+    return [up.pid, *roles, *worker_pids(up)]
+
+
+async def test_brook_up_whose_mongodb_is_down_exits_on_sigterm_in_time(
+    cluster: Cluster, store: JobStore, outage: Mongo1
+) -> None:
+    up = start_up(cluster)
+    await running(store, up, "sleep", seconds=60)
+    everything = up_processes(up)
+    outage.down()
+    t0 = time.monotonic()
+    up.signal(signal.SIGTERM)
+    assert exits_within(up, t0, LIMIT_S) <= LIMIT_S
+    assert up.proc.returncode == 0
+    assert_gone(everything)
+    assert port_is_free(cluster.port)
+
+
+async def test_brook_up_whose_mongodb_goes_down_during_the_grace_period_exits_in_time(
+    cluster: Cluster, store: JobStore, outage: Mongo1
+) -> None:
+    up = start_up(cluster)
+    await running(store, up, "sleep", seconds=60)
+    everything = up_processes(up)
+    t0 = time.monotonic()
+    up.signal(signal.SIGTERM)
+    up.wait_for_event("dispatcher.stopping", timeout=5)
+    outage.freeze()
+    assert exits_within(up, t0, LIMIT_S) <= LIMIT_S
+    assert_gone(everything)
+    assert port_is_free(cluster.port)
+
+
+@SECOND_SIGNALS
+async def test_a_second_signal_stops_brook_up_and_its_roles_at_once(
+    cluster: Cluster, store: JobStore, outage: Mongo1, sig: signal.Signals
+) -> None:
+    up = start_up(cluster, BROOK_SHUTDOWN_GRACE_SECONDS="60")
+    await running(store, up, "sleep", seconds=60)
+    everything = up_processes(up)
+    outage.freeze()
+    up.signal(sig)
+    up.wait_for_event("up.stopping", timeout=5)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    up.signal(sig)
+    assert exits_within(up, t0, AT_ONCE_S) <= AT_ONCE_S
+    assert up.proc.returncode == 130
+    assert_gone(everything)
+
+
+async def test_the_roles_die_with_a_sigkilled_brook_up_and_free_the_api_port(
+    cluster: Cluster, store: JobStore
+) -> None:
+    up = start_up(cluster)
+    await running(store, up, "sleep", seconds=60)
+    everything = up_processes(up)
+    up.kill()  # SIGKILL: `up` cannot stop anything itself
+    assert_gone(everything)  # PR_SET_PDEATHSIG: the roles, and with the dispatcher its workers
+    assert port_is_free(cluster.port)
+
+
+def test_brook_up_stops_its_own_frozen_replica_set_in_time(tmp_path: Path) -> None:
+    from tests.conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
+    port = extra_port("up_shutdown")
+    env.update(
+        {
+            "BROOK_HOME": str(tmp_path / "home"),
+            "BROOK_MONGO_PORT": str(port),
+            "BROOK_API_PORT": str(free_api_port()),
+            "BROOK_CONCURRENCY": "1",
+            "BROOK_SHUTDOWN_GRACE_SECONDS": str(GRACE_S),
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    rs = ReplicaSet(home=tmp_path / "home", base_port=port)
+    up = BrookProcess("up", env, tmp_path / "up.log")
+    mongods: list[int] = []
+    try:
+        up.wait_for_event("up.started", timeout=120)
+        up.wait_for_event("dispatcher.ready", timeout=60)
+        mongods = [p for p in (rs.pid(i) for i in range(3)) if p is not None]
+        assert len(mongods) == 3
+        everything = up_processes(up)
+        t0 = time.monotonic()
+        up.signal(signal.SIGTERM)
+        up.wait_for_event("dispatcher.stopping", timeout=5)
+        for pid in mongods:
+            os.kill(pid, signal.SIGSTOP)
+        assert exits_within(up, t0, LIMIT_S) <= LIMIT_S
+        assert up.events("mongo.down") and up.events("up.stopped")
+        assert_gone([*everything, *mongods])
+    finally:
+        up.kill()
+        for pid in mongods:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        rs.down()
+
+
+def free_api_port() -> int:
+    from tests.e2e.conftest import free_port
+
+    return free_port()

@@ -1,0 +1,240 @@
+"""The live-event hub and its feeds against the real replica set, in process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sse_starlette import ServerSentEvent
+
+from common.models import JobSpec
+from common.store import JobStore, Lease
+from ingest.eventids import decode_id
+from ingest.feeds import Feed, FeedOptions
+from ingest.live import EventFilter, Hub, Position
+from ingest.metrics import DepthCache
+
+OWNER = "test-owner"
+
+
+@pytest.fixture
+async def hub(store: JobStore) -> AsyncIterator[Hub]:
+    hub = Hub(store, buffer=100, ring_size=1000)
+    task = asyncio.create_task(hub.run())
+    await asyncio.wait_for(hub.ready.wait(), 30)
+    yield hub
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def take(stream: AsyncIterator[ServerSentEvent], n: int, timeout: float = 15) -> list[ServerSentEvent]:
+    """The next `n` job or reset events (id-only markers skipped)."""
+    out: list[ServerSentEvent] = []
+    async with asyncio.timeout(timeout):
+        async for sse in stream:
+            if sse.event is not None:
+                out.append(sse)
+            if len(out) == n:
+                break
+    return out
+
+
+def statuses(events: list[ServerSentEvent]) -> list[str]:
+    return [json.loads(str(e.data))["status"] for e in events]
+
+
+def feed(hub: Hub, store: JobStore, *, job_id: str | None = None, idle_s: float = 0.2) -> Feed:
+    return Feed(hub, store, EventFilter(job_id=job_id), FeedOptions(per_job=job_id is not None, idle_s=idle_s))
+
+
+async def run_one(store: JobStore, task: str = "noop", result: Any = None) -> str:
+    """Submit, claim and complete one job as fast as the store allows."""
+    job = (await store.submit(JobSpec(task=task, payload={}))).job
+    claimed = await store.claim(OWNER, 30)
+    assert claimed is not None and claimed.id == job.id
+    written = await store.complete_many(OWNER, [(Lease(job_id=job.id, attempt=1), result)])
+    assert written.done == {job.id}
+    return job.id
+
+
+async def test_each_event_carries_the_job_as_that_change_left_it(store: JobStore, hub: Hub) -> None:
+    stream = feed(hub, store).events(None)
+    first = asyncio.ensure_future(take(stream, 3))
+    await asyncio.sleep(0.2)
+    job_id = await run_one(store, result={"answer": 42})
+    events = await first
+    # Three changes in a few milliseconds: post-images, not lookups, so every state shows.
+    assert statuses(events) == ["pending", "running", "completed"]
+    assert [json.loads(str(e.data))["id"] for e in events] == [job_id] * 3
+    assert json.loads(str(events[2].data))["result"] == {"answer": 42}
+    assert len({e.id for e in events}) == 3
+    await stream.aclose()
+
+
+async def test_a_lease_renewal_is_not_an_event(store: JobStore, hub: Hub) -> None:
+    job = (await store.submit(JobSpec(task="noop", payload={}))).job
+    stream = feed(hub, store, job_id=job.id).events(None)
+    [current] = await take(stream, 1)
+    assert statuses([current]) == ["pending"]
+    claimed = await store.claim(OWNER, 30)
+    assert claimed is not None
+    assert statuses(await take(stream, 1)) == ["running"]
+    for _ in range(3):
+        assert await store.renew(OWNER, [Lease(job_id=job.id, attempt=1)], 30) == set()
+    await store.cancel(job.id)  # → cancel_requested: a real change
+    [requested] = await take(stream, 1)
+    assert json.loads(str(requested.data))["cancel_requested"] is True
+    await stream.aclose()
+
+
+async def test_a_per_job_stream_starts_with_the_current_state_and_ends_after_a_terminal_one(
+    store: JobStore, hub: Hub
+) -> None:
+    job = (await store.submit(JobSpec(task="noop", payload={}))).job
+    await store.claim(OWNER, 30)
+    events = feed(hub, store, job_id=job.id).events(None)
+    seen = await take(events, 1)
+    await store.complete_many(OWNER, [(Lease(job_id=job.id, attempt=1), None)])
+    seen += [e async for e in events if e.event is not None]  # ends by itself
+    assert statuses(seen) == ["running", "completed"]
+    last = decode_id(str(seen[-1].id))
+    assert last.final and not decode_id(str(seen[0].id)).final
+
+
+async def test_resuming_from_memory_or_from_the_oplog_gives_exactly_the_missing_events(
+    store: JobStore,
+) -> None:
+    # A ring of 4 events: older positions must come from a catch-up stream of their own.
+    hub = Hub(store, buffer=100, ring_size=4)
+    task = asyncio.create_task(hub.run())
+    await asyncio.wait_for(hub.ready.wait(), 30)
+    try:
+        whole = feed(hub, store).events(None)
+        pending = asyncio.ensure_future(take(whole, 15))
+        await asyncio.sleep(0.2)
+        for _ in range(5):
+            await run_one(store)
+        reference = await pending
+        for cut in (13, 11, 2):  # from the ring (the last 4), then from the oplog
+            since = decode_id(str(reference[cut].id)).at
+            resumed = await take(feed(hub, store).events(since), 15 - cut - 1)
+            assert [(e.id, e.data) for e in resumed] == [
+                (e.id, e.data) for e in reference[cut + 1 :]
+            ]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_position_the_server_cannot_resume_from_is_a_reset_then_the_current_state(
+    store: JobStore, hub: Hub
+) -> None:
+    job = (await store.submit(JobSpec(task="noop", payload={}))).job
+    assert hub.position is not None
+    bogus = Position(token={"_data": "FFFF"}, wall_ms=hub.position.wall_ms)  # not a KeyString
+    events = await take(feed(hub, store, job_id=job.id).events(bogus), 2)
+    assert events[0].event == "reset" and "history lost" in json.loads(str(events[0].data))["reason"]
+    assert events[1].event == "job" and statuses(events[1:]) == ["pending"]
+
+
+async def test_a_slow_client_is_dropped_and_the_others_get_everything(store: JobStore) -> None:
+    hub = Hub(store, buffer=3)
+    task = asyncio.create_task(hub.run())
+    await asyncio.wait_for(hub.ready.wait(), 30)
+    try:
+        slow = feed(hub, store).events(None)
+        fast = feed(hub, store).events(None)
+        first_slow = asyncio.ensure_future(take(slow, 1))
+        fast_all = asyncio.ensure_future(take(fast, 12))
+        await asyncio.sleep(0.2)
+        for _ in range(4):
+            await run_one(store)
+        assert len(await fast_all) == 12
+        assert len(await first_slow) == 1  # then it stopped reading: 11 more queued, limit 3
+        rest = [e async for e in slow]
+        assert rest[-1].comment is not None and "fell 3 events behind" in rest[-1].comment
+        assert len([e for e in rest if e.event == "job"]) <= 3
+        assert hub.count() == 1  # the fast one, still there
+        await fast.aclose()
+        assert hub.count() == 0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_concurrent_scrapes_share_one_aggregation(store: JobStore) -> None:
+    for _ in range(3):
+        await store.submit(JobSpec(task="noop", payload={}))
+    cache = DepthCache(store, ttl=60)
+    results = await asyncio.gather(*[cache.get() for _ in range(20)])
+    assert cache.aggregations == 1
+    assert all(r["default"]["pending"] == 3 for r in results)
+    await cache.get()
+    assert cache.aggregations == 1  # still fresh
+
+
+
+async def test_a_quiet_stream_moves_its_last_event_id_past_what_it_did_not_match(
+    store: JobStore, hub: Hub
+) -> None:
+    everything = feed(hub, store).events(None)
+    quiet = Feed(
+        hub, store, EventFilter(task="no-such-task"), FeedOptions(per_job=False, idle_s=0.1)
+    ).events(None)
+    pending = asyncio.ensure_future(take(everything, 3))
+    await asyncio.sleep(0.2)
+    await run_one(store)
+    last = decode_id(str((await pending)[-1].id)).at.key
+    async with asyncio.timeout(10):
+        async for sse in quiet:
+            assert sse.event is None  # it matches nothing: only id lines
+            if sse.id is not None and decode_id(sse.id).at.key >= last:
+                break
+    # Resuming from there: nothing it has already been past.
+    resumed = feed(hub, store).events(decode_id(str(sse.id)).at)
+    assert [e async for e in _until_quiet(resumed)] == []
+    await everything.aclose()
+    await quiet.aclose()
+
+
+async def _until_quiet(stream: AsyncIterator[ServerSentEvent]) -> AsyncIterator[ServerSentEvent]:
+    """The job events of `stream` until it has caught up: an id-only line, or a second of
+    silence."""
+    while True:
+        try:
+            sse = await asyncio.wait_for(anext(stream), 1.0)
+        except TimeoutError:
+            return
+        if sse.event is None:
+            return
+        yield sse
+
+
+async def test_dropping_the_jobs_collection_restarts_the_hub_and_lets_its_clients_go(
+    store: JobStore, hub: Hub
+) -> None:
+    await run_one(store)
+    before = feed(hub, store).events(None)
+    waiting = asyncio.ensure_future(anext(before))
+    await asyncio.sleep(0.2)
+    await store.jobs.drop()
+    async with asyncio.timeout(15):
+        closing = await waiting
+        while closing.comment is None:
+            closing = await anext(before)
+    assert "the jobs collection saw drop" in str(closing.comment)
+    await asyncio.wait_for(hub.ready.wait(), 15)
+    await store.ensure_indexes()  # what the engine's processes do when they start again
+    after = feed(hub, store).events(None)
+    pending = asyncio.ensure_future(take(after, 3))
+    await asyncio.sleep(0.2)
+    await run_one(store)
+    assert statuses(await pending) == ["pending", "running", "completed"]
+    await after.aclose()

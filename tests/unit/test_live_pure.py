@@ -1,0 +1,101 @@
+"""Pure parts of watching Brook live: event ids, time buckets, documented errors, edge checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ingest.eventids import InvalidEventId, decode_id, encode_id
+from ingest.live import EventFilter, LiveEvent, Position, cluster_seconds
+from ingest.livestats import STEP_S, LiveStats
+from ingest.openapi import document_errors
+from ingest.validation import InvalidInput, parse_submit
+
+TOKEN = "826B0D3468000000032B022C0100296E5A1004FD"
+
+
+def event(status: str, wall_s: float, wait_ms: float | None = None) -> LiveEvent:
+    return LiveEvent(
+        at=Position(token={"_data": TOKEN}, wall_ms=int(wall_s * 1000)),
+        job_id="j1",
+        task="t",
+        queue="default",
+        status=status,
+        data="{}",
+        wait_ms=wait_ms,
+    )
+
+
+def test_event_ids_round_trip_and_refuse_what_the_api_did_not_hand_out() -> None:
+    at = Position(token={"_data": TOKEN}, wall_ms=1_700_000_000_000)
+    for final in (False, True):
+        decoded = decode_id(encode_id(at, final=final))
+        assert decoded.at == at and decoded.final is final
+    assert len(encode_id(at)) < 80  # short enough for a header and a log line
+    for junk in ("", "x" * 2000, "not base64!", "AAAA", encode_id(at)[:5]):
+        with pytest.raises(InvalidEventId):
+            decode_id(junk)
+
+
+def test_a_tokens_cluster_time_is_read_from_its_keystring() -> None:
+    assert cluster_seconds(TOKEN) == 0x6B0D3468
+    assert cluster_seconds("FFFF") is None and cluster_seconds("00" * 20) is None
+
+
+def test_filters_match_on_every_field_given() -> None:
+    ev = event("running", 0)
+    assert EventFilter().matches(ev) and EventFilter(job_id="j1", status="running").matches(ev)
+    assert not EventFilter(queue="other").matches(ev) and not EventFilter(task="x").matches(ev)
+
+
+def test_live_stats_count_per_bucket_and_wait_percentiles() -> None:
+    now = 10_005.0
+    stats = LiveStats(clock=lambda: now)
+    stats.observe(event("running", now - 1, wait_ms=250.0))
+    stats.observe(event("completed", now - 1))
+    stats.observe(event("failed", now - STEP_S - 1))
+    series = stats.series()
+    assert series["started"][-1] == 1 and series["completed"][-1] == 1
+    assert series["failed"][-2] == 1 and series["wait_p50_ms"][-1] == 250.0
+    assert series["end"] == (int(now // STEP_S) + 1) * STEP_S
+
+
+def test_every_operation_documents_the_errors_it_can_answer() -> None:
+    schema: dict[str, Any] = {
+        "paths": {
+            "/healthz": {"get": {"responses": {"200": {}}}},
+            "/jobs": {"post": {"requestBody": {"required": True}, "responses": {"202": {}}}},
+            "/jobs/{job_id}/cancel": {
+                "post": {"parameters": [{"name": "job_id"}], "responses": {"200": {}}}
+            },
+        }
+    }
+    document_errors(schema)
+    codes = {
+        (path, method): set(op["responses"])
+        for path, item in schema["paths"].items()
+        for method, op in item.items()
+    }
+    assert codes[("/healthz", "get")] == {"200"}
+    assert codes[("/jobs", "post")] == {"200", "202", "401", "413", "422", "503"}
+    assert codes[("/jobs/{job_id}/cancel", "post")] == {"200", "401", "404", "409", "422", "503"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"task": "noop", "payload": {"n": 18446744073709551616}}',
+        b'{"task": "noop", "payload": {"n": [-9223372036854775809]}}',
+        b'{"task": "noop", "payload": {"n": NaN}}',
+        b'{"task": "noop", "payload": {"n": -Infinity}}',
+    ],
+)
+def test_numbers_bson_or_json_cannot_hold_are_refused_at_the_edge(body: bytes) -> None:
+    with pytest.raises(InvalidInput):
+        parse_submit(body)
+
+
+def test_the_widest_64_bit_integers_are_accepted() -> None:
+    body = b'{"task": "noop", "payload": {"lo": -9223372036854775808, "hi": 9223372036854775807}}'
+    assert parse_submit(body).payload == {"lo": -(2**63), "hi": 2**63 - 1}
