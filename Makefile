@@ -26,7 +26,7 @@ browser:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null \
-		|| echo "WARNING: could not install chromium chromium-driver: the browser tests will skip (or fail under CI)" >&2; \
+		|| echo "WARNING: could not install chromium chromium-driver: the browser tests will fail" >&2; \
 	fi
 
 ## Run the whole test suite against a real replica set.

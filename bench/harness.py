@@ -46,7 +46,9 @@ class Deployment:
 
 @contextlib.contextmanager
 def replica_set(*, keep: bool) -> Iterator[Deployment]:
-    """`BROOK_MONGO_URI` if set, else the embedded set on 27917-27919 under `.brook/bench`.
+    """`BROOK_MONGO_URI` if set, else the embedded set on 27917-27919 under `.brook/bench`
+    (`BROOK_BENCH_MONGO_PORT` / `BROOK_BENCH_HOME` move it, e.g. on a host shared with
+    other benchmarks).
 
     An embedded set this run started is stopped at the end unless `keep`; one that was
     already running is left as it was found.
@@ -55,12 +57,14 @@ def replica_set(*, keep: bool) -> Iterator[Deployment]:
     if external:
         yield Deployment(external, "BROOK_MONGO_URI", [])
         return
-    rs = ReplicaSet(home=ROOT / BENCH_HOME, base_port=BENCH_PORT)
+    home = Path(os.environ.get("BROOK_BENCH_HOME") or ROOT / BENCH_HOME)
+    port = int(os.environ.get("BROOK_BENCH_MONGO_PORT") or BENCH_PORT)
+    rs = ReplicaSet(home=home, base_port=port)
     was_running = rs.running()
     try:
         uri = rs.up()
         pids = [pid for i in range(rs.members) if (pid := rs.pid(i)) is not None]
-        yield Deployment(uri, f"embedded {BENCH_HOME}, ports {BENCH_PORT}-{BENCH_PORT + 2}", pids)
+        yield Deployment(uri, f"embedded {home}, ports {port}-{port + 2}", pids)
     finally:
         if not keep and not was_running:
             rs.down()
@@ -155,15 +159,18 @@ def role_env(
 
 
 class RoleProcess:
-    """One `python -m brook.cli ROLE` child in its own session, its output in a log file."""
+    """One `python -m brook.cli ROLE` child in its own session, its output in a log file.
+    `BROOK_BENCH_BROOK` names another `brook` executable to run instead (an A/B against
+    another checkout, its own venv)."""
 
     def __init__(self, role: str, env: Mapping[str, str], log_path: Path) -> None:
         self.role = role
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        other = os.environ.get("BROOK_BENCH_BROOK")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "brook.cli", role],
+            [other, role] if other else [sys.executable, "-m", "brook.cli", role],
             env=dict(env),
             cwd=ROOT,
             stdout=self._log,
@@ -305,12 +312,19 @@ def proc_cpu_s(pid: int) -> float:
 
 
 def children(pid: int) -> list[int]:
-    out = []
+    """Every descendant of `pid` (a dispatcher's workers are forks of its fork server)."""
+    parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = _stat_fields(int(entry))
-            if fields and fields[1] == str(pid):
-                out.append(int(entry))
+            if fields:
+                parents.setdefault(int(fields[1]), []).append(int(entry))
+    out: list[int] = []
+    todo = list(parents.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo += parents.get(child, [])
     return out
 
 

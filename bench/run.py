@@ -3,6 +3,10 @@
     python -m bench.run [--scenario latency|throughput|batch|probe|events|limits|all] [--jobs 5000]
                         [--rate 20] [--duration 30] [--concurrency N] [--limit N]
                         [--keep-mongo] [--py-spy PATH]
+    python -m bench.run --scenario enqueue|startup|drain|backlog [--sizes 0,100000,1000000]
+
+The last four (`bench/scale.py`) are not part of `all`: `backlog` at a million jobs takes a
+while and a few GB of disk.
 
 Each scenario gets a fresh database (`bench_<stamp>_<scenario>`, dropped at the end) and
 fresh `brook api` / `brook dispatcher` processes (SIGTERM at the end, never left behind).
@@ -26,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import limits
+from bench import limits, scale
 from bench.events import enable_post_images, events_fanout
 from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
@@ -48,9 +52,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument(
         "--scenario",
-        choices=["latency", "throughput", "batch", "probe", "events", "limits", "all"],
+        choices=[
+            "latency", "throughput", "batch", "probe", "events", "limits", "all",
+            "enqueue", "startup", "drain", "backlog",
+        ],
         default="all",
     )
+    p.add_argument("--sizes", default="0,100000,1000000", help="backlog: pending jobs, each run")
     p.add_argument("--jobs", type=int, default=5000, help="throughput, batch: jobs per variant")
     p.add_argument("--sse-clients", type=int, default=200, help="events: SSE clients")
     p.add_argument("--rate", type=float, default=20.0, help="latency: submissions per second")
@@ -170,6 +178,14 @@ def _log_note(logs: dict[str, dict[str, int]]) -> str:
     return f"  log lines at WARNING+: {noisy}" if noisy else "  log lines at WARNING+: none"
 
 
+def _scale_summary(results: dict[str, Any]) -> list[str]:
+    return [
+        f"{name}: {json.dumps(results[name], default=str)}"
+        for name in ("enqueue", "startup", "drain", "backlog")
+        if name in results
+    ]
+
+
 def summarize(results: dict[str, Any]) -> str:
     env = results["environment"]
     lines = [
@@ -273,6 +289,7 @@ def summarize(results: dict[str, Any]) -> str:
         ]
     if "limits" in results:
         lines += limits.summary(results["limits"])
+    lines += _scale_summary(results)
     for label, prof in results.get("profiles", {}).items():
         if prof.get("samples"):
             top = ", ".join(f"{name} {pct}%" for name, pct in prof["top_self"][:6])
@@ -341,6 +358,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 plan.append(("batch_submit", lambda: batch_submit(ctx, args.jobs)))
             if args.scenario in ("limits", "all"):
                 plan.append(("limits", lambda: limits.limits(ctx, args.jobs, args.limit)))
+            plan += _scale_plan(args, ctx)
             for name, scenario in plan:
                 print(f"[bench] {name} ...", file=sys.stderr, flush=True)
                 t = time.monotonic()
@@ -361,6 +379,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             client.close()
     results["profiles"] = profiler.summaries()
     return results
+
+
+def _scale_plan(
+    args: argparse.Namespace, ctx: Context
+) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    sizes = tuple(int(x) for x in args.sizes.split(",") if x.strip())
+    return {
+        "enqueue": [("enqueue", lambda: scale.enqueue(ctx, min(args.jobs, 2000)))],
+        "startup": [("startup", lambda: scale.startup(ctx))],
+        "drain": [("drain", lambda: scale.drain(ctx, args.jobs))],
+        "backlog": [("backlog", lambda: scale.backlog(ctx, sizes))],
+    }.get(args.scenario, [])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -69,6 +69,9 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def cmd_dispatcher(settings: Settings, _: argparse.Namespace) -> int:
+    from executor.forking import start_server
+
+    start_server()  # it imports the worker's modules while this process imports its own
     from brook.roles import run_dispatcher
 
     return run_dispatcher(settings)

@@ -54,9 +54,8 @@ async def serve_dispatcher(
     pool.on_free = dispatcher.wake
     pool.on_progress = dispatcher.on_progress
     metrics = serve_metrics(settings)
-    await pool.start()
     try:
-        await dispatcher.run(stop)
+        await dispatcher.run(stop)  # it starts the pool alongside its own start-up
     finally:
         if metrics is not None:
             metrics.close()

@@ -59,6 +59,7 @@ _KEEP: Any = object()  # a limit `set_queue` was not asked to change
 JobList = list[Job]
 Submissions = list[Submitted]
 SubmitOne = Callable[[JobSpec], Awaitable[Submitted]]
+CountByQueue = Callable[[], Awaitable[dict[str, dict[str, int]]]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,13 +226,16 @@ class ClientCore(Submitting):
         directory: TaskDirectory,
         *,
         submit_one: SubmitOne | None = None,
+        count_by_queue: CountByQueue | None = None,
         on_staged: OnStaged | None = None,
     ) -> None:
         self._store = store
         self._queues = QueueStore(store.db)
         self._directory = directory
-        # The API passes its group commit here (concurrent submits share one write).
+        # The API passes its group commit here (concurrent submits share one write), and
+        # its counts kept in memory (refreshed in the background) for `queues`.
         self._submit_one: SubmitOne = submit_one or store.submit
+        self._count_by_queue: CountByQueue = count_by_queue or store.count_by_queue
         self._indexed: asyncio.Future[None] | None = None
         self.on_staged = on_staged
 
@@ -310,8 +314,9 @@ class ClientCore(Submitting):
 
     async def queues(self) -> Sequence[QueueInfo]:
         """Every queue that holds jobs or has limits, with its job counts by status (one
-        aggregation), its limits and the slots in use now (checked against the jobs)."""
-        counts = await self._store.count_by_queue()
+        aggregation, kept in memory by the API), its limits and the slots in use now
+        (checked against the jobs)."""
+        counts = await self._count_by_queue()
         usage = await self._queues.usage()
         empty = {s.value: 0 for s in JobStatus}
         return [

@@ -26,11 +26,22 @@ def _add_process(_: Any, __: str, event_dict: structlog.types.EventDict) -> Any:
     return event_dict
 
 
+# The level `configure_logging` set (None: never configured, everything goes through).
+_threshold: int | None = None
+
+
+def enabled(level: int) -> bool:
+    """Whether a line at `level` would be written: callers on a hot path skip building it."""
+    return _threshold is None or level >= _threshold
+
+
 def configure_logging(level: str = "INFO", *, role: str | None = None) -> None:
     """Configure structlog and the stdlib root logger; safe to call again (e.g. in a child)."""
+    global _threshold
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         numeric = logging.INFO
+    _threshold = numeric
     renderer = structlog.processors.JSONRenderer(sort_keys=False)
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*_SHARED, structlog.stdlib.ExtraAdder()],

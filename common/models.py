@@ -80,6 +80,20 @@ class Job:
         return self.attempts
 
     @property
+    def claimed_at(self) -> datetime | None:
+        """When the current attempt was claimed (its `running` history entry, stamped with
+        the server's clock), or None if the job is not running. Not its start: a claimed
+        job may wait in its dispatcher's prefetch buffer (`started_at` is the real start)."""
+        if self.status != JobStatus.RUNNING:
+            return None
+        for entry in reversed(self.history):
+            claim = entry.get("status") == JobStatus.RUNNING.value
+            if claim and entry.get("attempt") == self.attempts:
+                at = entry.get("at")
+                return at if isinstance(at, datetime) else None
+        return None
+
+    @property
     def lease_owner(self) -> str | None:
         """The dispatcher holding the job's lease (the API's name for `owner`)."""
         return self.owner

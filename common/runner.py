@@ -35,6 +35,10 @@ class Outcome:
     error: dict[str, Any] | None = None
     retry_delay: float | None = None
     exitcode: int | None = None
+    # When the runner handed the job to its worker and saw the attempt end
+    # (`time.monotonic()`): the task's real run, whenever the caller gets to look.
+    started: float | None = None
+    ended: float | None = None
     committed: bool = False
     tx_session: dict[str, Any] | None = None
 

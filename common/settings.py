@@ -16,6 +16,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _QUEUE_NAME = re.compile(QUEUE_NAME)
 WEEK_S = 7 * 86400.0
+# Claims ahead of the workers, at most (BROOK_PREFETCH unset): enough for claims of many
+# jobs each, so short tasks cost few claim round trips.
+DEFAULT_PREFETCH = 32
 
 
 def _default_concurrency() -> int:
@@ -41,6 +44,9 @@ class Settings(BaseSettings):
     # `concurrency`.
     queues: Annotated[dict[str, int] | None, NoDecode] = None
     retention_seconds: float = Field(default=WEEK_S, ge=0.0, le=100 * 365 * 86400.0)
+    # The most jobs claimed ahead of the workers, per dispatcher (per queue with `queues`);
+    # None: the slots, at least DEFAULT_PREFETCH.
+    prefetch: int | None = Field(default=None, ge=0, le=4096)
 
     # Beyond the contract: tuning knobs with safe defaults.
     home: Path = Path(".brook")
@@ -100,6 +106,11 @@ class Settings(BaseSettings):
     def worker_slots(self) -> int:
         """Worker processes of a dispatcher: the sum of its queues' slots, else `concurrency`."""
         return sum(self.queues.values()) if self.queues else self.concurrency
+
+    def prefetch_for(self, slots: int) -> int:
+        """How many jobs a dispatcher (or one of its queues) with `slots` slots may hold
+        claimed ahead of its workers."""
+        return max(slots, DEFAULT_PREFETCH) if self.prefetch is None else self.prefetch
 
     @property
     def heartbeat_seconds(self) -> float:

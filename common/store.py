@@ -8,7 +8,9 @@ Times that matter for leases and due dates come from the server clock (`$$NOW`).
 
 from __future__ import annotations
 
+import math
 import secrets
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -37,6 +39,8 @@ KEY_TRIES = 5  # a key freed and taken again by a peer, over and over: give up, 
 # MongoDB merges at most this many index scans to give a sort (internalQueryMaxScansToExplode);
 # a routed claim over more tasks than this uses the general claim order instead.
 MAX_MERGED_SCANS = 200
+# How often `server_clock` measures the server clock's offset from this process's.
+CLOCK_REFRESH_S = 10.0
 # A dispatcher is live while it was seen within this many of its lease lengths.
 LIVE_LEASES = 3
 # What is left of a dispatcher that vanished without retiring is deleted after a day.
@@ -293,12 +297,14 @@ def _workflow_fields(
 
 
 def _claimed(owner: str, lease_seconds: float) -> dict[str, Any]:
+    """A lease, not a start: a claimed job may wait in its dispatcher's prefetch buffer, so
+    `started_at` stays null until its task really starts (see `RunTimes`)."""
     attempt = {"$add": ["$attempts", 1]}
     return {
         "status": R,
         "owner": _lit(owner),
         "attempts": attempt,
-        "started_at": NOW,
+        "started_at": None,
         "updated_at": NOW,
         "lease_expires_at": _after(lease_seconds * 1000),
         **_history({"status": R, "at": NOW, "attempt": attempt, "owner": _lit(owner)}),
@@ -306,12 +312,36 @@ def _claimed(owner: str, lease_seconds: float) -> dict[str, Any]:
     }
 
 
-def _completed(lease: Lease, result: Any, retention_s: float) -> dict[str, Any]:
+def _as_claimed(doc: Doc, owner: str) -> Job:
+    """A pending job as `_claimed` left it (the fields a dispatcher reads of its claim)."""
+    return Job.from_doc(
+        {
+            **doc,
+            "status": R,
+            "owner": owner,
+            "attempts": int(doc.get("attempts", 0)) + 1,
+            "started_at": None,
+            "progress": None,
+        }
+    )
+
+
+def _ran(ran: RunTimes | None) -> dict[str, Any]:
+    """`started_at` / `finished_at` of an attempt that ran: the task's own start and end as
+    its dispatcher measured them; without them, the time of this write."""
+    if ran is None:
+        return {"started_at": {"$ifNull": ["$started_at", NOW]}, "finished_at": NOW}
+    return {"started_at": ran.started_at, "finished_at": ran.finished_at}
+
+
+def _completed(
+    lease: Lease, result: Any, retention_s: float, ran: RunTimes | None = None
+) -> dict[str, Any]:
     return {
         "status": JobStatus.COMPLETED.value,
         "result": _lit(result),
         "error": None,
-        "finished_at": NOW,
+        **_ran(ran),
         "expire_at": _expiry(retention_s),
         "updated_at": NOW,
         "owner": None,
@@ -362,7 +392,18 @@ def transaction_opened(
     transaction; and the session is recorded, so that whoever requeues an abandoned attempt
     ends that transaction first."""
     tx = {"attempt": lease.attempt, "session": _lit(dict(session_id)), "at": NOW}
-    return [{"$set": {"tx": tx, "lease_expires_at": _after(lease_seconds * 1000)}}]
+    # A short task's start is otherwise written with its outcome, which its transaction
+    # writes: its task has started by now, so now is the closest this write can tell.
+    started = {"$ifNull": ["$started_at", NOW]}
+    return [
+        {
+            "$set": {
+                "tx": tx,
+                "lease_expires_at": _after(lease_seconds * 1000),
+                "started_at": started,
+            }
+        }
+    ]
 
 
 def transaction_closed(lease_seconds: float) -> list[dict[str, Any]]:
@@ -543,6 +584,16 @@ class Completions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunTimes:
+    """When an attempt's task really started and ended, on the server's clock as its
+    dispatcher reads it (its own clock plus a measured offset): a claimed job may wait in
+    the prefetch buffer, and its outcome may be written a little after the task ended."""
+
+    started_at: datetime
+    finished_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
 class ExpiredLease:
     """A running job whose lease is over by the server's clock (the watchdog's find)."""
 
@@ -591,6 +642,8 @@ class JobStore:
         self.dispatchers: AsyncCollection[Doc] = db[DISPATCHERS]
         # How long a finished job without its own `retention_s` is kept (the TTL's input).
         self.retention_s = retention_s
+        self._clock_offset = 0.0  # server clock - local clock, seconds (see server_clock)
+        self._clock_read_at = -math.inf
 
     async def ensure_indexes(self) -> None:
         """Idempotent: an index that exists with the same spec is a no-op; one that exists
@@ -650,9 +703,9 @@ class JobStore:
         order. A job whose idempotency key exists (or repeats within the batch) returns the
         job holding it; only a key whose unique window ended meanwhile costs more round
         trips."""
-        # One read of the server's clock stamps the whole batch: an insert cannot evaluate
+        # One reading of the server's clock stamps the whole batch: an insert cannot evaluate
         # `$$NOW`, and an upsert per job costs the server several times more.
-        now = await self.server_now()
+        now = await self.server_clock()
         if any(spec.depends_on for spec in specs):
             return await self._submit_workflow(specs, now)
         docs = [{"_id": str(ObjectId()), **_new_job(spec, now)} for spec in specs]
@@ -795,7 +848,14 @@ class JobStore:
             query["queue"] = queue
         if after is not None:
             query["_id"] = {"$lt": after}
-        docs = await self.jobs.find(query).sort("_id", DESCENDING).limit(limit + 1).to_list()
+        cursor = self.jobs.find(query).sort("_id", DESCENDING).limit(limit + 1)
+        filters = [name for name in ("status", "task", "queue") if name in query]
+        if len(filters) == 1:
+            # Named, so the plan never depends on the cache: with a million pending jobs,
+            # weighing the claim indexes (which hold them all) against this one, on every
+            # replanning, is what would make the first page slow.
+            cursor = cursor.hint(f"list_{filters[0]}")
+        docs = await cursor.to_list()
         jobs = [Job.from_doc(d) for d in docs[:limit]]
         nxt = jobs[-1].id if len(docs) > limit else None
         return jobs, nxt
@@ -886,15 +946,20 @@ class JobStore:
             return [], True
         ids = [d["_id"] for d in candidates]
         tag = secrets.token_hex(8)
-        await self.jobs.update_many(
+        res = await self.jobs.update_many(
             {"_id": {"$in": ids}, **CLAIM_FILTER},
             [{"$set": {**_claimed(owner, lease_seconds), "claim_tag": tag}}],
         )
+        dry = len(candidates) < limit
+        if res.modified_count == len(ids):
+            # Won them all (the usual case): every candidate was pending when the update
+            # matched it, so its claim took attempt + 1; no read-back needed.
+            return [_as_claimed(d, owner) for d in candidates], dry
         won = await self.jobs.find(
             {"_id": {"$in": ids}, "claim_tag": tag, "owner": owner, "status": R}
         ).to_list()
         won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
-        return [Job.from_doc(d) for d in won], len(candidates) < limit
+        return [Job.from_doc(d) for d in won], dry
 
     async def next_due(
         self,
@@ -928,6 +993,18 @@ class JobStore:
         # A wrapped application client may not decode datetimes as aware ones.
         return now if now.tzinfo is not None else now.replace(tzinfo=UTC)
 
+    async def server_clock(self) -> datetime:
+        """The server's time now, read from this process's clock and an offset measured
+        with one `hello` at most every CLOCK_REFRESH_S (not one per batch of inserts). It
+        errs early, never late: the server read its clock at some moment of the round
+        trip, so the offset taken is the smallest that reading allows, and a job stamped
+        with it is due when it lands."""
+        if time.monotonic() - self._clock_read_at > CLOCK_REFRESH_S:
+            server = (await self.server_now()).replace(tzinfo=UTC)
+            self._clock_offset = server.timestamp() - time.time()
+            self._clock_read_at = time.monotonic()
+        return datetime.fromtimestamp(time.time() + self._clock_offset, UTC)
+
     async def renew(self, owner: str, leases: Sequence[Lease], lease_seconds: float) -> set[str]:
         """Extend every lease `owner` still holds in one write; return the job ids it lost."""
         if not leases:
@@ -956,8 +1033,15 @@ class JobStore:
         kept = {d["_id"] for d in still}
         return {lease.job_id for lease in leases} - kept
 
-    async def complete_many(self, owner: str, items: Sequence[tuple[Lease, Any]]) -> Completions:
-        """Fenced completions in one round trip (one `bulk_write`, one majority wait).
+    async def complete_many(
+        self,
+        owner: str,
+        items: Sequence[tuple[Lease, Any]],
+        *,
+        ran: Mapping[str, RunTimes] | None = None,
+    ) -> Completions:
+        """Fenced completions in one round trip (one `bulk_write`, one majority wait);
+        `ran` gives the attempts' real start and end times by job id.
 
         Says which jobs this call (or an earlier try of it, cut off by a failover)
         completed, which ones MongoDB refused with the reason (e.g. a document too large),
@@ -969,7 +1053,8 @@ class JobStore:
         # majority-committed (or gone), instead of reading the old state and calling the
         # job lost when it is in fact completed.
         async with self.db.client.start_session(causal_consistency=True) as session:
-            refused = await self._write_completions(owner, items, session)
+            times = ran or {}
+            refused = await self._write_completions(owner, items, times, session)
             if refused is None:
                 done = {lease.job_id for lease, _ in items}
                 parents = {lease.job_id for lease, _ in items if lease.has_dependents}
@@ -987,7 +1072,7 @@ class JobStore:
                 and (d["status"], d["attempts"], d.get("owner")) == (R, lease.attempt, owner)
             ]
             if late:
-                refused.update(await self._write_completions(owner, late, session) or {})
+                refused.update(await self._write_completions(owner, late, times, session) or {})
                 docs = await self._completion_states(items, session)
         # Which ones are ours? A completed job with our attempt number can only be ours:
         # every claim takes a new attempt number.
@@ -1004,7 +1089,11 @@ class JobStore:
         )
 
     async def _write_completions(
-        self, owner: str, items: Sequence[tuple[Lease, Any]], session: AsyncClientSession
+        self,
+        owner: str,
+        items: Sequence[tuple[Lease, Any]],
+        times: Mapping[str, RunTimes],
+        session: AsyncClientSession,
     ) -> dict[str, str] | None:
         """One `bulk_write` of fenced completions: None if every one matched, else the ids
         MongoDB refused, with the reason."""
@@ -1017,7 +1106,7 @@ class JobStore:
                     "status": R,
                     **({} if lease.has_dependents else {"has_dependents": {"$ne": True}}),
                 },
-                [{"$set": _completed(lease, result, self.retention_s)}],
+                [{"$set": _completed(lease, result, self.retention_s, times.get(lease.job_id))}],
             )
             for lease, result in items
         ]
@@ -1049,14 +1138,17 @@ class JobStore:
         retry_delay_s: float,
         *,
         final: bool = False,
+        ran: RunTimes | None = None,
     ) -> Job:
         """End a failed attempt: back to pending after `retry_delay_s` while attempts remain,
-        else `failed`; a job whose cancel was requested becomes `cancelled`."""
+        else `failed`; a job whose cancel was requested becomes `cancelled`. `ran`: when its
+        task really started and ended."""
         return await self._end_attempt(
             {"_id": lease.job_id, "attempts": lease.attempt, "owner": owner, "status": R},
             error,
             retry_delay_s,
             final=final,
+            ran=ran,
         )
 
     async def completed_by(self, lease: Lease) -> bool:
@@ -1075,19 +1167,22 @@ class JobStore:
         if session_ids:
             await self.db.client.admin.command("killSessions", list(session_ids))
 
-    async def cancel_running(self, lease: Lease, owner: str) -> Job:
-        """The holder stopped the worker of a job whose cancel was requested."""
+    async def cancel_running(self, lease: Lease, owner: str, *, ran: RunTimes | None = None) -> Job:
+        """The holder stopped the worker of a job whose cancel was requested (`ran`: when its
+        task started and was stopped), or dropped it before its task started (no `ran`)."""
+        message = "cancelled while running" if ran else "cancelled before its task started"
         return await self._fenced(
             lease,
             owner,
             {
                 "status": JobStatus.CANCELLED.value,
-                "finished_at": NOW,
+                **({"started_at": ran.started_at, "finished_at": ran.finished_at} if ran else {}),
+                **({} if ran else {"finished_at": NOW}),
                 "expire_at": _expiry(self.retention_s),
                 "updated_at": NOW,
                 "owner": None,
                 "lease_expires_at": None,
-                "error": _lit({"type": "Cancelled", "message": "cancelled while running"}),
+                "error": _lit({"type": "Cancelled", "message": message}),
                 **_history(
                     {"status": JobStatus.CANCELLED.value, "at": NOW, "attempt": lease.attempt}
                 ),
@@ -1096,7 +1191,9 @@ class JobStore:
 
     async def release(self, lease: Lease, owner: str) -> Job:
         """Graceful shutdown: hand a running job back at once. The interrupted attempt is not
-        the job's fault, so it is not counted; the worker was stopped before this write."""
+        the job's fault, so it is not counted; the worker was stopped before this write (or
+        the job was only claimed ahead). It keeps its `run_at`: it was due when claimed, so
+        it is due now, in its place in the claim order (and a scheduled job keeps its tick)."""
         cancelled = {"$eq": ["$cancel_requested", True]}
         status = {"$cond": [cancelled, JobStatus.CANCELLED.value, P]}
         return await self._fenced(
@@ -1105,7 +1202,6 @@ class JobStore:
             {
                 "status": status,
                 "attempts": {"$cond": [cancelled, "$attempts", {"$add": ["$attempts", -1]}]},
-                "run_at": NOW,
                 "finished_at": {"$cond": [cancelled, NOW, None]},
                 "expire_at": {"$cond": [cancelled, _expiry(self.retention_s), "$$REMOVE"]},
                 "updated_at": NOW,
@@ -1136,7 +1232,10 @@ class JobStore:
         ]
 
     async def requeue_expired(self, lease: ExpiredLease, retry_delay_s: float) -> Job:
-        """Watchdog: the holder of this lease died or froze; count the attempt and retry or fail."""
+        """Watchdog: the holder of this lease died or froze; count the attempt and retry or
+        fail. An attempt whose task is not known to have started (no `started_at`: it was
+        claimed ahead, or started under MARK_AFTER_S before) keeps its number, the fencing
+        token, but does not use up the job's attempts: `max_attempts` grows by one."""
         return await self._end_attempt(
             {
                 "_id": lease.job_id,
@@ -1147,6 +1246,7 @@ class JobStore:
             },
             {"type": "LeaseExpired", "message": f"lease of {lease.owner} expired"},
             retry_delay_s,
+            unstarted_free=True,
         )
 
     async def cancel_requested(self, owner: str, job_ids: Sequence[str]) -> list[str]:
@@ -1344,13 +1444,23 @@ class JobStore:
         retry_delay_s: float,
         *,
         final: bool = False,
+        ran: RunTimes | None = None,
+        unstarted_free: bool = False,
     ) -> Job:
         cancelled = {"$eq": ["$cancel_requested", True]}
+        ended: Any = NOW if ran is None else ran.finished_at
+        started = {} if ran is None else {"started_at": ran.started_at}
         retry = {"$and": [{"$not": [final]}, {"$lt": ["$attempts", "$max_attempts"]}]}
         again = {"$eq": ["$status", P]}
+        free: list[dict[str, Any]] = []
+        if unstarted_free:
+            unstarted = {"$eq": [{"$ifNull": ["$started_at", None]}, None]}
+            grown = {"$cond": [unstarted, {"$add": ["$max_attempts", 1]}, "$max_attempts"]}
+            free = [{"$set": {"max_attempts": grown}}]
         doc = await self.jobs.find_one_and_update(
             query,
             [
+                *free,
                 {
                     "$set": {
                         "status": {
@@ -1368,7 +1478,8 @@ class JobStore:
                     "$set": {
                         "error": _lit(dict(error)),
                         "run_at": {"$cond": [again, _after(retry_delay_s * 1000), "$run_at"]},
-                        "finished_at": {"$cond": [again, None, NOW]},
+                        **started,
+                        "finished_at": {"$cond": [again, None, ended]},
                         "expire_at": {"$cond": [again, "$$REMOVE", _expiry(self.retention_s)]},
                         "updated_at": NOW,
                         "owner": None,
@@ -1479,6 +1590,30 @@ class JobStore:
             projection={"attempts": 1},
         ).to_list()
         return {d["_id"] for d in held if d["attempts"] == wanted[d["_id"]]}
+
+    # -- a long task's start (a short one's is written with its outcome) ---------------------
+
+    async def mark_started(self, owner: str, items: Sequence[tuple[Lease, datetime]]) -> None:
+        """Record when these attempts' tasks started, in one round trip, fenced like every
+        write of a running job; an attempt already ended or lost matches nothing."""
+        ops = [
+            UpdateOne(
+                {
+                    "_id": lease.job_id,
+                    "attempts": lease.attempt,
+                    "owner": owner,
+                    "status": R,
+                    "started_at": None,
+                    # never into an attempt's own open transaction (a write conflict there
+                    # would abort the task's work)
+                    **not_in_transaction(lease.attempt),
+                },
+                {"$set": {"started_at": started_at}},
+            )
+            for lease, started_at in items
+        ]
+        if ops:
+            await self.jobs.bulk_write(ops, ordered=False)
 
     # -- workflows: when a parent ends, its waiting dependents are settled -----------------
     #

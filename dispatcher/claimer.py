@@ -1,14 +1,21 @@
 """Claiming: look for due work only when there may be some, and lease it in batches.
 
 Reasons to look (an insert or requeue seen on the stream, the due-job timer, a sweep, a
-freed worker) are counted as signals; the claimer loop claims while a slot is free and the
+freed worker) are counted as signals; the claimer loop claims while there is room and the
 last look may have left due work behind. A future `run_at` arms one timer, on the server's
 clock, for the earliest due job.
+
+Room: a dispatcher holds at most its slots plus its prefetch in waiting or running jobs
+(per queue with `BROOK_QUEUES`). It claims ahead, so a worker that reports a result finds
+its next job already leased, but only about `AHEAD_S` of work (see `Holdings.ahead`): a
+long task's round trips cost nothing worth hiding, and a job held ahead behind long tasks
+would wait where another dispatcher could run it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -16,17 +23,20 @@ from datetime import UTC, datetime
 from pymongo.errors import PyMongoError
 
 from common.events import Event, emit
-from common.metrics import CLAIMS, JOB_WAIT
+from common.metrics import CLAIMS
 from common.models import Job
-from common.runner import Runner, Slot
 from common.settings import Settings
 from common.store import JobStore
+from common.supervision import spawn_logged
 from dispatcher.holdings import Holdings
 from dispatcher.limits import Limits
 
 MAX_BATCH = 64
+# Claims pause while this many finished tasks still wait for their outcome write (MongoDB
+# is slower to take completions than the workers are to produce them).
+MAX_FINISHING = 256
 
-StartJob = Callable[[Slot, Job], None]
+StartJob = Callable[[Job], None]
 NextDue = Callable[[], Awaitable[datetime | None]]
 # A claim's target: one queue, or None for "every queue" (BROOK_QUEUES unset).
 Target = str | None
@@ -34,8 +44,6 @@ Target = str | None
 
 def _claimed(job: Job) -> None:
     CLAIMS.inc()
-    if job.started_at is not None:  # both times are the server's
-        JOB_WAIT.observe(max((job.started_at - job.run_at).total_seconds(), 0.0))
 
 
 class ServerClock:
@@ -44,15 +52,39 @@ class ServerClock:
     def __init__(self, store: JobStore) -> None:
         self.store = store
         self.offset = 0.0  # server clock - local clock, seconds
+        self._synced = False
+        # Server clock - time.monotonic(): the largest lower bound any reading gave. Times
+        # stamped with it (`stamp`) never go backwards, even if a reading moves `offset`
+        # back or the local wall clock steps, so the runs this dispatcher records on one
+        # worker never overlap; they err early by at most a reading's uncertainty.
+        self._mono_offset = -math.inf
 
     def now(self) -> float:
         return time.time() + self.offset
+
+    def stamp(self, monotonic: float) -> datetime:
+        """The server time at `monotonic` (a `time.monotonic()` reading), for the record."""
+        if self._mono_offset == -math.inf:
+            return datetime.fromtimestamp(monotonic - time.monotonic() + self.now(), UTC)
+        return datetime.fromtimestamp(monotonic + self._mono_offset, UTC)
 
     async def sync(self) -> None:
         before = time.time()
         server = await self.store.server_now()
         after = time.time()
-        self.offset = server.replace(tzinfo=server.tzinfo or UTC).timestamp() - (before + after) / 2
+        mono_after = time.monotonic()
+        # The server read its clock (in whole milliseconds) at some moment between `before`
+        # and `after`: the offset lies in [lo, hi]. It moves only when outside that range,
+        # and only as far as its edge, so a slow round trip (a loaded host) never shifts
+        # it, and the start and end times this dispatcher stamps stay in order.
+        stamp = server.replace(tzinfo=server.tzinfo or UTC).timestamp()
+        self._mono_offset = max(self._mono_offset, stamp - mono_after)
+        lo, hi = stamp - after, stamp + 0.001 - before
+        if not self._synced:
+            self.offset = (lo + hi) / 2
+            self._synced = True
+        elif not lo <= self.offset <= hi:
+            self.offset = min(max(self.offset, lo), hi)
 
 
 class DueTimer:
@@ -117,17 +149,16 @@ class Claimer:
         settings: Settings,
         store: JobStore,
         owner: str,
-        runner: Runner,
         holdings: Holdings,
         clock: ServerClock,
         start: StartJob,
         tasks: frozenset[str],
         limits: Limits,
     ) -> None:
+        """`start` takes each claimed job (it waits for a worker in `holdings`)."""
         self.settings = settings
         self.store = store
         self.owner = owner
-        self.runner = runner
         self.holdings = holdings
         self.start = start
         self.tasks = tasks
@@ -145,6 +176,9 @@ class Claimer:
         self._maybe_more = True
         self._dry: set[Target] = set()
         self._batch = 1
+        self._urgent = False  # news of a job that outranks all claimed ahead
+        self._claiming = False  # a look's claims are in flight
+        self._jump: asyncio.Task[None] | None = None  # an urgent claim beside them
 
     def runs(self, task: object, queue: object) -> bool:
         """Whether a job of this task in this queue is one this dispatcher would claim."""
@@ -170,14 +204,35 @@ class Claimer:
             self._dry.discard(self._target_of(queue))
         self._wake.set()
 
-    def due_at(self, run_at: datetime | None, queue: str | None = None) -> None:
-        """A job became pending (in `queue`, when known): look now, or when it is due."""
+    def due_at(
+        self, run_at: datetime | None, priority: int | None = None, queue: str | None = None
+    ) -> None:
+        """A job became pending (in `queue`, when known): look now, or when it is due. A
+        due job that outranks every job claimed ahead is claimed at once, alone, even while
+        a batch claim is in flight (one such claim at a time, so the dispatcher holds at
+        most one job over its slots plus prefetch), not when the buffer would next be
+        refilled."""
         if queue is not None:
             self.limits.saw(queue)
         if run_at is not None and run_at.timestamp() > self.clock.now() + 0.002:
             self.timer.at(run_at.timestamp())
-        else:
-            self.signal(queue)
+            return
+        if priority is not None and self.holdings.outranks(priority):
+            self._urgent = True
+            if self._claiming and (self._jump is None or self._jump.done()):
+                self._jump = spawn_logged(self._claim_urgent(queue), "urgent-claim")
+        self.signal(queue)
+
+    async def _claim_urgent(self, queue: str | None) -> None:
+        target = self._target_of(queue) if queue is not None else None
+        if self._stopping or (target is not None and not self._may_claim(target)):
+            return
+        slots = self._slots(target)
+        # Only while claiming ahead at all, and at most one over: a batch in flight fills
+        # at most the room there was when it was sent.
+        extra = self.holdings.ahead(slots, self.settings.prefetch_for(slots))
+        if extra > 0 and self._active(target) <= slots + extra:
+            await self._claim_for(target, 1)
 
     def _limits_opened(self, queue: str | None) -> None:
         """A limited queue may start jobs again (None: the limits changed): its due jobs
@@ -216,22 +271,41 @@ class Claimer:
             tasks=self.tasks, queues=self.queues, exclude=closed, after=after
         )
 
-    def _room(self, target: Target) -> int:
-        """Free room for a target. A lease counts against its slots until its final write
-        is done, so the jobs collection never shows more running jobs than there are slots.
-        Without `BROOK_QUEUES`, the limited queues share the one room."""
-        free = self.runner.free_slots()
-        if self.queues is None:
-            return min(self.settings.worker_slots - self.holdings.count(), free)
-        assert target is not None
-        return min(self.queues[target] - self.holdings.count(target), free)
+    def _slots(self, target: Target) -> int:
+        """The slots of a target: its own with `BROOK_QUEUES`; without, the dispatcher's,
+        which the limited queues share with the rest (`_active`)."""
+        if self.queues is None or target is None:
+            return self.settings.worker_slots
+        return self.queues.get(target, 0)
+
+    def _active(self, target: Target) -> int:
+        return self.holdings.active(target if self.queues is not None else None)
+
+    def _room(self, slots: int, active: int) -> int:
+        """Room for a target with `slots` slots holding `active` waiting or running jobs:
+        up to its slots plus its prefetch (while it claims ahead). A target whose workers
+        all have a job waits until half its prefetch is free, so it refills the buffer in
+        batches (one claim per several jobs), not one job per claim."""
+        extra = self.holdings.ahead(slots, self.settings.prefetch_for(slots))
+        room = slots + extra - active
+        if active >= slots and room < (extra + 1) // 2 and not self._urgent:
+            return 0
+        return room
+
+    def _room_of(self, target: Target) -> int:
+        return self._room(self._slots(target), self._active(target))
 
     def _rooms(self) -> list[Target]:
-        """Targets to look at: room, news of work, and (a limited queue) a slot may be free."""
+        """Targets to look at: room (finishing jobs no longer count: their task is over,
+        only the outcome write is left), news of work, and (a limited queue) a slot may be
+        free. A limited queue's jobs claimed ahead hold its cluster-wide slots: a slot
+        counts a leased job, waiting or running."""
+        if self.holdings.finishing_count() >= MAX_FINISHING:
+            return []
         return [
             t
             for t in self._targets
-            if t not in self._dry and (t is None or self._may_claim(t)) and self._room(t) > 0
+            if t not in self._dry and (t is None or self._may_claim(t)) and self._room_of(t) > 0
         ]
 
     def _may_claim(self, queue: str) -> bool:
@@ -245,11 +319,16 @@ class Claimer:
             # ready worker, news of work or an open limited queue wakes us again.
             return False
         seen = self._signals
+        urgent, self._urgent = self._urgent, False
+        self._claiming = True
         results: dict[Target, list[bool | None]] = {}
-        for target in targets:
-            room = self._room(target)  # the claims before this one took some
-            if room > 0:
-                results[target] = await self._claim_for(target, room)
+        try:
+            for target in targets:
+                room = self._room_of(target)  # the claims before this one took some
+                if room > 0:
+                    results[target] = await self._claim_for(target, 1 if urgent else room)
+        finally:
+            self._claiming = False
         if not results:
             return False
         filled = all(all(got) for got in results.values())
@@ -271,28 +350,24 @@ class Claimer:
         if target is not None and self.limits.is_limited(target):
             return await self._claim_limited(target, min(room, MAX_BATCH))
         # Claims in flight together overlap their round trips. Start with one and double
-        # while every claim finds a job (a backlog); one event then costs one claim.
+        # while every claim finds a job (a backlog); one event then costs one claim. A job
+        # that outranks all claimed ahead is claimed alone: one round trip, the quickest.
         n = min(room, self._batch)
         return [await self._claim_one(target)] if n == 1 else await self._claim_batch(target, n)
 
     async def _claim_limited(self, queue: str, n: int) -> list[bool | None]:
         """Claim up to `n` jobs of a limited queue through its slots (one write for all)."""
-        slots = [slot for slot in (self.runner.reserve() for _ in range(n)) if slot is not None]
-        if not slots:
-            return [False]
         try:
-            got = await self.limits.claim(queue, len(slots), self.tasks)
+            got = await self.limits.claim(queue, n, self.tasks)
         except PyMongoError as exc:
-            await self._claim_failed(slots, exc)
+            await self._claim_failed(exc)
             return [False]
-        for slot, job in zip(slots, got.jobs, strict=False):
+        for job in got.jobs:
             _claimed(job)
-            self.start(slot, job)
-        for slot in slots[len(got.jobs) :]:
-            self.runner.unreserve(slot)
+            self.start(job)
         await self.limits.settle(got)
         unfilled: bool | None = None if got.dry or got.blocked else False
-        return [True] * len(got.jobs) + [unfilled] * (len(slots) - len(got.jobs))
+        return [True] * len(got.jobs) + [unfilled] * (n - len(got.jobs))
 
     async def _scope(self, target: Target) -> tuple[frozenset[str], frozenset[str] | None]:
         """For a claim across every queue: the limited queues to leave out, and the queues
@@ -302,37 +377,31 @@ class Claimer:
         return self.limits.limited(), await self.limits.plain_queues()
 
     async def _claim_batch(self, target: Target, n: int) -> list[bool | None]:
-        """Claim up to `n` jobs in one write; True per job started, None for a slot the
-        queue could not fill, False for one lost to another dispatcher's race."""
-        slots = [slot for slot in (self.runner.reserve() for _ in range(n)) if slot is not None]
+        """Claim up to `n` jobs in one write; True per job claimed, None for room the
+        queue could not fill, False for room lost to another dispatcher's race."""
         try:
             exclude, among = await self._scope(target)
             jobs, dry = await self.store.claim_many(
                 self.owner,
                 self.settings.lease_seconds,
-                len(slots),
+                n,
                 tasks=self.tasks,
                 queue=target,
                 exclude=exclude,
                 among=among,
             )
         except PyMongoError as exc:
-            await self._claim_failed(slots, exc)
+            await self._claim_failed(exc)
             return [False]
         self.limits.adopt_strays(jobs)
-        for slot, job in zip(slots, jobs, strict=False):
+        for job in jobs:
             _claimed(job)
-            self.start(slot, job)
-        for slot in slots[len(jobs) :]:
-            self.runner.unreserve(slot)
+            self.start(job)
         unfilled: bool | None = None if dry else False
-        return [True] * len(jobs) + [unfilled] * (len(slots) - len(jobs))
+        return [True] * len(jobs) + [unfilled] * (n - len(jobs))
 
     async def _claim_one(self, target: Target) -> bool | None:
-        """Claim and start one job; True if one started, None if nothing was due."""
-        slot = self.runner.reserve()
-        if slot is None:
-            return False
+        """Claim one job; True if one was claimed, None if nothing was due."""
         try:
             exclude, among = await self._scope(target)
             job = await self.store.claim(
@@ -344,20 +413,17 @@ class Claimer:
                 among=among,
             )
         except PyMongoError as exc:
-            await self._claim_failed([slot], exc)
+            await self._claim_failed(exc)
             return False
         if job is None:
-            self.runner.unreserve(slot)
             return None
         self.limits.adopt_strays([job])
         _claimed(job)
-        self.start(slot, job)
+        self.start(job)
         return True
 
-    async def _claim_failed(self, slots: list[Slot], exc: PyMongoError) -> None:
-        """No primary (or similar): give the slots back, wait a little, look again."""
-        for slot in slots:
-            self.runner.unreserve(slot)
+    async def _claim_failed(self, exc: PyMongoError) -> None:
+        """No primary (or similar): wait a little, look again."""
         emit(Event.MONGO_UNAVAILABLE, level="warning", op="claim", error=str(exc)[:200])
         await asyncio.sleep(0.5)
         self.signal()

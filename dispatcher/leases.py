@@ -1,7 +1,11 @@
 """Leases: the heartbeat that renews ours, and the watchdog that requeues anyone's expired.
 
 The heartbeat renews every lease this dispatcher holds in one write a third of the lease
-length apart; a lease it no longer holds (it froze past expiry, say) kills that worker.
+length apart; a lease it no longer holds (it froze past expiry, say) kills that worker. A
+lease it could not renew (MongoDB unreachable from here) is over by the server's clock
+`lease_seconds` after the last renewal it sent (or its claim): its worker is stopped just
+before that (`expiries`), so no attempt runs on where the watchdog of another dispatcher
+may already have requeued the job (and a limited queue freed its slot).
 The watchdog is the slow path that makes no job depend on an event: it requeues expired
 leases (a dead or frozen holder), stops workers whose cancel request the stream missed,
 then asks the claimer to look for due work.
@@ -10,6 +14,7 @@ then asks the claimer to look for due work.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from pymongo.errors import PyMongoError
@@ -26,6 +31,11 @@ from dispatcher.dependents import Dependents
 from dispatcher.holdings import Holdings
 
 Kill = Callable[[str, KillReason], bool]
+
+# A lease never renewed is taken as over this long before `lease_seconds` after its claim's
+# answer came back (it runs from a moment before); a renewed one, `lease_seconds` after the
+# last renewal that was confirmed was sent (the server applied it later than that).
+EXPIRY_MARGIN_S = 1.0
 
 
 class LeaseKeeper:
@@ -48,6 +58,8 @@ class LeaseKeeper:
         self.kill = kill
         self.swept = swept
         self.dependents = dependents
+        self._renewed: dict[str, float] = {}  # time.monotonic() of the last renewal sent
+        self._expired: set[str] = set()  # workers stopped for a lease not renewed in time
 
     def cancel(self, job_id: str) -> None:
         """Stop the worker of a held job whose cancel was requested."""
@@ -70,16 +82,22 @@ class LeaseKeeper:
 
     async def renew(self) -> None:
         leases = self.holdings.running()
+        held = {lease.job_id for lease in leases}
+        self._renewed = {k: v for k, v in self._renewed.items() if k in held}
         if not leases:
             return
+        sent = time.monotonic()
         try:
             lost = await self.store.renew(self.owner, leases, self.settings.lease_seconds)
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="renew", error=str(exc)[:200])
             return
+        for job_id in held - lost:
+            self._renewed[job_id] = sent
         LEASE_RENEWALS.inc(len(leases) - len(lost))
         for job_id in lost:
-            if self.holdings.is_running(job_id):
+            if self.holdings.is_running(job_id) and job_id not in self._expired:
+                self._expired.add(job_id)
                 job = self.holdings.job(job_id)
                 emit(
                     Event.LEASE_LOST,
@@ -89,6 +107,49 @@ class LeaseKeeper:
                 )
                 LEASES_LOST.inc()
                 self.kill(job_id, "lease_lost")
+
+    # -- leases not renewed in time -----------------------------------------------------------
+
+    def _deadline(self, job_id: str) -> float:
+        """When, on `time.monotonic()`, the job's lease may be over by the server's clock."""
+        renewed = self._renewed.get(job_id)
+        if renewed is not None:
+            return renewed + self.settings.lease_seconds
+        margin = min(EXPIRY_MARGIN_S, self.settings.lease_seconds / 4)
+        return self.holdings.lease_since(job_id) + self.settings.lease_seconds - margin
+
+    async def expiries(self) -> None:
+        """Stop the workers of leases that could not be renewed before they ran out."""
+        while True:
+            now = time.monotonic()
+            pending = [
+                self._deadline(lease.job_id)
+                for lease in self.holdings.running()
+                if lease.job_id not in self._expired
+            ]
+            soonest = min(pending, default=now + self.settings.heartbeat_seconds)
+            await asyncio.sleep(min(max(soonest - now, 0.05), self.settings.heartbeat_seconds))
+            self.expire_overdue()
+
+    def expire_overdue(self) -> None:
+        now = time.monotonic()
+        held = set()
+        for lease in self.holdings.running():
+            held.add(lease.job_id)
+            if lease.job_id in self._expired or self._deadline(lease.job_id) > now:
+                continue
+            self._expired.add(lease.job_id)
+            job = self.holdings.job(lease.job_id)
+            emit(
+                Event.LEASE_LOST,
+                level="warning",
+                **(job_fields(job) if job else {"job_id": lease.job_id}),
+                owner=self.owner,
+                reason="not renewed in time (MongoDB unreachable): the lease is over by now",
+            )
+            LEASES_LOST.inc()
+            self.kill(lease.job_id, "lease_lost")
+        self._expired &= held
 
     # -- watchdog --------------------------------------------------------------------------
 

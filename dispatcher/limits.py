@@ -280,11 +280,12 @@ class Limits:
         )
 
     async def settle(self, claim: LimitedClaim) -> None:
-        """After the claim's jobs started: give back the slots of the jobs another dispatcher
-        won, and with a rate, record the real starts (one write, only when needed)."""
+        """After the claim: give back the slots of the jobs another dispatcher won, and with a
+        rate, record when the won jobs were claimed (one write, only when needed). A rate
+        counts claims: a job claimed ahead counts from its lease, not its task's start."""
         if claim.tag is None:
             return
-        won = {j.id: j.started_at for j in claim.jobs if j.started_at is not None}
+        won = {j.id: j.claimed_at for j in claim.jobs if j.claimed_at is not None}
         lost = [job_id for job_id in claim.asked if job_id not in won]
         if not lost and not claim.rated:
             return

@@ -27,7 +27,7 @@ from common.retrying import ride_out
 from common.runner import Outcome
 from common.settings import Settings
 from common.status import JobStatus
-from common.store import JobStore, Lease
+from common.store import JobStore, Lease, RunTimes
 from common.supervision import Spawn
 from dispatcher.dependents import Dependents
 
@@ -77,8 +77,8 @@ class Outcomes:
         self.owner = owner
         self.dependents = dependents
         self._cutoff = math.inf
-        self._completions: GroupCommit[tuple[Lease, Any], Verdict] = GroupCommit(
-            self._complete_many, spawn=spawn
+        self._completions: GroupCommit[tuple[Lease, Any, RunTimes | None], Verdict] = (
+            GroupCommit(self._complete_many, spawn=spawn)
         )
 
     def cut_off(self, at: float) -> None:
@@ -88,8 +88,17 @@ class Outcomes:
     def _until(self) -> float:
         return min(time.monotonic() + self.settings.lease_seconds * 2, self._cutoff)
 
-    async def record(self, job: Job, lease: Lease, outcome: Outcome, elapsed: float) -> Verdict:
-        """Write the outcome of one attempt and log the job's new state."""
+    async def record(
+        self,
+        job: Job,
+        lease: Lease,
+        outcome: Outcome,
+        elapsed: float,
+        *,
+        ran: RunTimes | None = None,
+    ) -> Verdict:
+        """Write the outcome of one attempt and log the job's new state. `ran`: when its task
+        really started and ended (None for a job stopped before its task started)."""
         fields = job_fields(job) | {"duration_ms": round(elapsed * 1000, 2)}
         JOB_DURATION.labels(task=job.task).observe(elapsed)
         if outcome.committed:
@@ -104,9 +113,9 @@ class Outcomes:
         if outcome.kind == "timeout":
             emit(Event.JOB_TIMED_OUT, level="warning", **fields, timeout_s=job.timeout_s)
         if outcome.kind == "ok":
-            verdict = await self._completions.submit((lease, outcome.result))
+            verdict = await self._completions.submit((lease, outcome.result, ran))
         else:
-            verdict = await self._write(job, lease, outcome)
+            verdict = await self._write(job, lease, outcome, ran)
         if verdict.kind == "refused":
             emit(
                 Event.MONGO_REFUSED,
@@ -115,7 +124,7 @@ class Outcomes:
                 error=verdict.detail[:300],
                 **fields,
             )
-            verdict = await self._fail_refused(job, lease, verdict.detail)
+            verdict = await self._fail_refused(job, lease, verdict.detail, ran)
             outcome = Outcome(kind="error")
         if verdict.kind == "lost" and await self._completed_by(lease):
             return self._committed(job, fields)
@@ -172,10 +181,12 @@ class Outcomes:
             return
         emit(Event.TRANSACTION_ENDED, **fields)
 
-    async def _write(self, job: Job, lease: Lease, outcome: Outcome) -> Verdict:
+    async def _write(
+        self, job: Job, lease: Lease, outcome: Outcome, ran: RunTimes | None
+    ) -> Verdict:
         try:
             done = await ride_out(
-                "record", lambda: self._write_other(job, lease, outcome), until=self._until()
+                "record", lambda: self._write_other(job, lease, outcome, ran), until=self._until()
             )
         except LeaseLost:
             return Verdict(kind="lost")
@@ -183,22 +194,28 @@ class Outcomes:
             return Verdict(kind="refused", detail=str(exc))
         return Verdict(kind="deadline") if done is None else Verdict(kind="applied", job=done)
 
-    async def _write_other(self, job: Job, lease: Lease, outcome: Outcome) -> Job:
+    async def _write_other(
+        self, job: Job, lease: Lease, outcome: Outcome, ran: RunTimes | None
+    ) -> Job:
         if outcome.kind == "cancelled":
-            return await self.store.cancel_running(lease, self.owner)
+            return await self.store.cancel_running(lease, self.owner, ran=ran)
         if outcome.kind == "shutdown":
             return await self.store.release(lease, self.owner)
         delay = outcome.retry_delay
         if delay is None:
             delay = self._backoff(job)
         error = outcome.error or {"type": "Error", "message": outcome.kind}
-        return await self.store.fail_attempt(lease, self.owner, error, max(delay, 0.0))
+        return await self.store.fail_attempt(lease, self.owner, error, max(delay, 0.0), ran=ran)
 
-    async def _complete_many(self, items: Sequence[tuple[Lease, Any]]) -> list[Verdict]:
+    async def _complete_many(
+        self, items: Sequence[tuple[Lease, Any, RunTimes | None]]
+    ) -> list[Verdict]:
+        results = [(lease, result) for lease, result, _ in items]
+        ran = {lease.job_id: times for lease, _, times in items if times is not None}
         try:
             written = await ride_out(
                 "complete",
-                lambda: self.store.complete_many(self.owner, items),
+                lambda: self.store.complete_many(self.owner, results, ran=ran),
                 until=self._until(),
             )
         except PyMongoError as exc:  # not transient
@@ -210,7 +227,7 @@ class Outcomes:
         self.dependents.parents_ended(written.parents, "completion")
         done, refused = written.done, written.refused
         verdicts: list[Verdict] = []
-        for lease, _ in items:
+        for lease, _, _ in items:
             if lease.job_id in done:
                 verdicts.append(Verdict(kind="applied"))
             elif lease.job_id in refused:
@@ -219,12 +236,15 @@ class Outcomes:
                 verdicts.append(Verdict(kind="lost"))
         return verdicts
 
-    async def _fail_refused(self, job: Job, lease: Lease, message: str) -> Verdict:
+    async def _fail_refused(
+        self, job: Job, lease: Lease, message: str, ran: RunTimes | None
+    ) -> Verdict:
         """MongoDB refused the outcome itself (e.g. a result over the document size limit):
         fail the attempt with that error rather than leave the job to lease expiry."""
         error = {"type": "ResultNotStored", "message": message[:2000]}
+        backoff = self._backoff(job)
         try:
-            done = await self.store.fail_attempt(lease, self.owner, error, self._backoff(job))
+            done = await self.store.fail_attempt(lease, self.owner, error, backoff, ran=ran)
         except LeaseLost:
             return Verdict(kind="lost")
         except PyMongoError as exc:

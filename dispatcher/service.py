@@ -3,7 +3,7 @@
 `Dispatcher.run()` wires the parts together and runs them as supervised, named tasks:
   stream     change stream → wake-ups (new/requeued work) and cancel requests (`stream.py`)
   tokens     saves the stream's resume token, coalesced majority writes (`stream.py`)
-  claimer    while a worker slot is free: lease the best due jobs (`claimer.py`)
+  claimer    while there is room: lease the best due jobs, ahead of free workers (`claimer.py`)
   limits     the cluster-wide queue limits: a change stream on `brook_queues`, and a
              re-read every sweep; a limited queue's claims take its slots (`limits.py`)
   heartbeat  renews this dispatcher's leases in one write; kills workers of lost leases
@@ -11,10 +11,14 @@
              settler died, claim what no event announced (`leases.py`, `dependents.py`)
   schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
   presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
-Each claimed job runs as a supervised task that ends with one fenced write (`outcomes.py`),
-after its last progress report (`progress.py`) has landed; a job with dependents then has
-them settled in the background (`dependents.py`); a crash of any background task stops
-the dispatcher loudly.
+A claimed job waits in `Holdings` until a worker is free (at once, when one is); then it
+runs as a supervised task that ends with one fenced write (`outcomes.py`), after its last
+progress report (`progress.py`) has landed; a job with dependents then has them settled in
+the background (`dependents.py`). The worker takes its next job as soon as it reports its
+result; the outcome is written behind it, group-committed. `started_at` and `finished_at`
+are the task's own start and end on this dispatcher's reading of the server clock, written
+with the outcome (or sooner, for a long task: `starts.py`). A crash of any background task
+stops the dispatcher loudly.
 
 Start-up order loses nothing: the stream is opened first, then the backlog is swept,
 then the stream is followed.
@@ -31,14 +35,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common.events import Event, emit, job_fields
+from common.metrics import JOB_WAIT
 from common.models import Job
 from common.queues_store import QueueStore
 from common.retrying import ride_out
-from common.runner import ProgressReport, RunJob, Runner, Slot
+from common.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, Slot
 from common.schedules import Schedule
 from common.schedules_store import ScheduleStore
 from common.settings import Settings
-from common.store import JobStore, Lease
+from common.store import JobStore, Lease, RunTimes
 from common.supervision import Supervisor
 from dispatcher.claimer import Claimer, ServerClock
 from dispatcher.dependents import Dependents
@@ -49,6 +54,7 @@ from dispatcher.outcomes import Outcomes
 from dispatcher.presence import Presence
 from dispatcher.progress import ProgressKeeper
 from dispatcher.schedules import ScheduleRunner
+from dispatcher.starts import StartMarks
 from dispatcher.stream import StreamFollower, TokenSaver
 
 # After the grace period: how long stopped jobs may take to be handed back, and the
@@ -78,7 +84,8 @@ class Dispatcher:
         self.loops = Supervisor()  # the named loops: stream, tokens, claimer, heartbeat, …
         self.supervisor = Supervisor()  # one task per running job, and group-commit writers
         self.holdings = Holdings()
-        clock = ServerClock(store)
+        self.clock = clock = ServerClock(store)
+        self._closing = False
         self.limits = Limits(
             settings,
             QueueStore(store.db),
@@ -92,10 +99,9 @@ class Dispatcher:
             settings,
             store,
             self.owner,
-            runner,
             self.holdings,
             clock,
-            self._start,
+            self._claimed,
             tasks,
             self.limits,
         )
@@ -106,10 +112,11 @@ class Dispatcher:
             self.owner,
             self.holdings,
             clock,
-            runner.kill,
+            self._stop,
             self.claimer.sweep_done,
             self.dependents,
         )
+        self.starts = StartMarks(store, self.owner, clock, self.supervisor.spawn)
         self.outcomes = Outcomes(
             settings, store, self.owner, self.supervisor.spawn, self.dependents
         )
@@ -156,6 +163,9 @@ class Dispatcher:
         emit(Event.DISPATCHER_STOPPED, owner=self.owner)
 
     async def _start_up(self) -> None:
+        # Worker processes start while this one talks to MongoDB; jobs claimed before a
+        # worker is ready wait for it.
+        workers = self.loops.spawn(self.runner.start(), "workers")
         await ride_out("ensure_indexes", self.store.ensure_indexes)
         await self.presence.announce()
         self.loops.spawn(self.presence.run(), "presence")
@@ -169,9 +179,11 @@ class Dispatcher:
         await ride_out("sweep", self.leases.sweep)  # the backlog, after the stream is open
         self.loops.spawn(self.claimer.run(), "claimer")
         self.loops.spawn(self.leases.heartbeat(), "heartbeat")
+        self.loops.spawn(self.leases.expiries(), "lease-expiries")
         self.loops.spawn(self.leases.watchdog(), "watchdog")
         self.loops.spawn(self.schedules.run(), "schedules")
-        emit(Event.DISPATCHER_READY, owner=self.owner)
+        await workers
+        emit(Event.DISPATCHER_READY, owner=self.owner, workers=self.runner.free_slots())
 
     async def _shutdown(self) -> None:
         """Stop claiming → let running jobs finish within the grace period → stop the rest
@@ -180,16 +192,20 @@ class Dispatcher:
         grace = self.settings.shutdown_grace_seconds
         deadline = time.monotonic() + grace + RELEASE_WINDOW_S
         self.claimer.stop()
+        self._closing = True
         self.outcomes.cut_off(deadline)
         emit(
             Event.DISPATCHER_STOPPING,
             owner=self.owner,
-            running=self.holdings.count(),
+            running=self.holdings.running_count(),
+            claimed_ahead=len(self.holdings.waiting()),
             grace_s=grace,
         )
+        for job in self.holdings.waiting():  # never started: handed back at once
+            self._stop(job.id, "shutdown")
         await self.supervisor.wait(grace)
         for lease in self.holdings.running():
-            self.runner.kill(lease.job_id, "shutdown")
+            self._stop(lease.job_id, "shutdown")
         await self.supervisor.wait(max(deadline - time.monotonic(), 0.0))
         for job in self.holdings.jobs():
             emit(
@@ -208,8 +224,9 @@ class Dispatcher:
             pass
 
     def wake(self) -> None:
-        """A worker process became ready (called by the runner)."""
-        self.claimer.signal()
+        """A worker process is free: it became ready, or reported its job's result (called
+        by the runner). Hand it the best waiting job at once."""
+        self._hand_off()
 
     def on_progress(self, report: ProgressReport) -> None:
         """A running task reported progress (called by the runner)."""
@@ -230,28 +247,72 @@ class Dispatcher:
             return  # a new job this dispatcher would never claim
         if inserted is None:
             self.limits.requeued()
+        priority = (inserted or {}).get("priority")
+        queue = (inserted or {}).get("queue")
         self.claimer.due_at(
             fields.get("run_at") or (inserted or {}).get("run_at"),
-            (inserted or {}).get("queue"),
+            priority if isinstance(priority, int) else None,
+            queue if isinstance(queue, str) else None,
         )
 
     # -- one attempt -----------------------------------------------------------------------
 
-    def _start(self, slot: Slot, job: Job) -> None:
-        lease = self.holdings.add(job)
-        lag_ms = None
-        if job.started_at is not None:
-            lag_ms = round((job.started_at - job.run_at).total_seconds() * 1000, 2)
+    def _claimed(self, job: Job) -> None:
+        """A claimed job (the claimer's callback): it waits for a free worker."""
+        self.holdings.add(job)
         emit(
             Event.JOB_CLAIMED,
             **job_fields(job),
             owner=self.owner,
             priority=job.priority,
-            lag_ms=lag_ms,
+            lag_ms=round((self.clock.now() - job.run_at.timestamp()) * 1000, 2),
         )
-        self.supervisor.spawn(self._execute(slot, job, lease), f"job:{job.id}")
+        if self._closing:  # a claim that was in flight when the shutdown began
+            self._stop(job.id, "shutdown")
+            return
         if self.holdings.cancel_was_seen(job.id):
             self.leases.cancel(job.id)
+        self._hand_off()
+
+    def _free_slots_by_queue(self) -> dict[str, int] | None:
+        queues = self.settings.queues
+        if queues is None:
+            return None
+        return {q: slots - self.holdings.running_count(q) for q, slots in queues.items()}
+
+    def _hand_off(self) -> None:
+        """Start waiting jobs, best first, on free workers, within each queue's slots: never
+        more tasks at once than slots."""
+        while not self._closing and self.runner.free_slots() > 0:
+            job = self.holdings.next_waiting(self._free_slots_by_queue())
+            if job is None:
+                return
+            slot = self.runner.reserve()
+            if slot is None:
+                return
+            lease = self.holdings.start(job.id)
+            self.supervisor.spawn(self._execute(slot, job, lease), f"job:{job.id}")
+
+    def _stop(self, job_id: str, reason: KillReason) -> bool:
+        """Stop a held job: kill its worker; or, if it is still waiting, take it out of the
+        buffer and write its end (cancelled, handed back; a lost lease writes nothing)."""
+        job = self.holdings.unwait(job_id)
+        if job is None:
+            return self.runner.kill(job_id, reason)
+        lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)
+        self.supervisor.spawn(self._end_unstarted(job, lease, reason), f"job:{job.id}")
+        self.claimer.slot_freed()
+        return True
+
+    async def _end_unstarted(self, job: Job, lease: Lease, reason: KillReason) -> None:
+        over = False
+        try:
+            verdict = await self.outcomes.record(job, lease, Outcome(kind=reason), 0.0)
+            over = verdict.kind in ("applied", "lost")
+        finally:
+            self.holdings.drop(job.id)
+            self.limits.finished(job.id, over=over)
+            self.claimer.slot_freed()
 
     async def _execute(self, slot: Slot, job: Job, lease: Lease) -> None:
         timeout = job.timeout_s or self.settings.default_timeout_s
@@ -262,15 +323,22 @@ class Dispatcher:
             payload=job.payload,
             owner=self.owner,
         )
-        started = time.monotonic()
+        sent = time.monotonic()
+        mark = self.starts.arm(lease, sent)
+        JOB_WAIT.observe(max((self.clock.stamp(sent) - job.run_at).total_seconds(), 0.0))
         over = False
         try:
             try:
                 outcome = await self.runner.run(slot, run, timeout)
             finally:
+                mark.cancel()
                 self.holdings.worker_done(job.id)
+                self._hand_off()  # its queue has a free slot now
+                self.claimer.slot_freed()
+            ran, elapsed = self._run_times(outcome)
+            self.holdings.record_run(elapsed)
             await self.progress.settle(job.id)
-            verdict = await self.outcomes.record(job, lease, outcome, time.monotonic() - started)
+            verdict = await self.outcomes.record(job, lease, outcome, elapsed, ran=ran)
             # The job no longer runs under this attempt: its final write landed, or another
             # attempt or owner holds it. Only then may its queue slot (if any) go.
             over = verdict.kind in ("applied", "lost")
@@ -278,3 +346,12 @@ class Dispatcher:
             self.holdings.drop(job.id)
             self.limits.finished(job.id, over=over)
             self.claimer.slot_freed()
+
+    def _run_times(self, outcome: Outcome) -> tuple[RunTimes, float]:
+        """The task's start and end on the server's clock (as read here), and its run time,
+        from the moments the runner sent the job and saw it end, not from when this
+        coroutine got to run again: the worker may have started its next job meanwhile."""
+        ended = outcome.ended if outcome.ended is not None else time.monotonic()
+        started = outcome.started if outcome.started is not None else ended
+        ran = RunTimes(started_at=self.clock.stamp(started), finished_at=self.clock.stamp(ended))
+        return ran, ended - started

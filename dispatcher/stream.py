@@ -51,6 +51,7 @@ PIPELINE: list[dict[str, Any]] = [
             "fullDocument.run_at": 1,
             "fullDocument.task": 1,
             "fullDocument.queue": 1,
+            "fullDocument.priority": 1,
             "updateDescription.updatedFields.run_at": 1,
             "updateDescription.updatedFields.status": 1,
             "updateDescription.updatedFields.cancel_requested": 1,

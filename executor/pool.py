@@ -8,18 +8,26 @@ Brook supervises its own long-lived `aiomultiprocess.Process` children instead:
   within milliseconds, the job's waiter gets a `crashed` outcome and the slot is refilled;
 * timeouts, cancellations and lost leases are enforced by the parent killing the process;
 * a running task's progress reports come up the same pipe and go to `on_progress`; the
-  session of a transaction it opens comes too, and goes with its outcome.
+  session of a transaction it opens comes too, and goes with its outcome;
+* a worker that reports its job's result is free at once (`on_free`): the dispatcher
+  hands it the next job while the outcome is written behind it.
+
+Workers are forks of a fork server that imported the heavy modules once
+(`executor.forking`), so a pool of 32 is ready in about two seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import multiprocessing
 import signal
+import time
 import types
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 import aiomultiprocess
@@ -30,6 +38,7 @@ from common.events import Event, emit, job_fields
 from common.runner import KillReason, Outcome, ProgressReport, RunJob, Slot, TxOpened
 from common.settings import Settings
 from common.supervision import Spawn, spawn_logged
+from executor.forking import start_method
 from executor.worker import READY, STOP, JobDone, worker_main
 
 
@@ -43,7 +52,7 @@ class _NoManager:
 
 
 class _Worker:
-    def __init__(self, name: str, proc: aiomultiprocess.Process, conn: Any) -> None:
+    def __init__(self, name: str, proc: aiomultiprocess.Process, conn: Connection) -> None:
         self.name = name
         self.proc = proc
         self.conn = conn
@@ -51,6 +60,7 @@ class _Worker:
         self.reserved = False
         self.job: RunJob | None = None
         self.waiter: asyncio.Future[Outcome] | None = None
+        self.sent_at = 0.0  # time.monotonic() when its job was sent
         self.kill_reason: KillReason | None = None
         self.tx_session: dict[str, Any] | None = None  # the running attempt's transaction
         self.exited = asyncio.get_running_loop().create_future()
@@ -92,20 +102,28 @@ class WorkerPool:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self, timeout: float = 60.0) -> None:
-        """Spawn every worker and wait until each has imported its tasks."""
+        """Start every worker and wait until each has imported its tasks."""
         if aiomultiprocess.core._manager is None:
             aiomultiprocess.core._manager = _NoManager()
-        for _ in range(self.size):
-            self._spawn()
+        aiomultiprocess.set_start_method(start_method())
         async with asyncio.timeout(timeout):
+            # The first start waits for the fork server to be up: off the event loop, so
+            # the dispatcher's own start-up goes on meanwhile. The others take a fork each.
+            self._watch(*await asyncio.to_thread(self._launch))
+            for _ in range(self.size - 1):
+                self._spawn()
             while sum(w.ready for w in self._workers.values()) < self.size:
                 if self._spawn_failures >= self.size:
                     raise RuntimeError("worker processes exit at start; see worker logs")
                 await asyncio.sleep(0.02)
 
     def _spawn(self) -> None:
+        self._watch(*self._launch())
+
+    def _launch(self) -> tuple[str, aiomultiprocess.Process, Connection]:
+        """Start one worker process (no event loop needed: it may run on a thread)."""
         name = f"w{next(self._names)}"
-        parent_conn, child_conn = multiprocessing.get_context("spawn").Pipe(duplex=True)
+        parent_conn, child_conn = multiprocessing.Pipe(duplex=True)
         proc = aiomultiprocess.Process(
             target=worker_main,
             args=(child_conn, self.settings, name),
@@ -114,6 +132,9 @@ class WorkerPool:
         )
         proc.start()
         child_conn.close()
+        return name, proc, parent_conn
+
+    def _watch(self, name: str, proc: aiomultiprocess.Process, parent_conn: Connection) -> None:
         worker = _Worker(name, proc, parent_conn)
         self._workers[name] = worker
         loop = asyncio.get_running_loop()
@@ -168,6 +189,7 @@ class WorkerPool:
         worker.tx_session = None
         waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         worker.waiter = waiter
+        worker.sent_at = time.monotonic()
         # If the process died between reserve and send, its sentinel reports it.
         with contextlib.suppress(OSError):
             worker.conn.send(job)
@@ -229,6 +251,8 @@ class WorkerPool:
             return
         if isinstance(msg, JobDone) and self._holds(worker, msg.job_id, msg.attempt):
             self._settle(worker, _done_outcome(msg, worker.tx_session))
+            # Free at once: its next job need not wait for this one's outcome write.
+            self.on_free()
 
     @staticmethod
     def _holds(worker: _Worker, job_id: str, attempt: int) -> bool:
@@ -241,6 +265,7 @@ class WorkerPool:
         )
 
     def _settle(self, worker: _Worker, outcome: Outcome) -> None:
+        outcome = dataclasses.replace(outcome, started=worker.sent_at, ended=time.monotonic())
         waiter = worker.waiter
         worker.job = None
         worker.waiter = None

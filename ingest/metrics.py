@@ -3,8 +3,10 @@
 `/metrics` shows this app's registry (requests, uptime, SSE clients, jobs by queue and
 status) followed by the process-wide one (`common.metrics`: change-stream resumes and
 history losses, plus the process and GC collectors). Jobs by queue and status come from
-one aggregation, cached for `BROOK_METRICS_CACHE_SECONDS`; concurrent scrapes (and
-dashboards) share the aggregation in flight, so a scrape never costs more than one.
+one aggregation kept in memory and refreshed in the background at most every
+`BROOK_METRICS_CACHE_SECONDS` (and never more than a tenth of the time: `DepthCache`);
+concurrent scrapes (and dashboards) share the aggregation in flight, so a scrape never
+costs more than one, and none but the first waits on it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from common.events import Event, emit
 from common.models import DEFAULT_QUEUE
 from common.status import JobStatus
 from common.store import JobStore
@@ -36,7 +39,18 @@ SSE_CATCH_UPS = Counter(
 
 
 class DepthCache:
-    """Jobs by queue and status: one aggregation at most per `ttl` seconds, shared."""
+    """Jobs by queue and status: one aggregation, shared by every request, served from
+    memory and refreshed in the background.
+
+    Counting is linear in the jobs collection (116 ms with 500,000 pending jobs when every
+    request ran it), so no request waits on it but the first one: a request that finds the
+    figures older than the refresh interval starts one refresh in the background and gets
+    the figures it has. The interval is `ttl`, and at least `COST_FACTOR` times what the last
+    aggregation took, so however large the collection grows, counting costs MongoDB at most
+    about a tenth of its time, and only while someone asks. With `ttl` 0 every request waits
+    for a fresh count (shared with the requests that arrive meanwhile)."""
+
+    COST_FACTOR = 10.0
 
     def __init__(
         self, store: JobStore, ttl: float, clock: Callable[[], float] = time.monotonic
@@ -46,24 +60,37 @@ class DepthCache:
         self.clock = clock
         self.latest: Depth = {}
         self.aggregations = 0  # how many were run (tests and the curious)
-        self._at = -float("inf")
-        self._inflight: asyncio.Future[Depth] | None = None
+        self._at: float | None = None  # clock() when `latest` was counted
+        self._took = 0.0
+        self._inflight: asyncio.Task[Depth] | None = None
 
     async def get(self) -> Depth:
-        if self.clock() - self._at < self.ttl:
-            return self.latest
+        if self._at is None or self.ttl == 0:
+            return await asyncio.shield(self._refreshing())
+        if self.clock() - self._at >= max(self.ttl, self.COST_FACTOR * self._took):
+            self._refreshing()  # the figures it has now; fresher ones for the next request
+        return self.latest
+
+    def _refreshing(self) -> asyncio.Task[Depth]:
         if self._inflight is None:
-            self._inflight = asyncio.ensure_future(self._load())
-        return await asyncio.shield(self._inflight)
+            self._inflight = asyncio.get_running_loop().create_task(self._load())
+            self._inflight.add_done_callback(self._landed)
+        return self._inflight
+
+    def _landed(self, task: asyncio.Task[Depth]) -> None:
+        self._inflight = None
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            # A failed background refresh: the last figures stand until MongoDB answers.
+            emit(Event.MONGO_UNAVAILABLE, level="warning", op="count", error=str(error)[:200])
 
     async def _load(self) -> Depth:
-        try:
-            self.aggregations += 1
-            counts = await self.store.count_by_queue()
-            self.latest, self._at = counts, self.clock()
-            return counts
-        finally:
-            self._inflight = None
+        self.aggregations += 1
+        started = self.clock()
+        counts = await self.store.count_by_queue()
+        self._took = self.clock() - started
+        self.latest, self._at = counts, self.clock()
+        return counts
 
 
 class _DepthCollector(Collector):

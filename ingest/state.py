@@ -37,7 +37,7 @@ class ApiState:
     metrics: ApiMetrics
     hub: Hub  # this process's one change stream, fanned out to event-stream clients
     stats: LiveStats  # throughput and latency over the last minutes, fed by the hub
-    depth: DepthCache  # jobs by queue and status: one aggregation, cached briefly
+    depth: DepthCache  # jobs by queue and status: one aggregation, refreshed in the background
 
 
 async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submitted]:
@@ -63,6 +63,7 @@ async def open_state(
     store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
     # The API accepts its own tasks, and those a live dispatcher runs.
     directory = TaskDirectory(store, lambda: known_tasks, open_while_none_live=False)
+    depth = DepthCache(store, settings.metrics_cache_seconds)
     submits: GroupCommit[JobSpec, Submitted] = GroupCommit(
         lambda specs: _submit_batch(store, specs)
     )
@@ -83,10 +84,10 @@ async def open_state(
         known_tasks=known_tasks,
         client=client,
         store=store,
-        core=ClientCore(store, directory, submit_one=submits.submit),
+        core=ClientCore(store, directory, submit_one=submits.submit, count_by_queue=depth.get),
         metrics=metrics,
         hub=Hub(store, buffer=settings.sse_buffer, observe=stats.observe),
         stats=stats,
-        depth=DepthCache(store, settings.metrics_cache_seconds),
+        depth=depth,
     )
 

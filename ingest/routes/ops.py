@@ -49,6 +49,7 @@ async def readyz(state: State) -> JSONResponse:
     responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
 )
 async def metrics(state: State) -> Response:
-    """Prometheus text: jobs by queue and status (one aggregation, cached briefly), requests
-    by route and code, event-stream clients, change-stream resumes, uptime."""
+    """Prometheus text: jobs by queue and status (one aggregation kept in memory, refreshed
+    in the background), requests by route and code, event-stream clients, change-stream
+    resumes, uptime."""
     return Response(state.metrics.render(await state.depth.get()), media_type=CONTENT_TYPE)

@@ -163,6 +163,43 @@ def post_in_background(url: str) -> threading.Thread:
     return thread
 
 
+# -- a dispatcher cut off from MongoDB ----------------------------------------------------------
+
+
+async def test_a_dispatcher_cut_off_longer_than_its_lease_stops_the_task_before_the_lease_ends(
+    cluster: Cluster, store: JobStore, outage: Mongo1
+) -> None:
+    """No attempt runs on where another dispatcher may already run the job: a lease that
+    could not be renewed has its worker stopped before it runs out (5 s here), and the job
+    runs again, once, after MongoDB is back."""
+    disp = cluster.dispatcher()
+    job_id = await running(store, disp, "sleep", seconds=6)
+    outage.freeze()
+    frozen_at = time.monotonic()
+    lost = disp.wait_for_event(
+        "lease.lost", timeout=15, where=lambda e: e.get("job_id") == job_id
+    )
+    waited = time.monotonic() - frozen_at
+    assert "not renewed in time" in lost["reason"]
+    killed = disp.wait_for_event(
+        "worker.killed", timeout=5, where=lambda e: e.get("job_id") == job_id
+    )
+    assert killed["reason"] == "lease_lost"
+    assert_gone([int(killed["pid"])])
+    assert waited < 5.0, f"stopped {waited:.1f}s after the freeze, past the lease"
+    await back(outage, store)
+    # Requeued at expiry by the watchdog, run again, completed once.
+    deadline = time.monotonic() + 40
+    while (doc := await store.get(job_id)).status.value != "completed":
+        assert time.monotonic() < deadline, f"job still {doc.status.value}"
+        await asyncio.sleep(0.2)
+    assert doc.attempts == 2
+    starts = [e for e in disp.events("task.started") if e.get("job_id") == job_id]
+    assert [e["attempt"] for e in starts] == [1, 2]
+    done = [e for e in disp.events("job.completed") if e.get("job_id") == job_id]
+    assert [e["attempt"] for e in done] == [2]
+
+
 # -- brook dispatcher ---------------------------------------------------------------------------
 
 

@@ -46,7 +46,7 @@ async def claim_through_slots(
         return []
     asked = [s.job for s in taken.slots]
     jobs = await store.claim_tagged(owner, 30, asked, tag, taken.claim_by)
-    started = {j.id: j.started_at for j in jobs if j.started_at is not None}
+    started = {j.id: j.claimed_at for j in jobs if j.claimed_at is not None}
     lost = [j for j in asked if j not in started]
     await queues.settle(queue, tag, lost=lost, started=started if rated else None)
     return [j.id for j in jobs]
@@ -104,7 +104,7 @@ async def test_settle_gives_back_lost_slots_and_records_real_starts(store: JobSt
     await store.cancel(ids[2])  # gone before the claim: the claim wins two of three
     jobs = await store.claim_tagged(OWNER, 30, ids, "t1", taken.claim_by)
     assert {j.id for j in jobs} == set(ids[:2])
-    started = {j.id: j.started_at for j in jobs if j.started_at is not None}
+    started = {j.id: j.claimed_at for j in jobs if j.claimed_at is not None}
     assert await queues.settle("fragile", "t1", lost=[ids[2]], started=started)
     doc = await queues.read("fragile")
     assert doc is not None and {s.job for s in doc.slots} == set(ids[:2])

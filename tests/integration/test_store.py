@@ -14,7 +14,7 @@ from common.dependents import settle
 from common.errors import JobConflict, JobNotFound, LeaseLost
 from common.models import Job, JobSpec
 from common.status import TRANSITIONS, JobStatus
-from common.store import CLAIM_FILTER, CLAIM_SORT, JobStore, Lease
+from common.store import CLAIM_FILTER, CLAIM_SORT, JobStore, Lease, RunTimes
 
 OWNER = "test-owner"
 T = TypeVar("T")
@@ -92,15 +92,56 @@ async def test_claim_sets_lease_from_the_server_clock_and_bumps_the_attempt(
     await store.submit(spec())
     job, command = await profiled(store, store.claim(OWNER, 30))
     assert job is not None and job.status == JobStatus.RUNNING and job.attempts == 1
-    assert job.owner == OWNER and job.started_at is not None and job.lease_expires_at is not None
-    assert abs((job.lease_expires_at - job.started_at).total_seconds() - 30) < 0.01
+    assert job.owner == OWNER and job.lease_expires_at is not None
+    claimed_at = job.history[-1]["at"]
+    assert abs((job.lease_expires_at - claimed_at).total_seconds() - 30) < 0.01
+    # A claim is a lease, not a start: the job may wait in its dispatcher's prefetch buffer.
+    assert job.started_at is None
+
     # Due and leased by the server's clock: `$$NOW` in the filter and in the lease, and no
     # time of the client's anywhere in the command.
     assert command["query"]["$expr"] == {"$lte": ["$run_at", "$$NOW"]}
     [stage] = command["update"]
-    assert stage["$set"]["started_at"] == "$$NOW"
+    assert stage["$set"]["started_at"] is None
     assert stage["$set"]["lease_expires_at"] == {"$add": ["$$NOW", 30000]}
     assert client_times(command) == []
+
+
+async def test_a_batch_claim_returns_the_claimed_jobs_without_a_read_back(
+    store: JobStore,
+) -> None:
+    ids = [(await store.submit(spec(priority=i))).job.id for i in range(3)]
+    jobs, dry = await store.claim_many(OWNER, 30, 5)
+    assert dry and [j.id for j in jobs] == ids[::-1]
+    for job in jobs:
+        stored = await store.get(job.id)
+        assert (job.status, job.attempts, job.owner) == (stored.status, 1, OWNER)
+        assert job.started_at is None and stored.started_at is None
+
+
+async def test_an_attempt_records_its_tasks_real_start_and_end(store: JobStore) -> None:
+    await store.submit(spec())
+    await store.submit(spec())
+    a = await store.claim(OWNER, 30)
+    b = await store.claim(OWNER, 30)
+    assert a and b
+    t0 = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    ran = RunTimes(started_at=t0, finished_at=t0 + timedelta(milliseconds=250))
+    await store.mark_started(OWNER, [(Lease(job_id=b.id, attempt=1), t0)])
+    assert (await store.get(b.id)).started_at == t0  # a long task shows its start while running
+    done = await store.complete_many(
+        OWNER, [(Lease(job_id=a.id, attempt=1), 1)], ran={a.id: ran}
+    )
+    assert a.id in done.done
+    completed = await store.get(a.id)
+    assert (completed.started_at, completed.finished_at) == (ran.started_at, ran.finished_at)
+    failed = await store.fail_attempt(
+        Lease(job_id=b.id, attempt=1), OWNER, {"type": "E"}, 0, final=True, ran=ran
+    )
+    assert (failed.started_at, failed.finished_at) == (ran.started_at, ran.finished_at)
+    # A late start mark for an attempt that already ended matches nothing.
+    await store.mark_started(OWNER, [(Lease(job_id=a.id, attempt=1), t0 + timedelta(days=1))])
+    assert (await store.get(a.id)).started_at == t0
 
 
 async def test_the_claim_query_is_an_index_scan(store: JobStore) -> None:
@@ -375,3 +416,25 @@ async def test_index_rebuild_is_safe_when_several_processes_start_at_once(store:
     await asyncio.gather(*[store.ensure_indexes() for _ in range(4)])
     info = await store.jobs.index_information()
     assert info["due"]["partialFilterExpression"] == {"status": "pending"}
+
+
+async def test_an_expired_lease_on_a_job_never_started_does_not_use_up_its_attempts(
+    store: JobStore,
+) -> None:
+    await store.submit(spec(max_attempts=1))
+    await store.submit(spec(max_attempts=1))
+    ahead = await store.claim(OWNER, 30)  # claimed ahead: its task never started
+    ran = await store.claim(OWNER, 30)
+    assert ahead and ran
+    await store.mark_started(OWNER, [(Lease(job_id=ran.id, attempt=1), datetime.now(UTC))])
+    for job in (ahead, ran):
+        await expire_now(store, job.id)
+    for lease in await store.expired():
+        await store.requeue_expired(lease, retry_delay_s=0)
+    retried = await store.get(ahead.id)
+    assert retried.status == JobStatus.PENDING and retried.max_attempts == 2
+    assert retried.attempts == 1  # the fencing token still moved on
+    failed = await store.get(ran.id)  # its task had started: the attempt counts
+    assert failed.status == JobStatus.FAILED and failed.error and failed.error["type"] == "LeaseExpired"
+    again = await store.claim("next-owner", 30)
+    assert again is not None and again.id == ahead.id and again.attempts == 2

@@ -76,11 +76,18 @@ class BrookProcess:
         os.kill(self.proc.pid, sig)
 
     def children(self) -> list[int]:
-        try:
-            out = subprocess.run(["pgrep", "-P", str(self.pid)], capture_output=True, text=True)
-        except OSError:
-            return []
-        return [int(p) for p in out.stdout.split()]
+        """Every descendant (workers are forks of the dispatcher's fork server)."""
+        found: list[int] = []
+        todo = [self.pid]
+        while todo:
+            try:
+                out = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True)
+            except OSError:
+                return found
+            kids = [int(p) for p in out.stdout.split()]
+            found += kids
+            todo += kids
+        return found
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:

@@ -91,3 +91,47 @@ def test_a_loop_backoff_doubles_to_its_cap_and_resets_after_a_success() -> None:
     assert [b.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
     b.reset()
     assert b.next() == 0.1
+
+
+def test_a_dispatcher_holds_about_a_fifth_of_a_second_of_work_ahead_and_none_of_long_tasks() -> None:
+    from dispatcher.holdings import Holdings
+
+    holdings = Holdings()
+    assert holdings.ahead(2, 32) == 0  # no task has ended yet: it does not know its tasks
+    for _ in range(20):
+        holdings.record_run(0.001)
+    assert holdings.ahead(2, 32) == 32  # 1 ms tasks: capped by the prefetch
+    for _ in range(50):
+        holdings.record_run(0.05)
+    assert holdings.ahead(2, 32) == 8  # 2 workers x 0.2 s / 50 ms
+    for _ in range(50):
+        holdings.record_run(2.0)
+    assert holdings.ahead(2, 32) == 0  # long tasks: nothing held where another could run it
+
+
+async def test_the_server_clock_offset_moves_only_when_a_reading_rules_it_out() -> None:
+    from datetime import UTC, datetime
+    from unittest import mock
+
+    from dispatcher.claimer import ServerClock
+
+    class Store:
+        server = 0.0
+
+        async def server_now(self) -> datetime:
+            return datetime.fromtimestamp(self.server, UTC)
+
+    store = Store()
+    clock = ServerClock(store)  # type: ignore[arg-type]
+
+    async def read(local_before: float, local_after: float, server: float) -> float:
+        store.server = server
+        with mock.patch("dispatcher.claimer.time.time", side_effect=[local_before, local_after]):
+            await clock.sync()
+        return clock.offset
+
+    assert abs(await read(100.0, 100.002, 200.001) - 100.0) < 0.001  # the first reading
+    first = clock.offset
+    assert await read(110.0, 110.200, 210.150) == first  # a slow reading that allows it
+    moved = await read(120.0, 120.002, 220.010)  # the server clock stepped 10 ms ahead
+    assert abs(moved - (220.010 - 120.002)) < 1e-6  # to the nearest value the reading allows

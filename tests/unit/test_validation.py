@@ -252,30 +252,12 @@ class FakeStore:
         return None
 
 
-class FakeRunner:
-    def __init__(self, slots: int) -> None:
-        self.free = slots
-
-    def free_slots(self) -> int:
-        return self.free
-
-    def reserve(self) -> object | None:
-        if self.free <= 0:
-            return None
-        self.free -= 1
-        return object()
-
-    def unreserve(self, slot: object) -> None:
-        self.free += 1
-
-
 async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up() -> None:
     store = FakeStore({"default": ["d1", "d2", "d3"], "emails": []})
-    runner = FakeRunner(3)
     holdings = Holdings()
     started: list[str] = []
 
-    def start(slot: object, claimed: Job) -> None:
+    def start(claimed: Job) -> None:
         holdings.add(claimed)
         started.append(claimed.id)
 
@@ -283,7 +265,7 @@ async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up(
     clock = ServerClock(store)  # type: ignore[arg-type]
     no_limits = Limits(settings, None, store, "me", clock, spawn_logged, holdings.jobs)  # type: ignore[arg-type]
     claimer = Claimer(
-        settings, store, "me", runner, holdings, clock, start, frozenset({"noop"}), no_limits  # type: ignore[arg-type]
+        settings, store, "me", holdings, clock, start, frozenset({"noop"}), no_limits  # type: ignore[arg-type]
     )
     loop = asyncio.create_task(claimer.run())
     claimer.signal()
@@ -291,7 +273,6 @@ async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up(
     assert started == ["d1"] and store.claims.count("emails") == 1  # emails: dry, once
     for expected in ("d2", "d3"):
         holdings.drop(started[-1])
-        runner.free += 1
         claimer.slot_freed()  # no new event: only a freed slot of the queue that had more
         await asyncio.sleep(0.05)
         assert started[-1] == expected
