@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import multiprocessing.forkserver
 import os
 import signal
 import threading
@@ -62,12 +63,29 @@ READY = "ready"
 
 
 def _die_with_parent() -> None:
-    """If the dispatcher dies (even by SIGKILL), its workers die too: no orphan runs a job."""
+    """If the dispatcher dies (even by SIGKILL), its workers die too: no orphan runs a job.
+
+    A worker's parent is the dispatcher, or its fork server (`executor.forking`), which
+    exits when the dispatcher dies, once no process holds the write end of its "alive"
+    pipe. The fork server hands that end to every process it forks (so that they may start
+    processes of their own through it); a worker never does, and closes it: otherwise the
+    fork server would outlive a SIGKILLed dispatcher for as long as its workers live, and
+    they for as long as it lives."""
+    _close_forkserver_alive_fd()
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:  # the parent is already gone
         os._exit(0)
+
+
+def _close_forkserver_alive_fd() -> None:
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if server is not None and isinstance(fd, int):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None
 
 
 async def _recv(conn: Connection) -> Any:

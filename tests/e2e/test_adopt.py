@@ -286,7 +286,7 @@ def _readme_snippet() -> str:
 
 
 def test_the_readme_python_snippet_submits_and_waits(cluster: Cluster, tmp_path: Path) -> None:
-    cluster.dispatcher()
+    disp = cluster.dispatcher()
     script = tmp_path / "snippet.py"
     script.write_text(_readme_snippet())
     out = subprocess.run(
@@ -297,5 +297,5 @@ def test_the_readme_python_snippet_submits_and_waits(cluster: Cluster, tmp_path:
         timeout=60,
         cwd=tmp_path,
     )
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0, out.stderr + "\ndispatcher:\n" + disp.raw_log()[-4000:]
     assert out.stdout.strip().splitlines()[-1] == "completed {'x': 1}"

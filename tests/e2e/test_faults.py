@@ -236,7 +236,9 @@ async def test_a_sigkilled_dispatchers_jobs_are_requeued_and_run_exactly_once(
     taken = {e["job_id"] for e in a.events("job.claimed")}
     assert len(taken) == 2  # concurrency 2, and 3 s jobs: none finished yet
     a.kill()  # SIGKILL: no release, no goodbye
-    wait_until(lambda: not any(pid_alive(p) for p in workers), timeout=5)  # workers die with it
+    # The workers die with it, at once: not when their 3 s tasks end (a task that ended
+    # would find its pipe closed and exit by itself).
+    wait_until(lambda: not any(pid_alive(p) for p in workers), timeout=2)
     b = cluster.dispatcher()
     await wait_all_terminal(store, 6, timeout=60)
     expired = b.events("lease.expired")

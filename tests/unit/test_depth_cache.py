@@ -49,8 +49,8 @@ async def test_a_slow_count_is_run_at_most_a_tenth_of_the_time() -> None:
     counts = DepthCache(store, ttl=1.0, clock=lambda: now[0])  # type: ignore[arg-type]
     store.gate.clear()
     first = asyncio.ensure_future(counts.get())
-    await asyncio.sleep(0)
-    now[0] = 3.0  # the count took 3 s
+    await asyncio.sleep(0.01)  # the count is under way
+    now[0] = 3.0  # and takes 3 s
     store.gate.set()
     await first
     now[0] = 3.0 + 29.0  # 29 s later: not yet 10 x 3 s
