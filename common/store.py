@@ -937,7 +937,6 @@ class JobStore:
         """
         candidates = await self.jobs.find(
             claim_filter(tasks, queue, exclude, among),
-            projection={"_id": 1},
             sort=CLAIM_SORT,
             limit=limit,
             hint=claim_index(tasks, queue, among),
@@ -946,8 +945,11 @@ class JobStore:
             return [], True
         ids = [d["_id"] for d in candidates]
         tag = secrets.token_hex(8)
+        # Each candidate at the attempt number it was read with: one claimed and handed
+        # back meanwhile is not taken here, so a full match means every job is as read.
+        as_read = [{"_id": d["_id"], "attempts": d.get("attempts", 0)} for d in candidates]
         res = await self.jobs.update_many(
-            {"_id": {"$in": ids}, **CLAIM_FILTER},
+            {"$or": as_read, **CLAIM_FILTER},
             [{"$set": {**_claimed(owner, lease_seconds), "claim_tag": tag}}],
         )
         dry = len(candidates) < limit
