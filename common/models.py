@@ -69,6 +69,9 @@ class Job:
     ref: str | None = None
     run_on_parent_failure: bool = False
     has_dependents: bool = False  # some job depends on this one
+    # When the current attempt was claimed (the server's clock), or None if not known. Not
+    # its start: a claimed job may wait in its dispatcher's prefetch buffer.
+    claimed_at: datetime | None = None
 
     @property
     def job_id(self) -> str:
@@ -78,20 +81,6 @@ class Job:
     def attempt(self) -> int:
         """The current attempt: the fencing token of the lease that holds the job."""
         return self.attempts
-
-    @property
-    def claimed_at(self) -> datetime | None:
-        """When the current attempt was claimed (its `running` history entry, stamped with
-        the server's clock), or None if the job is not running. Not its start: a claimed
-        job may wait in its dispatcher's prefetch buffer (`started_at` is the real start)."""
-        if self.status != JobStatus.RUNNING:
-            return None
-        for entry in reversed(self.history):
-            claim = entry.get("status") == JobStatus.RUNNING.value
-            if claim and entry.get("attempt") == self.attempts:
-                at = entry.get("at")
-                return at if isinstance(at, datetime) else None
-        return None
 
     @property
     def lease_owner(self) -> str | None:
@@ -112,6 +101,7 @@ class Job:
             run_at=doc["run_at"],
             created_at=doc["created_at"],
             started_at=doc.get("started_at"),
+            claimed_at=doc.get("claimed_at"),
             finished_at=doc.get("finished_at"),
             result=doc.get("result"),
             error=doc.get("error"),

@@ -33,6 +33,12 @@ MAX_CONCURRENCY = 100_000
 # The rate keeps one timestamp per start inside its window in the queue's document.
 MAX_RATE_LIMIT = 10_000
 MAX_RATE_SECONDS = 86_400.0
+# A rate is kept on the claims' times (the server's clock), and a claimed job of a queue
+# with a rate must start within this many seconds of its claim, or it is handed back
+# (`dispatcher.limits`). The window the claims are counted in is this much longer than
+# `per_seconds`, so that the tasks' real starts (`started_at`) hold the rate too: no
+# window of `per_seconds` holds more than `limit` of them.
+RATE_START_MARGIN_S = 0.25
 
 _QUEUE_NAME = re.compile(QUEUE_NAME)
 
@@ -228,7 +234,7 @@ class QueueDoc:
         rate = self.limits.rate
         if rate is None:
             return []
-        since = now - timedelta(seconds=rate.per_seconds)
+        since = now - timedelta(seconds=rate.per_seconds + RATE_START_MARGIN_S)
         out = [s for s in self.starts if s > since]
         out += [s.claim_by for s in self.slots if s.claim_by is not None and s.claim_by > since]
         return sorted(out)
@@ -248,7 +254,7 @@ class QueueDoc:
             recent = self.window_starts(now)
             if len(recent) >= rate.limit:
                 oldest = recent[len(recent) - rate.limit]
-                return "rate", oldest + timedelta(seconds=rate.per_seconds)
+                return "rate", oldest + timedelta(seconds=rate.per_seconds + RATE_START_MARGIN_S)
         # Room now (a slot freed, or the window moved, since the claim looked): try again.
         return "room", now
 

@@ -43,7 +43,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.read_concern import ReadConcern
 
 from common.models import Doc
-from common.queues import QueueDoc, Slot, slot_usage
+from common.queues import RATE_START_MARGIN_S, QueueDoc, Slot, slot_usage
 from common.store import JOBS
 
 QUEUES = "brook_queues"
@@ -61,8 +61,10 @@ def _list(field: str) -> dict[str, Any]:
 
 
 def _window_start() -> dict[str, Any]:
-    """The start of the rate window ending now (null without a rate)."""
-    return {"$subtract": [NOW, {"$toLong": {"$multiply": ["$rate.per_seconds", 1000]}}]}
+    """The start of the rate window ending now (null without a rate), `RATE_START_MARGIN_S`
+    longer than the rate's `per_seconds` (see there)."""
+    window_ms = {"$multiply": [{"$add": ["$rate.per_seconds", RATE_START_MARGIN_S]}, 1000]}
+    return {"$subtract": [NOW, {"$toLong": window_ms}]}
 
 
 def _count(field: str, cond: dict[str, Any]) -> dict[str, Any]:

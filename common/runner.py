@@ -6,8 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-OutcomeKind = Literal["ok", "error", "crashed", "timeout", "cancelled", "lease_lost", "shutdown"]
-KillReason = Literal["timeout", "cancelled", "lease_lost", "shutdown"]
+OutcomeKind = Literal[
+    "ok", "error", "crashed", "timeout", "cancelled", "lease_lost", "shutdown", "handed_back"
+]
+# `handed_back`: a job claimed for a rate-limited queue that could not start soon enough
+# after its claim (`dispatcher.limits`); it goes back to pending like a shutdown's.
+KillReason = Literal["timeout", "cancelled", "lease_lost", "shutdown", "handed_back"]
+RELEASES = ("shutdown", "handed_back")  # the kinds whose job is handed back, not failed
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -304,6 +304,7 @@ def _claimed(owner: str, lease_seconds: float) -> dict[str, Any]:
         "status": R,
         "owner": _lit(owner),
         "attempts": attempt,
+        "claimed_at": NOW,
         "started_at": None,
         "updated_at": NOW,
         "lease_expires_at": _after(lease_seconds * 1000),
@@ -320,10 +321,17 @@ def _as_claimed(doc: Doc, owner: str) -> Job:
             "status": R,
             "owner": owner,
             "attempts": int(doc.get("attempts", 0)) + 1,
+            "claimed_at": None,  # the server's; not read back
             "started_at": None,
             "progress": None,
         }
     )
+
+
+def _within_lease(at: datetime) -> dict[str, Any]:
+    """`at` (a dispatcher's reading of the server clock) kept between the attempt's claim
+    and now, on the server's clock."""
+    return {"$min": [{"$max": [_lit(at), "$claimed_at"]}, NOW]}
 
 
 def _ran(ran: RunTimes | None) -> dict[str, Any]:
@@ -331,7 +339,12 @@ def _ran(ran: RunTimes | None) -> dict[str, Any]:
     its dispatcher measured them; without them, the time of this write."""
     if ran is None:
         return {"started_at": {"$ifNull": ["$started_at", NOW]}, "finished_at": NOW}
-    return {"started_at": ran.started_at, "finished_at": ran.finished_at}
+    # Within the attempt's lease, on the server's clock: never before its claim, never after
+    # this write (a dispatcher's reading of the server clock errs by a round trip). So a
+    # queue's jobs never show more runs at once than the slots they held.
+    finished = {"$min": [_lit(ran.finished_at), NOW]}
+    started = {"$min": [{"$max": [_lit(ran.started_at), "$claimed_at"]}, finished]}
+    return {"started_at": started, "finished_at": finished}
 
 
 def _completed(
@@ -1610,7 +1623,7 @@ class JobStore:
                     # would abort the task's work)
                     **not_in_transaction(lease.attempt),
                 },
-                {"$set": {"started_at": started_at}},
+                [{"$set": {"started_at": _within_lease(started_at)}}],
             )
             for lease, started_at in items
         ]

@@ -25,6 +25,7 @@ from pymongo.errors import PyMongoError
 from common.events import Event, emit
 from common.metrics import CLAIMS
 from common.models import Job
+from common.queues import RATE_START_MARGIN_S
 from common.settings import Settings
 from common.store import JobStore
 from common.supervision import spawn_logged
@@ -165,6 +166,8 @@ class Claimer:
         self.queues: Mapping[str, int] | None = settings.queues
         self.limits = limits
         limits.on_open = self._limits_opened
+        # Worker processes free now (the dispatcher sets it: the runner's count).
+        self.free_workers: Callable[[], int] = lambda: self.settings.worker_slots
         self.timer = DueTimer(self._next_due, clock, self.signal)
         self.clock = clock
         self._wake = asyncio.Event()
@@ -293,7 +296,15 @@ class Claimer:
         return room
 
     def _room_of(self, target: Target) -> int:
-        return self._room(self._slots(target), self._active(target))
+        room = self._room(self._slots(target), self._active(target))
+        if self.limits.rated(target):
+            # A rate counts claims, and a claimed job must start within a margin of its
+            # claim (`Limits.start_by`; it goes to a worker before any other): claim only for
+            # the workers free now or soon by the recent tasks' pace.
+            soon = self.holdings.frees_within(self._slots(target), RATE_START_MARGIN_S / 2)
+            rated = sum(1 for j in self.holdings.waiting() if self.limits.start_by(j.id))
+            room = min(room, self.free_workers() + soon - rated)
+        return room
 
     def _rooms(self) -> list[Target]:
         """Targets to look at: room (finishing jobs no longer count: their task is over,

@@ -58,6 +58,12 @@ class Holdings:
             return 0
         return min(prefetch, int(slots * AHEAD_S / max(mean, 1e-4)))
 
+    def frees_within(self, slots: int, seconds: float) -> int:
+        """About how many of `slots` busy workers free up within `seconds`, at the recent
+        tasks' pace (none before a task has ended)."""
+        mean = self._mean_run_s
+        return 0 if mean is None else int(slots * seconds / max(mean, 1e-4))
+
     def add(self, job: Job) -> Lease:
         """A claimed job: it waits for a worker."""
         lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)

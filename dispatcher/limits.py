@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from pymongo.errors import PyMongoError
 from common.backoff import Backoff
 from common.events import Event, emit
 from common.models import Job
-from common.queues import BlockReason, QueueDoc, QueueLimits
+from common.queues import RATE_START_MARGIN_S, BlockReason, QueueDoc, QueueLimits
 from common.queues_store import CONFIG_FIELDS, Pruned, QueueStore, Taken
 from common.settings import Settings
 from common.store import JobStore
@@ -59,10 +60,12 @@ class Clock(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class Held:
-    """The slot a job of this dispatcher holds."""
+    """The slot a job of this dispatcher holds; `start_by` (`time.monotonic()`): for a queue
+    with a rate, the latest its task may start, or it is handed back."""
 
     queue: str
     tag: str
+    start_by: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,33 +268,40 @@ class Limits:
             return LimitedClaim(queue=queue, jobs=[], blocked=not self.gates.is_open(queue))
         self.gates.claimed(queue)
         asked = tuple(s.job for s in taken.slots)
+        rated = taken.queue.limits.rate is not None
+        # Sent before the claim: its `claimed_at` (the time the rate records) is later.
+        start_by = time.monotonic() + RATE_START_MARGIN_S if rated else None
         jobs = await self.store.claim_tagged(
             self.owner, self.settings.lease_seconds, asked, tag, taken.claim_by
         )
         for job in jobs:
-            self.held[job.id] = Held(queue=queue, tag=tag)
+            self.held[job.id] = Held(queue=queue, tag=tag, start_by=start_by)
         return LimitedClaim(
             queue=queue,
             jobs=jobs,
             tag=tag,
             asked=asked,
-            rated=taken.queue.limits.rate is not None,
+            rated=rated,
             dry=len(ids) < 2 * n + 2 and len(jobs) < n,
         )
 
     async def settle(self, claim: LimitedClaim) -> None:
         """After the claim: give back the slots of the jobs another dispatcher won, and with a
         rate, record when the won jobs were claimed (one write, only when needed). A rate
-        counts claims: a job claimed ahead counts from its lease, not its task's start."""
+        counts claims, over a window `RATE_START_MARGIN_S` longer than its own; a claimed job
+        starts within that margin or is handed back (`start_by`), so that its task's real
+        start holds the rate too."""
         if claim.tag is None:
             return
-        won = {j.id: j.claimed_at for j in claim.jobs if j.claimed_at is not None}
+        won = {j.id for j in claim.jobs}
         lost = [job_id for job_id in claim.asked if job_id not in won]
+        # (A job whose claim time is not known keeps counting at its slot's `claim_by`.)
+        claimed = {j.id: j.claimed_at for j in claim.jobs if j.claimed_at is not None}
         if not lost and not claim.rated:
             return
         try:
             await self.queues.settle(
-                claim.queue, claim.tag, lost=lost, started=won if claim.rated else None
+                claim.queue, claim.tag, lost=lost, started=claimed if claim.rated else None
             )
         except PyMongoError as exc:
             # Until a prune frees them after `claim_by`, the lost jobs' slots stay taken and
@@ -369,6 +379,16 @@ class Limits:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="adopt", error=str(exc)[:200])
             return
         emit(Event.SLOTS_ADOPTED, queue=queue, jobs=[e[0] for e in entries])
+
+    def rated(self, queue: str | None) -> bool:
+        """Whether `queue` has a rate (its claims wait for a free worker: no claim ahead)."""
+        limits = self.view.get(queue) if queue is not None else None
+        return limits is not None and limits.rate is not None
+
+    def start_by(self, job_id: str) -> float | None:
+        """The latest `time.monotonic()` this held job's task may start (None: no limit)."""
+        held = self.held.get(job_id)
+        return held.start_by if held is not None else None
 
     def finished(self, job_id: str, *, over: bool) -> None:
         """The job's attempt ended here. `over`: its final write landed (or another attempt

@@ -24,7 +24,7 @@ from common.events import Event, emit, job_fields
 from common.metrics import JOB_DURATION, count_outcome
 from common.models import Job
 from common.retrying import ride_out
-from common.runner import Outcome
+from common.runner import RELEASES, Outcome
 from common.settings import Settings
 from common.status import JobStatus
 from common.store import JobStore, Lease, RunTimes
@@ -59,7 +59,7 @@ def _outcome(verdict: Verdict, outcome: Outcome) -> str:
     if done is None or done.status == JobStatus.COMPLETED:
         return "completed"
     if done.status == JobStatus.PENDING:
-        return "released" if outcome.kind == "shutdown" else "retried"
+        return "released" if outcome.kind in RELEASES else "retried"
     return done.status.value  # failed, cancelled
 
 
@@ -199,7 +199,7 @@ class Outcomes:
     ) -> Job:
         if outcome.kind == "cancelled":
             return await self.store.cancel_running(lease, self.owner, ran=ran)
-        if outcome.kind == "shutdown":
+        if outcome.kind in RELEASES:
             return await self.store.release(lease, self.owner)
         delay = outcome.retry_delay
         if delay is None:
@@ -258,7 +258,7 @@ class Outcomes:
     def _log(self, verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -> None:
         if verdict.kind != "applied":
             level, reason = _REASONS.get(verdict.kind, _REASONS["deadline"])
-            if outcome.kind == "shutdown" and verdict.kind == "deadline":
+            if outcome.kind in RELEASES and verdict.kind == "deadline":
                 emit(
                     Event.JOB_RELEASE_FAILED,
                     level="warning",
@@ -282,6 +282,12 @@ class Outcomes:
             emit(Event.JOB_CANCELLED, **fields)
         elif outcome.kind == "shutdown":
             emit(Event.JOB_RELEASED, **fields, reason="dispatcher shutting down")
+        elif outcome.kind == "handed_back":
+            emit(
+                Event.JOB_RELEASED,
+                **fields,
+                reason="no worker free soon enough after its claim for its queue's rate",
+            )
         elif done.status == JobStatus.PENDING:
             emit(
                 Event.JOB_RETRY_SCHEDULED,

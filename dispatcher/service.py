@@ -62,6 +62,8 @@ from dispatcher.stream import StreamFollower, TokenSaver
 RELEASE_WINDOW_S = 2.0
 TOKEN_FLUSH_S = 0.5
 CANCEL_WAIT_S = 0.5
+# Time allowed from a hand-off to the task's start in its worker (a pipe write away).
+HAND_OFF_S = 0.02
 
 
 class Dispatcher:
@@ -105,6 +107,7 @@ class Dispatcher:
             tasks,
             self.limits,
         )
+        self.claimer.free_workers = runner.free_slots
         self.dependents = Dependents(settings, store, self.supervisor.spawn)
         self.leases = LeaseKeeper(
             settings,
@@ -284,14 +287,28 @@ class Dispatcher:
         """Start waiting jobs, best first, on free workers, within each queue's slots: never
         more tasks at once than slots."""
         while not self._closing and self.runner.free_slots() > 0:
-            job = self.holdings.next_waiting(self._free_slots_by_queue())
+            job = self._next_to_start()
             if job is None:
                 return
+            start_by = self.limits.start_by(job.id)
+            if start_by is not None and time.monotonic() + HAND_OFF_S > start_by:
+                self._stop(job.id, "handed_back")  # too late for its queue's rate
+                continue
             slot = self.runner.reserve()
             if slot is None:
                 return
             lease = self.holdings.start(job.id)
             self.supervisor.spawn(self._execute(slot, job, lease), f"job:{job.id}")
+
+    def _next_to_start(self) -> Job | None:
+        """The best waiting job that fits a free slot; a job of a queue with a rate first
+        (it must start within a margin of its claim)."""
+        room = self._free_slots_by_queue()
+        for job in self.holdings.waiting():
+            fits = room is None or room.get(job.queue, 0) > 0
+            if fits and self.limits.start_by(job.id) is not None:
+                return job
+        return self.holdings.next_waiting(room)
 
     def _stop(self, job_id: str, reason: KillReason) -> bool:
         """Stop a held job: kill its worker; or, if it is still waiting, take it out of the

@@ -124,8 +124,9 @@ async def test_an_attempt_records_its_tasks_real_start_and_end(store: JobStore) 
     await store.submit(spec())
     a = await store.claim(OWNER, 30)
     b = await store.claim(OWNER, 30)
-    assert a and b
-    t0 = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    assert a and b and a.claimed_at and b.claimed_at
+    await asyncio.sleep(0.6)
+    t0 = max(a.claimed_at, b.claimed_at) + timedelta(milliseconds=100)
     ran = RunTimes(started_at=t0, finished_at=t0 + timedelta(milliseconds=250))
     await store.mark_started(OWNER, [(Lease(job_id=b.id, attempt=1), t0)])
     assert (await store.get(b.id)).started_at == t0  # a long task shows its start while running
@@ -142,6 +143,44 @@ async def test_an_attempt_records_its_tasks_real_start_and_end(store: JobStore) 
     # A late start mark for an attempt that already ended matches nothing.
     await store.mark_started(OWNER, [(Lease(job_id=a.id, attempt=1), t0 + timedelta(days=1))])
     assert (await store.get(a.id)).started_at == t0
+
+
+async def test_run_times_stay_within_the_attempts_lease_on_the_servers_clock(
+    store: JobStore,
+) -> None:
+    """A dispatcher's reading of the server clock errs by a round trip: the times it stamps
+    are kept between the claim and the write, so that a queue's jobs never show more runs at
+    once than the slots they held."""
+    ids = [(await store.submit(spec())).job.id for _ in range(2)]
+    a = await store.claim(OWNER, 30)
+    b = await store.claim(OWNER, 30)
+    assert a and b and a.claimed_at and b.claimed_at and {a.id, b.id} == set(ids)
+    early = a.claimed_at - timedelta(seconds=5)
+    late = datetime.now(UTC) + timedelta(hours=1)
+    await store.mark_started(OWNER, [(Lease(job_id=b.id, attempt=1), early)])
+    assert (await store.get(b.id)).started_at == b.claimed_at
+    before = datetime.now(UTC)
+    done = await store.complete_many(
+        OWNER,
+        [(Lease(job_id=a.id, attempt=1), None)],
+        ran={a.id: RunTimes(started_at=early, finished_at=late)},
+    )
+    assert a.id in done.done
+    job = await store.get(a.id)
+    assert job.started_at == a.claimed_at
+    assert job.finished_at is not None and job.finished_at < late
+    assert job.finished_at >= before - timedelta(seconds=1)  # the write's $$NOW
+    # Both in the future: the start is not after the end.
+    c = (await store.submit(spec())).job.id
+    claimed = await store.claim(OWNER, 30)
+    assert claimed is not None and claimed.id == c
+    failed = await store.fail_attempt(
+        Lease(job_id=c, attempt=1), OWNER, {"type": "E"}, 0, final=True,
+        ran=RunTimes(started_at=late, finished_at=late + timedelta(seconds=1)),
+    )
+    assert failed.started_at is not None and failed.finished_at is not None
+    assert claimed.claimed_at is not None
+    assert claimed.claimed_at <= failed.started_at <= failed.finished_at < late
 
 
 async def test_the_claim_query_is_an_index_scan(store: JobStore) -> None:

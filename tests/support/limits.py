@@ -36,6 +36,17 @@ def attempts(docs: Iterable[Mapping[str, Any]]) -> list[Attempt]:
     return out
 
 
+def runs(docs: Iterable[Mapping[str, Any]]) -> list[Attempt]:
+    """The tasks' own runs, `started_at` to `finished_at`, of the jobs' last attempts (what
+    a user reads off the jobs; the dispatcher stamps them, kept within the attempt's lease
+    on the server's clock)."""
+    return [
+        Attempt(str(d["_id"]), int(d["attempts"]), d["started_at"], d.get("finished_at"))
+        for d in docs
+        if d.get("started_at") is not None
+    ]
+
+
 def max_overlap(spans: Sequence[Attempt]) -> int:
     """The most attempts running at one instant."""
     events: list[tuple[datetime, int]] = []
