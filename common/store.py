@@ -1191,8 +1191,7 @@ class JobStore:
             owner,
             {
                 "status": JobStatus.CANCELLED.value,
-                **({"started_at": ran.started_at, "finished_at": ran.finished_at} if ran else {}),
-                **({} if ran else {"finished_at": NOW}),
+                **(_ran(ran) if ran else {"finished_at": NOW}),
                 "expire_at": _expiry(self.retention_s),
                 "updated_at": NOW,
                 "owner": None,
@@ -1463,8 +1462,9 @@ class JobStore:
         unstarted_free: bool = False,
     ) -> Job:
         cancelled = {"$eq": ["$cancel_requested", True]}
-        ended: Any = NOW if ran is None else ran.finished_at
-        started = {} if ran is None else {"started_at": ran.started_at}
+        times = _ran(ran) if ran is not None else {}
+        ended: Any = times.get("finished_at", NOW)
+        started = {"started_at": times["started_at"]} if ran is not None else {}
         retry = {"$and": [{"$not": [final]}, {"$lt": ["$attempts", "$max_attempts"]}]}
         again = {"$eq": ["$status", P]}
         free: list[dict[str, Any]] = []

@@ -230,11 +230,9 @@ class Claimer:
         target = self._target_of(queue) if queue is not None else None
         if self._stopping or (target is not None and not self._may_claim(target)):
             return
-        slots = self._slots(target)
         # Only while claiming ahead at all, and at most one over: a batch in flight fills
         # at most the room there was when it was sent.
-        extra = self.holdings.ahead(slots, self.settings.prefetch_for(slots))
-        if extra > 0 and self._active(target) <= slots + extra:
+        if self._room_of(target, urgent=True) > 0:
             await self._claim_for(target, 1)
 
     def _limits_opened(self, queue: str | None) -> None:
@@ -284,19 +282,23 @@ class Claimer:
     def _active(self, target: Target) -> int:
         return self.holdings.active(target if self.queues is not None else None)
 
-    def _room(self, slots: int, active: int) -> int:
+    def _room(self, slots: int, active: int, urgent: bool) -> int:
         """Room for a target with `slots` slots holding `active` waiting or running jobs:
         up to its slots plus its prefetch (while it claims ahead). A target whose workers
         all have a job waits until half its prefetch is free, so it refills the buffer in
-        batches (one claim per several jobs), not one job per claim."""
+        batches (one claim per several jobs), not one job per claim. For a job that
+        outranks every job claimed ahead (`urgent`), room for one even in a full buffer,
+        while it claims ahead at all: at most one lease over slots plus prefetch."""
         extra = self.holdings.ahead(slots, self.settings.prefetch_for(slots))
         room = slots + extra - active
-        if active >= slots and room < (extra + 1) // 2 and not self._urgent:
+        if urgent:
+            return max(room, 1 if extra > 0 and active <= slots + extra else 0)
+        if active >= slots and room < (extra + 1) // 2:
             return 0
         return room
 
-    def _room_of(self, target: Target) -> int:
-        room = self._room(self._slots(target), self._active(target))
+    def _room_of(self, target: Target, urgent: bool = False) -> int:
+        room = self._room(self._slots(target), self._active(target), urgent)
         if self.limits.rated(target):
             # A rate counts claims, and a claimed job must start within a margin of its
             # claim (`Limits.start_by`; it goes to a worker before any other): claim only for
@@ -316,7 +318,9 @@ class Claimer:
         return [
             t
             for t in self._targets
-            if t not in self._dry and (t is None or self._may_claim(t)) and self._room_of(t) > 0
+            if t not in self._dry
+            and (t is None or self._may_claim(t))
+            and self._room_of(t, self._urgent) > 0
         ]
 
     def _may_claim(self, queue: str) -> bool:
@@ -335,7 +339,7 @@ class Claimer:
         results: dict[Target, list[bool | None]] = {}
         try:
             for target in targets:
-                room = self._room_of(target)  # the claims before this one took some
+                room = self._room_of(target, urgent)  # the claims before this took some
                 if room > 0:
                     results[target] = await self._claim_for(target, 1 if urgent else room)
         finally:

@@ -42,6 +42,7 @@ def _lifespan(settings: Settings, known_tasks: frozenset[str], metrics: ApiMetri
         try:
             yield
         finally:
+            state.depth.close()
             hub.cancel()
             # Its stream's goodbye (killCursors) may hang on an unreachable MongoDB: the hub
             # gets a moment, then is abandoned (a crash was logged already).

@@ -3,21 +3,23 @@
 `/metrics` shows this app's registry (requests, uptime, SSE clients, jobs by queue and
 status) followed by the process-wide one (`common.metrics`: change-stream resumes and
 history losses, plus the process and GC collectors). Jobs by queue and status come from
-one aggregation kept in memory and refreshed in the background at most every
-`BROOK_METRICS_CACHE_SECONDS` (and never more than a tenth of the time: `DepthCache`);
-concurrent scrapes (and dashboards) share the aggregation in flight, so a scrape never
-costs more than one, and none but the first waits on it.
+one aggregation kept in memory and refreshed in the background every
+`BROOK_METRICS_CACHE_SECONDS` while requests come (and never more than a tenth of the
+time: `DepthCache`); concurrent scrapes (and dashboards) share the aggregation in
+flight, so a scrape never costs more than one, and it rarely waits on one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from pymongo.errors import PyMongoError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.events import Event, emit
@@ -39,18 +41,21 @@ SSE_CATCH_UPS = Counter(
 
 
 class DepthCache:
-    """Jobs by queue and status: one aggregation, shared by every request, served from
-    memory and refreshed in the background.
+    """Jobs by queue and status: one aggregation, shared by every request, kept fresh in
+    the background while someone asks.
 
     Counting is linear in the jobs collection (116 ms with 500,000 pending jobs when every
-    request ran it), so no request waits on it but the first one: a request that finds the
-    figures older than the refresh interval starts one refresh in the background and gets
-    the figures it has. The interval is `ttl`, and at least `COST_FACTOR` times what the last
-    aggregation took, so however large the collection grows, counting costs MongoDB at most
-    about a tenth of its time, and only while someone asks. With `ttl` 0 every request waits
-    for a fresh count (shared with the requests that arrive meanwhile)."""
+    request ran it), so requests do not wait on it: the first one starts a refresh loop that
+    recounts every interval for as long as requests keep coming (until `KEEP_WARM_S` after
+    the last), and they are answered from memory. The interval is `ttl`, and at least
+    `COST_FACTOR` times what the last aggregation took, so however large the collection
+    grows, counting costs MongoDB at most about a tenth of its time, and only while someone
+    asks. A request waits for a count only when there is none yet, or the last is older
+    than two intervals (the loop had stopped, or MongoDB is slow); with `ttl` 0, always.
+    Requests that arrive meanwhile share the count in flight."""
 
     COST_FACTOR = 10.0
+    KEEP_WARM_S = 60.0
 
     def __init__(
         self, store: JobStore, ttl: float, clock: Callable[[], float] = time.monotonic
@@ -62,14 +67,34 @@ class DepthCache:
         self.aggregations = 0  # how many were run (tests and the curious)
         self._at: float | None = None  # clock() when `latest` was counted
         self._took = 0.0
+        self._asked = -float("inf")
         self._inflight: asyncio.Task[Depth] | None = None
+        self._warm: asyncio.Task[None] | None = None
+
+    def close(self) -> None:
+        """Stop the refresh loop (the API is shutting down)."""
+        for task in (self._warm, self._inflight):
+            if task is not None:
+                task.cancel()
+
+    def interval(self) -> float:
+        return max(self.ttl, self.COST_FACTOR * self._took)
 
     async def get(self) -> Depth:
-        if self._at is None or self.ttl == 0:
+        self._asked = self.clock()
+        if self.ttl == 0:
             return await asyncio.shield(self._refreshing())
-        if self.clock() - self._at >= max(self.ttl, self.COST_FACTOR * self._took):
-            self._refreshing()  # the figures it has now; fresher ones for the next request
+        if self._warm is None or self._warm.done():
+            self._warm = asyncio.get_running_loop().create_task(self._keep_warm())
+        if self._at is None or self.clock() - self._at > 2 * self.interval():
+            return await asyncio.shield(self._refreshing())
         return self.latest
+
+    async def _keep_warm(self) -> None:
+        while self.clock() - self._asked < self.KEEP_WARM_S:
+            with contextlib.suppress(PyMongoError):
+                await asyncio.shield(self._refreshing())
+            await asyncio.sleep(self.interval())
 
     def _refreshing(self) -> asyncio.Task[Depth]:
         if self._inflight is None:
@@ -81,7 +106,7 @@ class DepthCache:
         self._inflight = None
         error = None if task.cancelled() else task.exception()
         if error is not None:
-            # A failed background refresh: the last figures stand until MongoDB answers.
+            # The last figures stand until MongoDB answers.
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="count", error=str(error)[:200])
 
     async def _load(self) -> Depth:
