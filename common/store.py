@@ -328,6 +328,32 @@ def _as_claimed(doc: Doc, owner: str) -> Job:
     )
 
 
+def _attempt_budget(unstarted_free: bool) -> list[dict[str, Any]]:
+    """With `unstarted_free`, an attempt whose task is not known to have started does not
+    use up one of the job's attempts: `max_attempts` grows by one."""
+    if not unstarted_free:
+        return []
+    unstarted = {"$eq": [{"$ifNull": ["$started_at", None]}, None]}
+    grown = {"$cond": [unstarted, {"$add": ["$max_attempts", 1]}, "$max_attempts"]}
+    return [{"$set": {"max_attempts": grown}}]
+
+
+def _ended_status(final: bool) -> dict[str, Any]:
+    """A failed attempt's job: cancelled if that was asked, else pending while attempts
+    remain (and not `final`), else failed."""
+    cancelled = {"$eq": ["$cancel_requested", True]}
+    retry = {"$and": [{"$not": [final]}, {"$lt": ["$attempts", "$max_attempts"]}]}
+    return {
+        "$switch": {
+            "branches": [
+                {"case": cancelled, "then": JobStatus.CANCELLED.value},
+                {"case": retry, "then": P},
+            ],
+            "default": JobStatus.FAILED.value,
+        }
+    }
+
+
 def _within_lease(at: datetime) -> dict[str, Any]:
     """`at` (a dispatcher's reading of the server clock) kept between the attempt's claim
     and now, on the server's clock."""
@@ -1461,34 +1487,15 @@ class JobStore:
         ran: RunTimes | None = None,
         unstarted_free: bool = False,
     ) -> Job:
-        cancelled = {"$eq": ["$cancel_requested", True]}
         times = _ran(ran) if ran is not None else {}
         ended: Any = times.get("finished_at", NOW)
         started = {"started_at": times["started_at"]} if ran is not None else {}
-        retry = {"$and": [{"$not": [final]}, {"$lt": ["$attempts", "$max_attempts"]}]}
         again = {"$eq": ["$status", P]}
-        free: list[dict[str, Any]] = []
-        if unstarted_free:
-            unstarted = {"$eq": [{"$ifNull": ["$started_at", None]}, None]}
-            grown = {"$cond": [unstarted, {"$add": ["$max_attempts", 1]}, "$max_attempts"]}
-            free = [{"$set": {"max_attempts": grown}}]
         doc = await self.jobs.find_one_and_update(
             query,
             [
-                *free,
-                {
-                    "$set": {
-                        "status": {
-                            "$switch": {
-                                "branches": [
-                                    {"case": cancelled, "then": JobStatus.CANCELLED.value},
-                                    {"case": retry, "then": P},
-                                ],
-                                "default": JobStatus.FAILED.value,
-                            }
-                        }
-                    }
-                },
+                *_attempt_budget(unstarted_free),
+                {"$set": {"status": _ended_status(final)}},
                 {
                     "$set": {
                         "error": _lit(dict(error)),

@@ -415,7 +415,7 @@ class Limits:
 
     # -- loops -----------------------------------------------------------------------------
 
-    async def watch(self) -> None:
+    async def follow(self) -> None:
         """Follow `brook_queues`: a change of limits updates the view, a released slot opens
         its queue. The view is re-read each time the stream (re)opens: nothing is missed."""
         backoff = Backoff(0.1, 5.0)

@@ -88,26 +88,7 @@ class Dispatcher:
         self.holdings = Holdings()
         self.clock = clock = ServerClock(store)
         self._closing = False
-        self.limits = Limits(
-            settings,
-            QueueStore(store.db),
-            store,
-            self.owner,
-            clock,
-            self.supervisor.spawn,
-            self.holdings.jobs,
-        )
-        self.claimer = Claimer(
-            settings,
-            store,
-            self.owner,
-            self.holdings,
-            clock,
-            self._claimed,
-            tasks,
-            self.limits,
-        )
-        self.claimer.free_workers = runner.free_slots
+        self.limits, self.claimer = self._claiming(clock)
         self.dependents = Dependents(settings, store, self.supervisor.spawn)
         self.leases = LeaseKeeper(
             settings,
@@ -132,6 +113,19 @@ class Dispatcher:
             schedules, store, ScheduleStore(store.db), clock, self.owner
         )
         self.presence = Presence(settings, store, self.owner, self.name, tasks, settings.queues)
+
+    def _claiming(self, clock: ServerClock) -> tuple[Limits, Claimer]:
+        """The claimer, and the cluster-wide queue limits it claims within."""
+        s, store = self.settings, self.store
+        limits = Limits(
+            s, QueueStore(store.db), store, self.owner, clock, self.supervisor.spawn,
+            self.holdings.jobs,
+        )
+        claimer = Claimer(
+            s, store, self.owner, self.holdings, clock, self._claimed, self.tasks, limits
+        )
+        claimer.free_workers = self.runner.free_slots
+        return limits, claimer
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -174,7 +168,7 @@ class Dispatcher:
         self.loops.spawn(self.presence.run(), "presence")
         self.loops.spawn(self.stream.run(), "stream")
         self.loops.spawn(self.tokens.run(), "tokens")
-        self.loops.spawn(self.limits.watch(), "limits")
+        self.loops.spawn(self.limits.follow(), "limits")
         await self.stream.opened.wait()
         # The plain claim must know which queues have limits before it claims anything.
         await self.limits.loaded.wait()

@@ -79,12 +79,14 @@ def test_why_a_queue_gives_no_slot() -> None:
 
 def test_the_rate_window_counts_starts_and_claims_in_flight_and_says_when_it_frees() -> None:
     rate = {"limit": 3, "per_seconds": 2.0}
-    starts = [at(7.0), at(8.5), at(9.0)]  # 7.0 has left the window ending at 10
+    # The window counted is 2 s + RATE_START_MARGIN_S (0.25 s): claims are counted, and a
+    # claimed job starts within that margin of its claim.
+    starts = [at(7.7), at(8.5), at(9.0)]  # 7.7 has left the window ending at 10
     in_flight = [{"job": "a", "tag": "k", "claim_by": at(11)}, {"job": "b", "tag": "s"}]
     doc = queue(rate=rate, starts=starts, slots=in_flight)
     assert doc.window_starts(at(10)) == [at(8.5), at(9.0), at(11)]
-    # Full: the next start may come when the oldest counted one leaves, at 8.5 + 2.
-    assert doc.blocked(at(10)) == ("rate", at(10.5))
+    # Full: the next start may come when the oldest counted one leaves, at 8.5 + 2.25.
+    assert doc.blocked(at(10)) == ("rate", at(10.75))
     assert queue(rate=rate, starts=starts).blocked(at(10)) == ("room", at(10))
 
 
