@@ -25,6 +25,7 @@ from common.db import REPLSET_NAME, embedded_ports, embedded_uri
 from common.errors import EmbeddedMongoError
 
 READY_TIMEOUT_S = 90.0
+PORT_FREE_WAIT_S = 5.0  # how long `up` waits for a port a dead member may still hold
 
 
 def find_mongod() -> Path:
@@ -99,7 +100,7 @@ class ReplicaSet:
         for index, port in enumerate(self.ports):
             if self.pid(index) is not None:
                 continue
-            if _port_taken(port):
+            if _port_taken(port, wait=PORT_FREE_WAIT_S):
                 raise EmbeddedMongoError(
                     f"port {port} is already in use by another process "
                     f"(set BROOK_MONGO_PORT to another base port)"
@@ -251,14 +252,21 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def _port_taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
+def _port_taken(port: int, wait: float = 0.0) -> bool:
+    """Whether another process listens on `port`, still so after `wait` seconds (a member
+    killed a moment ago may hold its port for a little while)."""
+    deadline = time.monotonic() + wait
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                if time.monotonic() >= deadline:
+                    return True
+            else:
+                return False
+        time.sleep(0.1)
 
 
 def _check_runs(mongod: Path) -> None:
