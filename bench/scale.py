@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 from bson import ObjectId
-from pymongo import MongoClient
+from pymongo import AsyncMongoClient, MongoClient
 
 from bench.harness import (
     BenchError,
@@ -202,6 +202,21 @@ async def _client_submits(uri: str, db: str, n: int) -> float:
         return time.monotonic() - start
 
 
+async def _raw_async_inserts(uri: str, db: str, n: int) -> float:
+    """The same raw `insert_one` through PyMongo's async API, which Brook's clients use."""
+    client: AsyncMongoClient[Doc] = AsyncMongoClient(uri, w="majority")
+    try:
+        coll = client[db]["raw_async_inserts"]
+        await coll.insert_one({"warm": True})
+        now = datetime.now(UTC)
+        start = time.monotonic()
+        for _ in range(n):
+            await coll.insert_one(pending_doc(now))
+        return time.monotonic() - start
+    finally:
+        await client.close()
+
+
 def _raw_inserts(client: MongoClient[Doc], db: str, n: int) -> float:
     coll = client[db]["raw_inserts"]
     coll.insert_one({"warm": True})
@@ -222,10 +237,13 @@ def enqueue(ctx: Context, n: int = 2000) -> dict[str, Any]:
     _ensure_indexes(uri, db)
     out: dict[str, Any] = {"n": n, "loadavg_before": os.getloadavg()}
     raw_s = _raw_inserts(ctx.client, db, n)
+    raw_async_s = asyncio.run(_raw_async_inserts(uri, db, n))
     client_s = asyncio.run(_client_submits(uri, db, n))
     out["raw_insert_one_per_s"] = round(n / raw_s, 1)
+    out["raw_async_insert_one_per_s"] = round(n / raw_async_s, 1)
     out["client_submit_per_s"] = round(n / client_s, 1)
     out["client_vs_raw"] = round(raw_s / client_s, 3)
+    out["client_vs_raw_async"] = round(raw_async_s / client_s, 3)
     port = free_port()
     env = role_env(uri, db, ctx.concurrency, port, ctx.log_level)
     headers: dict[str, str] = {}
