@@ -1141,10 +1141,7 @@ class JobStore:
         ops = [
             UpdateOne(
                 {
-                    "_id": lease.job_id,
-                    "attempts": lease.attempt,
-                    "owner": owner,
-                    "status": R,
+                    **running_fence(lease, owner),
                     **({} if lease.has_dependents else {"has_dependents": {"$ne": True}}),
                 },
                 [{"$set": _completed(lease, result, self.retention_s, times.get(lease.job_id))}],
@@ -1579,13 +1576,7 @@ class JobStore:
             UpdateOne(
                 # Not while the attempt's own transaction is open: it writes the last report
                 # with its completion (`transaction_opened`).
-                {
-                    "_id": lease.job_id,
-                    "attempts": lease.attempt,
-                    "owner": owner,
-                    "status": R,
-                    **not_in_transaction(lease.attempt),
-                },
+                {**running_fence(lease, owner), **not_in_transaction(lease.attempt)},
                 [
                     {
                         "$set": {
@@ -1621,10 +1612,7 @@ class JobStore:
         ops = [
             UpdateOne(
                 {
-                    "_id": lease.job_id,
-                    "attempts": lease.attempt,
-                    "owner": owner,
-                    "status": R,
+                    **running_fence(lease, owner),
                     "started_at": None,
                     # never into an attempt's own open transaction (a write conflict there
                     # would abort the task's work)
