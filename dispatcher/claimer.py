@@ -304,7 +304,7 @@ class Claimer:
             # claim (`Limits.start_by`; it goes to a worker before any other): claim only for
             # the workers free now or soon by the recent tasks' pace.
             soon = self.holdings.frees_within(self._slots(target), RATE_START_MARGIN_S / 2)
-            rated = sum(1 for j in self.holdings.waiting() if self.limits.start_by(j.id))
+            rated = self.holdings.count_waiting(lambda j: self.limits.start_by(j.id) is not None)
             room = min(room, self.free_workers() + soon - rated)
         return room
 

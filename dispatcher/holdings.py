@@ -15,6 +15,7 @@ its lease.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from common.models import Job
 from common.store import Lease
@@ -73,11 +74,17 @@ class Holdings:
         self._waiting[job.id] = job
         return lease
 
-    def next_waiting(self, room: dict[str, int] | None) -> Job | None:
+    def next_waiting(
+        self, room: dict[str, int] | None, first: Callable[[Job], bool] = lambda _: False
+    ) -> Job | None:
         """The best waiting job (claim order: priority, then due time), among the queues
-        that have a free slot (`room`: free slots by queue; None: any queue)."""
+        that have a free slot (`room`: free slots by queue; None: any queue); jobs that
+        `first` picks go before all others."""
         fits = [j for j in self._waiting.values() if room is None or room.get(j.queue, 0) > 0]
-        return min(fits, key=_claim_order) if fits else None
+        return min(fits, key=lambda j: (not first(j), _claim_order(j))) if fits else None
+
+    def count_waiting(self, which: Callable[[Job], bool]) -> int:
+        return sum(1 for job in self._waiting.values() if which(job))
 
     def outranks(self, priority: int) -> bool:
         """Whether a job of `priority` would run before some job claimed ahead (False when

@@ -281,7 +281,10 @@ class Dispatcher:
         """Start waiting jobs, best first, on free workers, within each queue's slots: never
         more tasks at once than slots."""
         while not self._closing and self.runner.free_slots() > 0:
-            job = self._next_to_start()
+            # A job of a queue with a rate first: it must start within a margin of its claim.
+            job = self.holdings.next_waiting(
+                self._free_slots_by_queue(), first=lambda j: self.limits.start_by(j.id) is not None
+            )
             if job is None:
                 return
             start_by = self.limits.start_by(job.id)
@@ -293,16 +296,6 @@ class Dispatcher:
                 return
             lease = self.holdings.start(job.id)
             self.supervisor.spawn(self._execute(slot, job, lease), f"job:{job.id}")
-
-    def _next_to_start(self) -> Job | None:
-        """The best waiting job that fits a free slot; a job of a queue with a rate first
-        (it must start within a margin of its claim)."""
-        room = self._free_slots_by_queue()
-        for job in self.holdings.waiting():
-            fits = room is None or room.get(job.queue, 0) > 0
-            if fits and self.limits.start_by(job.id) is not None:
-                return job
-        return self.holdings.next_waiting(room)
 
     def _stop(self, job_id: str, reason: KillReason) -> bool:
         """Stop a held job: kill its worker; or, if it is still waiting, take it out of the
