@@ -525,7 +525,8 @@ class EndedParent:
 
 @dataclass(frozen=True, kw_only=True)
 class Settled:
-    """A waiting child whose status a settle changed (to `pending` or `cancelled`)."""
+    """A waiting child whose status a settle changed (to `pending` or `cancelled`), as that
+    settle left it (`settled` in its document)."""
 
     job_id: str
     task: str
@@ -539,8 +540,8 @@ class Settled:
         return cls(
             job_id=doc["_id"],
             task=doc["task"],
-            attempt=int(doc.get("attempts", 0)),
-            status=JobStatus(doc["status"]),
+            attempt=int(doc["settled"]["attempt"]),
+            status=JobStatus(doc["settled"]["status"]),
             has_dependents=bool(doc.get("has_dependents", False)),
             error=doc.get("error"),
         )
@@ -579,6 +580,7 @@ def _settled(ended: Sequence[EndedParent], tag: str, retention_s: float) -> list
         "error": {"$cond": [cancelled, "DependencyFailed", "$$REMOVE"]},
     }
     error = {"type": "DependencyFailed", "message": message}
+    outcome = {"tag": tag, "status": "$status", "attempt": "$attempts"}
     return [
         {"$set": {"error": {"$cond": [cancel, error, "$error"]}, "status": status}},
         {
@@ -588,7 +590,9 @@ def _settled(ended: Sequence[EndedParent], tag: str, retention_s: float) -> list
                 "expire_at": {"$cond": [cancelled, _expiry(retention_s), "$$REMOVE"]},
                 "run_at": {"$cond": [released, {"$max": ["$run_at", NOW]}, "$run_at"]},
                 "updated_at": NOW,
-                "settle_tag": {"$cond": [changed, tag, "$settle_tag"]},
+                # What this settle made of it, read back by its tag: the child may be
+                # claimed (or further) by the time it is read.
+                "settled": {"$cond": [changed, outcome, "$settled"]},
                 **{k: {"$cond": [changed, v, f"${k}"]} for k, v in _history(entry).items()},
             }
         },
@@ -1695,8 +1699,8 @@ class JobStore:
                 _settled(ended, tag, self.retention_s),
             )
             changed = await self.jobs.find(
-                {"_id": {"$in": children}, "settle_tag": tag},
-                projection={"task": 1, "status": 1, "attempts": 1, "has_dependents": 1, "error": 1},
+                {"_id": {"$in": children}, "settled.tag": tag},
+                projection={"task": 1, "settled": 1, "has_dependents": 1, "error": 1},
                 batch_size=SETTLE_PAGE,
             ).to_list()
             out += [Settled.from_doc(d) for d in changed]

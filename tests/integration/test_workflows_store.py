@@ -5,6 +5,7 @@ the races between them, round trips, and retention of parents."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -241,6 +242,46 @@ async def test_two_settlers_of_one_parent_change_each_child_once(
     )
     assert sorted(c.job_id for c in first + second) == sorted(j.id for j in jobs[1:])
     assert await store.jobs.count_documents({"status": "pending"}) == 50
+
+
+async def test_a_released_child_claimed_before_the_settle_reads_it_back_is_reported_released(
+    aclient: AsyncClient, store: JobStore, settings: Settings
+) -> None:
+    """The settle reads its changes back by tag; by then a dispatcher may have claimed the
+    child. It is reported as this settle left it (pending, attempt 0), not as it is now."""
+    a, b = await aclient.submit_many(
+        [{"task": "a", "ref": "a"}, {"task": "b", "depends_on": ["a"]}]
+    )
+    job = await claim(store, "a")
+    await store.complete_many(OWNER, [(lease(job), None)])
+    client = make_client(settings, appname="settle-test")
+    try:
+        # The settle's first finds (its ended parents, its page of children) pass; its
+        # read-back is held.
+        await client.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode={"skip": 2},
+            data={
+                "failCommands": ["find"],
+                "appName": f"settle-test:{os.getpid()}",
+                "blockConnection": True,
+                "blockTimeMS": 2000,
+            },
+        )
+        settler = JobStore(database(client, settings))
+        settling = asyncio.create_task(settle(settler, [a.id], via="completion"))
+        for _ in range(100):  # released within 1 s, its read-back held for 2 s
+            if (await store.get(b.id)).status == P:
+                break
+            await asyncio.sleep(0.01)
+        assert (await claim(store, "b")).id == b.id and not settling.done()
+        [settled] = await settling
+    finally:
+        await client.admin.command("configureFailPoint", "failCommand", mode="off")
+        await client.close()
+    assert (settled.job_id, settled.status, settled.attempt) == (b.id, P, 0)
+    assert (await store.get(b.id)).status == JobStatus.RUNNING
 
 
 async def test_cancelling_a_waiting_job_cancels_its_dependents(
