@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bson import ObjectId
+from bson import ObjectId, Timestamp
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument, UpdateOne
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.client_session import AsyncClientSession
@@ -1768,6 +1768,13 @@ class JobStore:
     async def job_doc(self, job_id: str) -> Doc | None:
         """The job's stored document, fields this version's `Job` does not know included."""
         return await self.jobs.find_one({"_id": job_id})
+
+    async def job_doc_now(self, job_id: str) -> tuple[Doc | None, Timestamp | None]:
+        """The job's stored document and the cluster time it was read at: every change up
+        to that time is in it."""
+        async with self.db.client.start_session(causal_consistency=True) as session:
+            doc = await self.jobs.find_one({"_id": job_id}, session=session)
+            return doc, session.operation_time
 
     async def changed_since(
         self,

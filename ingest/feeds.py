@@ -34,6 +34,7 @@ from ingest.live import (
     Reset,
     Subscription,
     catch_up,
+    cluster_time,
     live_event,
 )
 from ingest.metrics import SSE_CATCH_UPS, SSE_RESETS
@@ -64,6 +65,7 @@ class Feed:
         self.done = False
         self._last_data: str | None = None
         self._floor = ""  # the client has everything up to here: never send an id before it
+        self._read_at: tuple[int, int] | None = None  # the current state sent holds all to here
 
     async def events(self, since: Position | None) -> AsyncGenerator[ServerSentEvent, None]:
         """Subscribe now (so nothing is missed from here on), then stream."""
@@ -126,9 +128,12 @@ class Feed:
             if self.done:
                 return
 
-    def _job(self, event: LiveEvent) -> list[ServerSentEvent]:
+    def _job(self, event: LiveEvent, *, current: bool = False) -> list[ServerSentEvent]:
         if self.done or (self.options.per_job and event.data == self._last_data):
             return []
+        at = cluster_time(event.at.key)
+        if not current and self._read_at is not None and at is not None and at <= self._read_at:
+            return []  # a change older than the current state this client was sent
         self._last_data = event.data
         final = self.options.per_job and event.terminal
         self.done = final
@@ -147,13 +152,17 @@ class Feed:
             body = {"reason": reset.reason, "since": since.isoformat()}
             yield _sse(data=json.dumps(body), event=RESET_EVENT, id=encode_id(at))
         for doc in await self._now(reset):
-            for sse in self._job(live_event(at, doc)):
+            for sse in self._job(live_event(at, doc), current=True):
                 yield sse
 
     async def _now(self, reset: Reset | None) -> list[Doc]:
         f = self.filter
         if f.job_id is not None:
-            doc = await self.store.job_doc(f.job_id)
+            # Events from the hub's position on follow, and the hub may lag: those older
+            # than this read are in it already, and are not sent again.
+            doc, read_at = await self.store.job_doc_now(f.job_id)
+            if read_at is not None:
+                self._read_at = (read_at.time, read_at.inc)
             return [doc] if doc is not None else []
         if reset is None:  # a feed of many jobs has no "current state" but after a reset
             return []

@@ -1,12 +1,17 @@
 """Live job events: one change stream per API process, fanned out in memory.
 
-`Hub.run()` follows one change stream on the jobs collection, opened with post-images so
-that each event carries the job exactly as that change left it (not as a later lookup
-finds it). Every event is encoded once (its JSON text is shared by every client) and kept
-in a ring of the latest ones; each client's `Subscription` gets the events its filter
-matches through a bounded queue. A client that falls `BROOK_SSE_BUFFER` events behind is
-dropped (it reconnects with its Last-Event-ID and resumes), so a slow client never slows
-the others, and memory stays bounded however many clients there are.
+`Hub.run()` follows one change stream on the jobs collection. While a client listens (and
+for `LINGER_S` after the last one left) the stream carries every change with its
+post-image, so that each event carries the job exactly as that change left it (not as a
+later lookup finds it). While nobody listens it is lean: only the changes the throughput
+figures count (a start, an end), cut down on the server to the few fields they need, so an
+API process that nobody watches costs next to nothing per job. Switching reopens the
+stream at the hub's position: nothing is missed or seen twice. Every event is encoded once
+(its JSON text is shared by every client) and kept in a ring of the latest ones; each
+client's `Subscription` gets the events its filter matches through a bounded queue. A
+client that falls `BROOK_SSE_BUFFER` events behind is dropped (it reconnects with its
+Last-Event-ID and resumes), so a slow client never slows the others, and memory stays
+bounded however many clients there are.
 
 Resuming: an event's position is the change stream's resume token. A position still in
 the ring is replayed from memory. An older one (say, from before this process started) is
@@ -34,7 +39,7 @@ from common.db import is_history_lost, is_transient
 from common.events import Event, emit
 from common.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
 from common.models import DEFAULT_QUEUE, Doc, Job
-from common.status import TERMINAL, JobStatus
+from common.status import TERMINAL
 from common.store import JobStore
 from ingest.encoding import job_text
 from ingest.metrics import SSE_DROPPED
@@ -42,6 +47,8 @@ from ingest.metrics import SSE_DROPPED
 STREAM = "live"  # the `stream` label of this process's change stream in logs and metrics
 RING_SIZE = 2_000  # events kept for resuming from memory (older: a catch-up stream)
 CATCH_UP_AWAIT_MS = 200
+LINGER_S = 60.0  # whole events flow on this long after the last client left
+LEAN_AWAIT_MS = 100  # an idle lean stream notices a new client within about this
 INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")
 TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
 
@@ -84,6 +91,67 @@ LIVE_PIPELINE: list[dict[str, Any]] = [
 ]
 
 
+# Without clients: a change that starts a job (sets `started_at`) or ends it, and only what
+# `Tally` reads of it. The server filters and projects before computing any post-image.
+LEAN_PIPELINE: list[dict[str, Any]] = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": {"$in": list(INVALIDATING)}},
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.status": {"$in": sorted(TERMINAL_VALUES)},
+                },
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.started_at": {"$type": "date"},
+                },
+            ]
+        }
+    },
+    {
+        "$project": {
+            "operationType": 1,
+            "wallTime": 1,
+            "documentKey": 1,
+            "updateDescription.updatedFields.status": 1,
+            "updateDescription.updatedFields.started_at": 1,
+            "fullDocument.run_at": 1,
+        }
+    },
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tally:
+    """What the throughput figures count of one change: a start (and its wait, from due to
+    start on the server's clock), an end (the terminal status), or both in one write."""
+
+    wall_ms: int
+    started: bool
+    wait_ms: float | None
+    ended: str | None
+
+
+def tally(change: Mapping[str, Any]) -> Tally | None:
+    """The start and/or end one change made, from the fields it set; None for any other."""
+    if change.get("operationType") != "update":
+        return None
+    fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
+    started_at, status = fields.get("started_at"), fields.get("status")
+    started = isinstance(started_at, datetime)
+    ended = status if status in TERMINAL_VALUES else None
+    if not started and ended is None:
+        return None
+    wait_ms = None
+    run_at = (change.get("fullDocument") or {}).get("run_at")
+    if isinstance(started_at, datetime) and isinstance(run_at, datetime):
+        wait_ms = max((started_at - run_at).total_seconds() * 1000, 0.0)
+    wall = change.get("wallTime")
+    ms = wall_ms(wall) if isinstance(wall, datetime) else int(time.time() * 1000)
+    return Tally(wall_ms=ms, started=started, wait_ms=wait_ms, ended=ended)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Position:
     """A point in the change stream: its resume token, and the server's wall time there
@@ -105,7 +173,6 @@ class LiveEvent:
     queue: str
     status: str
     data: str  # the job as JSON text, encoded once for every client
-    wait_ms: float | None = None  # a start: from due (`run_at`) to `started_at`
 
     @property
     def terminal(self) -> bool:
@@ -146,13 +213,6 @@ def wall_ms(when: datetime) -> int:
     return int(when.timestamp() * 1000)
 
 
-def _wait_ms(job: Job) -> float | None:
-    """A start's wait: from due (`run_at`) to `started_at`, both the server's clock."""
-    if job.status != JobStatus.RUNNING or job.started_at is None:
-        return None
-    return max((job.started_at - job.run_at).total_seconds() * 1000, 0.0)
-
-
 def live_event(at: Position, doc: Doc) -> LiveEvent:
     job = Job.from_doc(doc)
     return LiveEvent(
@@ -162,7 +222,6 @@ def live_event(at: Position, doc: Doc) -> LiveEvent:
         queue=job.queue or DEFAULT_QUEUE,
         status=job.status.value,
         data=job_text(job),
-        wait_ms=_wait_ms(job),
     )
 
 
@@ -241,6 +300,17 @@ def cluster_seconds(key: str) -> int | None:
         return None
 
 
+def cluster_time(key: str) -> tuple[int, int] | None:
+    """The cluster time (seconds, increment) a token's `_data` starts with, or None."""
+    seconds = cluster_seconds(key)
+    if seconds is None or len(key) < 18:
+        return None
+    try:
+        return seconds, int(key[10:18], 16)
+    except ValueError:
+        return None
+
+
 def _close_ahead(since: Position, position: Position) -> bool:
     """A position ahead of ours is another API process's (its stream is a little further
     on): plausible only if it is a real token and not far in the future. Anything else is
@@ -256,13 +326,15 @@ class Hub:
         *,
         buffer: int,
         ring_size: int = RING_SIZE,
-        observe: Callable[[LiveEvent], None] | None = None,
+        observe: Callable[[Tally], None] | None = None,
         max_await_ms: int = 1000,
+        linger_s: float = LINGER_S,
     ) -> None:
         self.store = store
         self.buffer = buffer
         self.observe = observe
         self.max_await_ms = max_await_ms
+        self.linger_s = linger_s
         self.position: Position | None = None
         self.ready = asyncio.Event()
         self._ring: deque[LiveEvent] = deque(maxlen=ring_size)
@@ -270,6 +342,15 @@ class Hub:
         self._by_job: dict[str, set[Subscription]] = {}
         self._others: set[Subscription] = set()
         self._images = False
+        self._full = False  # the stream open now carries whole events
+        self._idle_since: float | None = float("-inf")  # the last client left; None: one listens
+        self._wanted = asyncio.Event()  # a client came while the stream was lean
+        self._switching: str | None = None  # reopening for a change of mode, not a failure
+
+    @property
+    def lean(self) -> bool:
+        """The stream open now carries only what the figures count (nobody listens)."""
+        return not self._full
 
     def count(self) -> int:
         return len(self._others) + sum(len(s) for s in self._by_job.values())
@@ -300,32 +381,56 @@ class Hub:
     async def _follow(self, backoff: Backoff) -> None:
         if not self._images:
             await self._enable_post_images()
+        full, switching = self._wants_full(), self._switching
+        self._wanted.clear()
+        self._switching = None
+        if not full:  # nothing to replay from memory: an older position gets a catch-up
+            self._ring.clear()
+            self._floor = None
         token = self.position.token if self.position is not None else None
         async with await self.store.changes(
-            LIVE_PIPELINE,
+            LIVE_PIPELINE if full else LEAN_PIPELINE,
             resume_after=token,
-            max_await_ms=self.max_await_ms,
+            max_await_ms=self.max_await_ms if full else LEAN_AWAIT_MS,
             full_document="whenAvailable",
         ) as stream:
             if token is None:
                 emit(Event.STREAM_OPENED, stream=STREAM)
-            else:
+            elif switching is None:
                 STREAM_RESUMES.labels(stream=STREAM).inc()
                 emit(Event.STREAM_RESUMED, stream=STREAM)
+            self._full = full
             backoff.reset()
             self._advance(stream.resume_token)
             self.ready.set()
             while stream.alive:
+                if full and not self._wants_full():
+                    self._switching = "lean"
+                    return
                 change = await stream.try_next()
+                if not full and self._wanted.is_set():
+                    # Before moving past anything: the whole stream resumes from here, so
+                    # the new client's first events (and this change) are not lost.
+                    self._switching = "full"
+                    return
                 if change is not None and change["operationType"] in INVALIDATING:
                     self._restart(
                         f"the jobs collection saw {change['operationType']}",
                         why=Event.STREAM_INVALIDATED,
                     )
                     return
-                if change is not None and (event := await build_event(self.store, change)):
-                    self._publish(event)
+                if change is not None:
+                    await self._take(change, full)
                 self._advance(stream.resume_token)
+
+    async def _take(self, change: Mapping[str, Any], full: bool) -> None:
+        if self.observe is not None and (counted := tally(change)) is not None:
+            self.observe(counted)
+        if full and (event := await build_event(self.store, change)):
+            self._publish(event)
+
+    def _wants_full(self) -> bool:
+        return self._idle_since is None or time.monotonic() - self._idle_since < self.linger_s
 
     async def _enable_post_images(self) -> None:
         """Without post-images (no privilege for `collMod`, say) events still flow: each
@@ -363,8 +468,6 @@ class Hub:
             self.unsubscribe(sub)
             SSE_DROPPED.inc()
             emit(Event.SSE_CLIENT_DROPPED, level="warning", reason=sub.closed, **asdict(sub.filter))
-        if self.observe is not None:
-            self.observe(event)
 
     def _restart(self, reason: str, *, why: Event | None = Event.STREAM_HISTORY_LOST) -> None:
         """The stream cannot go on from its position: start afresh, and drop every client
@@ -382,6 +485,8 @@ class Hub:
             sub.close(reason)
         self._others.clear()
         self._by_job.clear()
+        if self._idle_since is None:
+            self._idle_since = time.monotonic()
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -401,6 +506,9 @@ class Hub:
             self._by_job.setdefault(flt.job_id, set()).add(sub)
         else:
             self._others.add(sub)
+        self._idle_since = None
+        if not self._full:
+            self._wanted.set()
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
@@ -411,6 +519,8 @@ class Hub:
                 subs.discard(sub)
                 if not subs:
                     del self._by_job[sub.filter.job_id]
+        if self._idle_since is None and not self._others and not self._by_job:
+            self._idle_since = time.monotonic()
 
 
 async def catch_up(

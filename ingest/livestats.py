@@ -1,8 +1,8 @@
 """Throughput and submit→start latency over the last minutes, from the live events.
 
-Every API process sees every job change on its one change stream, so it can keep these
-figures in memory, in fixed time buckets, without asking MongoDB anything. They start
-empty when the process starts.
+Every API process sees every start and end of a job on its one change stream (lean while
+nobody watches), so it can keep these figures in memory, in fixed time buckets, without
+asking MongoDB anything. They start empty when the process starts.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.live import LiveEvent
+from ingest.live import Tally
 
 STEP_S = 10
 BUCKETS = 60  # ten minutes
@@ -50,14 +50,14 @@ class LiveStats:
                 del self._buckets[stale]
         return bucket
 
-    def observe(self, event: LiveEvent) -> None:
-        bucket = self._bucket(event.at.wall_ms / 1000)
-        if event.status == "running":
+    def observe(self, tally: Tally) -> None:
+        bucket = self._bucket(tally.wall_ms / 1000)
+        if tally.started:
             bucket.started += 1
-            if event.wait_ms is not None and len(bucket.waits_ms) < SAMPLES_PER_BUCKET:
-                bucket.waits_ms.append(event.wait_ms)
-        elif event.status in ("completed", "failed", "cancelled"):
-            setattr(bucket, event.status, getattr(bucket, event.status) + 1)
+            if tally.wait_ms is not None and len(bucket.waits_ms) < SAMPLES_PER_BUCKET:
+                bucket.waits_ms.append(tally.wait_ms)
+        if tally.ended in ("completed", "failed", "cancelled"):
+            setattr(bucket, tally.ended, getattr(bucket, tally.ended) + 1)
 
     def series(self) -> dict[str, Any]:
         """The last `BUCKETS` buckets, oldest first; `end` is the end of the newest one."""

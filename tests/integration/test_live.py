@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ from common.models import JobSpec
 from common.store import JobStore, Lease
 from ingest.eventids import decode_id
 from ingest.feeds import Feed, FeedOptions
-from ingest.live import EventFilter, Hub, Position
+from ingest.live import LIVE_PIPELINE, EventFilter, Hub, Position, Tally
 from ingest.metrics import DepthCache
 
 OWNER = "test-owner"
@@ -46,6 +46,14 @@ async def take(stream: AsyncIterator[ServerSentEvent], n: int, timeout: float = 
 
 def statuses(events: list[ServerSentEvent]) -> list[str]:
     return [json.loads(str(e.data))["status"] for e in events]
+
+
+async def wait_for(check: Callable[[], bool], timeout: float = 10) -> None:
+    for _ in range(int(timeout / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("not within the timeout")
 
 
 def feed(hub: Hub, store: JobStore, *, job_id: str | None = None, idle_s: float = 0.2) -> Feed:
@@ -238,3 +246,74 @@ async def test_dropping_the_jobs_collection_restarts_the_hub_and_lets_its_client
     await run_one(store)
     assert statuses(await pending) == ["pending", "running", "completed"]
     await after.aclose()
+
+
+async def test_nobody_listening_the_stream_is_lean_and_still_counts_starts_and_ends(
+    store: JobStore,
+) -> None:
+    counted: list[Tally] = []
+    hub = Hub(store, buffer=100, observe=counted.append, linger_s=0.3)
+    task = asyncio.create_task(hub.run())
+    await asyncio.wait_for(hub.ready.wait(), 30)
+    try:
+        assert hub.lean
+        for _ in range(3):
+            await run_one(store)
+        await wait_for(lambda: sum(t.ended == "completed" for t in counted) == 3)
+        # A completion that never marked a start sets `started_at` with the end: one write.
+        assert [(t.started, t.ended) for t in counted] == [(True, "completed")] * 3
+        assert all(t.wait_ms is not None and t.wait_ms >= 0 for t in counted)
+        assert not hub._ring  # nothing whole was read: no event kept for anyone
+        stream = feed(hub, store).events(None)
+        got = asyncio.ensure_future(take(stream, 3))
+        await wait_for(lambda: not hub.lean)
+        await run_one(store)
+        assert statuses(await got) == ["pending", "running", "completed"]
+        await stream.aclose()
+        await wait_for(lambda: hub.lean)  # the last client left, and the linger passed
+        await run_one(store)
+        await wait_for(lambda: len(counted) == 5)
+        assert [t.ended for t in counted] == ["completed"] * 5  # each end counted once
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_client_arriving_while_the_stream_is_lean_misses_nothing_and_sees_nothing_twice(
+    store: JobStore,
+) -> None:
+    hub = Hub(store, buffer=1000)
+    task = asyncio.create_task(hub.run())
+    await asyncio.wait_for(hub.ready.wait(), 30)
+    stop = asyncio.Event()
+
+    async def produce() -> None:
+        while not stop.is_set():
+            await run_one(store)
+
+    producer = asyncio.create_task(produce())
+    try:
+        await asyncio.sleep(0.3)  # jobs flowing through the lean stream
+        assert hub.lean
+        sub = hub.subscribe(EventFilter())
+        start = sub.start
+        seen = [await sub.next(10) for _ in range(30)]
+        stop.set()
+        await producer
+        hub.unsubscribe(sub)
+        # The reference: the whole stream from the client's start, read on its own.
+        expected: list[str] = []
+        async with await store.changes(
+            LIVE_PIPELINE, resume_after=start.token, max_await_ms=200, full_document="whenAvailable"
+        ) as raw:
+            while len(expected) < 30:
+                change = await raw.try_next()
+                if change is not None:
+                    expected.append(str(change["_id"]["_data"]))
+        assert [e.at.key for e in seen if e is not None] == expected
+    finally:
+        stop.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
