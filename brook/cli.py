@@ -741,6 +741,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         die(str(exc), 2)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Read by `head` or the like, which stopped reading: not an error of ours. Point
+        # stdout at /dev/null so that the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return code
 
 

@@ -46,3 +46,19 @@ def test_brook_ls_filters_by_status(cluster: Cluster, http: httpx.Client) -> Non
     cancelled = brook(cluster, "ls", "--status", "cancelled")
     assert cancelled.returncode == 0 and cancelled.stdout.split()[:2] == [job, "cancelled"]
     assert brook(cluster, "ls", "--status", "pending").stdout == ""
+
+
+def test_brook_piped_into_a_reader_that_stops_ends_quietly(cluster: Cluster, http: httpx.Client) -> None:
+    cluster.api()
+    for _ in range(3):
+        http.post("/jobs", json={"task": "noop"})
+    env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port))
+    # `true` reads nothing and exits at once: every line `brook ls` writes meets a closed pipe.
+    out = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {sys.executable} -m brook.cli ls | true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 141 and out.stderr == "", out.stderr
