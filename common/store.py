@@ -1478,6 +1478,20 @@ class JobStore:
             )
         return Job.from_doc(doc)
 
+    async def ended_by_holder(self, lease: Lease) -> Job | None:
+        """A fenced write that ends an attempt found it no longer held: the job, if that
+        attempt was ended by its holder after all (an earlier try of the same write
+        applied, and its reply was lost to a failover); None if the watchdog ended it, or
+        nothing did. Only the holder and the watchdog end an attempt, and the watchdog's
+        history entry says `LeaseExpired`."""
+        doc = await self.jobs.find_one({"_id": lease.job_id})
+        if doc is None:
+            return None
+        mine = [h for h in doc.get("history") or [] if h.get("attempt") == lease.attempt]
+        if not mine or mine[-1].get("status") == R or mine[-1].get("error") == "LeaseExpired":
+            return None
+        return Job.from_doc(doc)
+
     async def _end_attempt(
         self,
         query: dict[str, Any],

@@ -367,8 +367,7 @@ class Claimer:
         # Claims in flight together overlap their round trips. Start with one and double
         # while every claim finds a job (a backlog); one event then costs one claim. A job
         # that outranks all claimed ahead is claimed alone: one round trip, the quickest.
-        n = min(room, self._batch)
-        return [await self._claim_one(target)] if n == 1 else await self._claim_batch(target, n)
+        return await self._claim(target, min(room, self._batch))
 
     async def _claim_limited(self, queue: str, n: int) -> list[bool | None]:
         """Claim up to `n` jobs of a limited queue through its slots (one write for all)."""
@@ -391,20 +390,22 @@ class Claimer:
             return frozenset(), None
         return self.limits.limited(), await self.limits.plain_queues()
 
-    async def _claim_batch(self, target: Target, n: int) -> list[bool | None]:
-        """Claim up to `n` jobs in one write; True per job claimed, None for room the
-        queue could not fill, False for room lost to another dispatcher's race."""
+    async def _claim(self, target: Target, n: int) -> list[bool | None]:
+        """Claim up to `n` jobs in one write (one job: a `findOneAndUpdate`, the quickest);
+        True per job claimed, None for room the queue could not fill, False for room lost
+        to another dispatcher's race."""
         try:
             exclude, among = await self._scope(target)
-            jobs, dry = await self.store.claim_many(
-                self.owner,
-                self.settings.lease_seconds,
-                n,
-                tasks=self.tasks,
-                queue=target,
-                exclude=exclude,
-                among=among,
-            )
+            owner, lease, tasks = self.owner, self.settings.lease_seconds, self.tasks
+            if n == 1:
+                job = await self.store.claim(
+                    owner, lease, tasks=tasks, queue=target, exclude=exclude, among=among
+                )
+                jobs, dry = ([job], False) if job is not None else ([], True)
+            else:
+                jobs, dry = await self.store.claim_many(
+                    owner, lease, n, tasks=tasks, queue=target, exclude=exclude, among=among
+                )
         except PyMongoError as exc:
             await self._claim_failed(exc)
             return [False]
@@ -414,28 +415,6 @@ class Claimer:
             self.start(job)
         unfilled: bool | None = None if dry else False
         return [True] * len(jobs) + [unfilled] * (n - len(jobs))
-
-    async def _claim_one(self, target: Target) -> bool | None:
-        """Claim one job; True if one was claimed, None if nothing was due."""
-        try:
-            exclude, among = await self._scope(target)
-            job = await self.store.claim(
-                self.owner,
-                self.settings.lease_seconds,
-                tasks=self.tasks,
-                queue=target,
-                exclude=exclude,
-                among=among,
-            )
-        except PyMongoError as exc:
-            await self._claim_failed(exc)
-            return False
-        if job is None:
-            return None
-        self.limits.adopt_strays([job])
-        _claimed(job)
-        self.start(job)
-        return True
 
     async def _claim_failed(self, exc: PyMongoError) -> None:
         """No primary (or similar): wait a little, look again."""

@@ -189,10 +189,25 @@ class Outcomes:
                 "record", lambda: self._write_other(job, lease, outcome, ran), until=self._until()
             )
         except LeaseLost:
-            return Verdict(kind="lost")
+            return await self._lost_or_ours(lease)
         except PyMongoError as exc:  # not transient: retrying would fail the same way
             return Verdict(kind="refused", detail=str(exc))
         return Verdict(kind="deadline") if done is None else Verdict(kind="applied", job=done)
+
+    async def _lost_or_ours(self, lease: Lease) -> Verdict:
+        """The write found the attempt no longer ours: lost, unless an earlier try of it
+        applied (its reply lost to a failover), which the job's history tells. (An attempt
+        its holder completed was completed by the task's own transaction: not this write,
+        and `record` tells that one apart.)"""
+        try:
+            job = await ride_out(
+                "ended_by_holder", lambda: self.store.ended_by_holder(lease), until=self._until()
+            )
+        except PyMongoError:
+            job = None
+        if job is None or job.status == JobStatus.COMPLETED:
+            return Verdict(kind="lost")
+        return Verdict(kind="applied", job=job)
 
     async def _write_other(
         self, job: Job, lease: Lease, outcome: Outcome, ran: RunTimes | None

@@ -202,6 +202,27 @@ async def test_the_claim_query_is_an_index_scan(store: JobStore) -> None:
     assert "claim_order" in text
 
 
+async def test_an_attempt_ended_by_its_holder_is_told_from_one_the_watchdog_ended(
+    store: JobStore,
+) -> None:
+    await store.submit(spec(max_attempts=3))
+    first = await store.claim(OWNER, 30)
+    assert first is not None
+    lease = Lease(job_id=first.id, attempt=first.attempts)
+    assert await store.ended_by_holder(lease) is None  # still running
+    await expire_now(store, first.id)
+    [doc] = await store.expired()
+    await store.requeue_expired(doc, retry_delay_s=0)
+    assert await store.ended_by_holder(lease) is None  # the watchdog's, not the holder's
+    second = await store.claim(OWNER, 30)
+    assert second is not None and second.attempts == 2
+    again = Lease(job_id=second.id, attempt=second.attempts)
+    await store.fail_attempt(again, OWNER, {"type": "Boom", "message": "x"}, 0)
+    ended = await store.ended_by_holder(again)
+    assert ended is not None and ended.status == JobStatus.PENDING
+    assert await store.ended_by_holder(lease) is None  # attempt 1 is still the watchdog's
+
+
 async def test_a_zombie_completion_from_a_stale_attempt_is_rejected(store: JobStore) -> None:
     sub = await store.submit(spec(max_attempts=3))
     first = await store.claim(OWNER, 30)

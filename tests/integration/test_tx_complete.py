@@ -215,3 +215,42 @@ async def record(
     if verdict.kind == "applied" and (await store.get(lease.job_id)).status == "completed":
         assert [e.get("transaction") for e in logs if e["event"] == "job.completed"] == [True]
     return verdict.kind
+
+
+async def test_a_failure_whose_reply_was_a_write_concern_error_is_recorded_not_discarded(
+    settings: Settings, store: JobStore
+) -> None:
+    """The dispatcher's fenced failure write applies, but its reply is a write-concern
+    error (as in a failover: applied, not known to be majority-committed). The next try
+    finds the attempt no longer held: the job's history shows that this write ended it, so
+    the verdict is the failure, not a lost lease."""
+    lease = await claimed(store)
+    job = await store.get(lease.job_id)
+    client = make_client(settings, appname="outcomes-test")
+    dispatcher_store = JobStore(database(client, settings))
+    outcomes = Outcomes(
+        settings, dispatcher_store, OWNER, spawn_logged, Dependents(settings, store, spawn_logged)
+    )
+    await client.admin.command(
+        "configureFailPoint",
+        "failCommand",
+        mode={"times": 1},
+        data={
+            "failCommands": ["findAndModify"],
+            "appName": f"outcomes-test:{os.getpid()}",
+            "writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"},
+        },
+    )
+    try:
+        outcome = Outcome(kind="error", error={"type": "Boom", "message": "x"}, retry_delay=0.0)
+        with capture_logs() as logs:
+            verdict = await outcomes.record(job, lease, outcome, 0.1)
+    finally:
+        await client.admin.command("configureFailPoint", "failCommand", mode="off")
+        await client.close()
+    events = [e["event"] for e in logs]
+    assert verdict.kind == "applied" and verdict.job is not None, (verdict, events)
+    assert "job.result_discarded" not in events and "job.retry_scheduled" in events, events
+    stored = await store.get(lease.job_id)
+    assert stored.status == "pending" and stored.error == {"type": "Boom", "message": "x"}
+    assert [h["status"] for h in stored.history].count("pending") == 2  # submitted, retried once
