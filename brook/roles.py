@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NoReturn
 
 from common.db import database, make_client
@@ -109,16 +109,5 @@ def run_dispatcher(settings: Settings) -> int:
             exit_now(1)
         exit_now(0)
 
-    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(main())
+    asyncio.run(main())
     return 0
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop where it is installed (as for the API, through uvicorn), else
-    asyncio's own."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
