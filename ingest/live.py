@@ -382,6 +382,9 @@ class Hub:
         if not self._images:
             await self._enable_post_images()
         full, switching = self._wants_full(), self._switching
+        # The mode is set before the stream opens: a client that comes meanwhile to a lean
+        # one flags it, and it is reopened whole at once.
+        self._full = full
         self._wanted.clear()
         self._switching = None
         if not full:  # nothing to replay from memory: an older position gets a catch-up
@@ -399,8 +402,11 @@ class Hub:
             elif switching is None:
                 STREAM_RESUMES.labels(stream=STREAM).inc()
                 emit(Event.STREAM_RESUMED, stream=STREAM)
-            self._full = full
             backoff.reset()
+            # A lean stream moves past changes a client wants: once one came, it moves no
+            # further, and the whole stream resumes from here (the change in hand too).
+            if self.position is not None and self._widen(full):
+                return
             self._advance(stream.resume_token)
             self.ready.set()
             while stream.alive:
@@ -408,10 +414,7 @@ class Hub:
                     self._switching = "lean"
                     return
                 change = await stream.try_next()
-                if not full and self._wanted.is_set():
-                    # Before moving past anything: the whole stream resumes from here, so
-                    # the new client's first events (and this change) are not lost.
-                    self._switching = "full"
+                if self._widen(full):
                     return
                 if change is not None and change["operationType"] in INVALIDATING:
                     self._restart(
@@ -428,6 +431,13 @@ class Hub:
             self.observe(counted)
         if full and (event := await build_event(self.store, change)):
             self._publish(event)
+
+    def _widen(self, full: bool) -> bool:
+        """A client came while the stream is lean: reopen it whole."""
+        if full or not self._wanted.is_set():
+            return False
+        self._switching = "full"
+        return True
 
     def _wants_full(self) -> bool:
         return self._idle_since is None or time.monotonic() - self._idle_since < self.linger_s

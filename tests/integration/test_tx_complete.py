@@ -6,7 +6,6 @@ come from the server (`configureFailPoint`), aimed at this test's client by its 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,6 +29,7 @@ from common.transactions import (
 )
 from dispatcher.dependents import Dependents
 from dispatcher.outcomes import Outcomes
+from tests.support.failpoints import fail_commands, fail_nothing
 
 OWNER = "test-owner"
 APP = "tx-test"
@@ -40,17 +40,12 @@ async def worker(settings: Settings) -> AsyncIterator[AsyncMongoClient[Doc]]:
     """The worker process's client, as `make_client` builds it (its app name is aimed at)."""
     client = make_client(settings, appname=APP)
     yield client
-    await client.admin.command("configureFailPoint", "failCommand", mode="off")
+    await fail_nothing(client)
     await client.close()
 
 
 async def fail_commits(client: AsyncMongoClient[Doc], mode: Any, **data: Any) -> None:
-    await client.admin.command(
-        "configureFailPoint",
-        "failCommand",
-        mode=mode,
-        data={"failCommands": ["commitTransaction"], "appName": f"{APP}:{os.getpid()}", **data},
-    )
+    await fail_commands(client, APP, ["commitTransaction"], mode, **data)
 
 
 async def claimed(store: JobStore) -> Lease:
@@ -231,22 +226,19 @@ async def test_a_failure_whose_reply_was_a_write_concern_error_is_recorded_not_d
     outcomes = Outcomes(
         settings, dispatcher_store, OWNER, spawn_logged, Dependents(settings, store, spawn_logged)
     )
-    await client.admin.command(
-        "configureFailPoint",
-        "failCommand",
-        mode={"times": 1},
-        data={
-            "failCommands": ["findAndModify"],
-            "appName": f"outcomes-test:{os.getpid()}",
-            "writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"},
-        },
+    await fail_commands(
+        client,
+        "outcomes-test",
+        ["findAndModify"],
+        {"times": 1},
+        writeConcernError={"code": 64, "errmsg": "waiting for replication timed out"},
     )
     try:
         outcome = Outcome(kind="error", error={"type": "Boom", "message": "x"}, retry_delay=0.0)
         with capture_logs() as logs:
             verdict = await outcomes.record(job, lease, outcome, 0.1)
     finally:
-        await client.admin.command("configureFailPoint", "failCommand", mode="off")
+        await fail_nothing(client)
         await client.close()
     events = [e["event"] for e in logs]
     assert verdict.kind == "applied" and verdict.job is not None, (verdict, events)

@@ -5,7 +5,6 @@ the races between them, round trips, and retention of parents."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from common.settings import Settings
 from common.status import JobStatus
 from common.store import JobStore, Lease
 from tests.support.commands import CommandCounter
+from tests.support.failpoints import fail_commands, fail_nothing
 
 OWNER = "test-owner"
 W, P, C = JobStatus.WAITING, JobStatus.PENDING, JobStatus.CANCELLED
@@ -258,16 +258,8 @@ async def test_a_released_child_claimed_before_the_settle_reads_it_back_is_repor
     try:
         # The settle's first finds (its ended parents, its page of children) pass; its
         # read-back is held.
-        await client.admin.command(
-            "configureFailPoint",
-            "failCommand",
-            mode={"skip": 2},
-            data={
-                "failCommands": ["find"],
-                "appName": f"settle-test:{os.getpid()}",
-                "blockConnection": True,
-                "blockTimeMS": 2000,
-            },
+        await fail_commands(
+            client, "settle-test", ["find"], {"skip": 2}, blockConnection=True, blockTimeMS=2000
         )
         settler = JobStore(database(client, settings))
         settling = asyncio.create_task(settle(settler, [a.id], via="completion"))
@@ -278,7 +270,7 @@ async def test_a_released_child_claimed_before_the_settle_reads_it_back_is_repor
         assert (await claim(store, "b")).id == b.id and not settling.done()
         [settled] = await settling
     finally:
-        await client.admin.command("configureFailPoint", "failCommand", mode="off")
+        await fail_nothing(client)
         await client.close()
     assert (settled.job_id, settled.status, settled.attempt) == (b.id, P, 0)
     assert (await store.get(b.id)).status == JobStatus.RUNNING
