@@ -317,3 +317,40 @@ async def test_a_client_arriving_while_the_stream_is_lean_misses_nothing_and_see
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+class SlowToOpen(JobStore):
+    """The jobs store, each change stream taking a second to open (a slow link): room for a
+    client to arrive while the hub reopens."""
+
+    async def changes(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(1.0)
+        return await super().changes(*args, **kwargs)
+
+
+async def test_a_client_arriving_while_the_hub_reopens_lean_gets_its_events(
+    store: JobStore,
+) -> None:
+    slow = SlowToOpen(store.db)
+    hub = Hub(slow, buffer=100, linger_s=0.1, max_await_ms=100)
+    task = asyncio.create_task(hub.run())
+    await asyncio.wait_for(hub.ready.wait(), 30)
+    try:
+        first = hub.subscribe(EventFilter())
+        await wait_for(lambda: not hub.lean)
+        hub.unsubscribe(first)
+        # The linger (0.1 s) and the whole stream's next look (0.1 s) pass; the lean stream
+        # is then opening for a second: a client comes in the middle of it.
+        await asyncio.sleep(0.6)
+        sub = hub.subscribe(EventFilter())
+        job_id = await run_one(store)
+        got = [await sub.next(10) for _ in range(3)]
+        assert [(e.job_id, e.status) for e in got if e is not None] == [
+            (job_id, "pending"),
+            (job_id, "running"),
+            (job_id, "completed"),
+        ]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
