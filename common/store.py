@@ -677,6 +677,15 @@ def live_query() -> dict[str, Any]:
     return {"$expr": {"$gte": [{"$add": ["$seen_at", window]}, NOW]}}
 
 
+
+def buffered(stream: AsyncChangeStream[Doc]) -> int:
+    """How many changes `stream` already holds from its last batch: the next `try_next`
+    returns one of them without asking the server. PyMongo keeps them in its cursor; read
+    defensively (0 if that ever moves: the caller then treats every read as a new one)."""
+    data = getattr(getattr(stream, "_cursor", None), "_data", None)
+    return len(data) if data is not None else 0
+
+
 class JobStore:
     def __init__(self, db: AsyncDatabase[Doc], *, retention_s: float = WEEK_S) -> None:
         self.db = db

@@ -9,9 +9,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from pymongo import monitoring
 from sse_starlette import ServerSentEvent
 
+from common.db import database, make_client
 from common.models import JobSpec
+from common.settings import Settings
 from common.store import JobStore, Lease
 from ingest.eventids import decode_id
 from ingest.feeds import Feed, FeedOptions
@@ -278,6 +281,65 @@ async def test_nobody_listening_the_stream_is_lean_and_still_counts_starts_and_e
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+class GetMores(monitoring.CommandListener):
+    """Counts the getMore commands a client sends (each a read of a stream's next batch)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "getMore":
+            self.count += 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+async def test_a_lean_stream_reads_once_a_pace_and_a_client_cuts_the_wait_short(
+    store: JobStore, settings: Settings
+) -> None:
+    reads = GetMores()
+    client = make_client(settings, appname="brook-test-pace", event_listeners=[reads])
+    watched = JobStore(database(client, settings))
+    counted: list[Tally] = []
+    hub = Hub(watched, buffer=100, observe=counted.append, lean_pace_s=1.0)
+    task = asyncio.create_task(hub.run())
+    await asyncio.wait_for(hub.ready.wait(), 30)
+    try:
+        assert hub.lean
+        before, n = reads.count, 0
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 3.0
+        while loop.time() < until:  # a start and an end every few milliseconds, for 3 s
+            await run_one(store)
+            n += 1
+        await wait_for(lambda: sum(t.ended == "completed" for t in counted) == n)
+        # One read a second (and the one that found the last of them), not one per change:
+        # without the pace, the stream read as often as a job started or ended.
+        assert n >= 50, n
+        assert reads.count - before <= 6, (reads.count - before, n)
+        # A client arriving does not wait for the pace: a minute-long one is cut short.
+        hub.lean_pace_s = 60.0
+        await asyncio.sleep(1.5)  # the hub is now inside a minute's wait
+        sub = hub.subscribe(EventFilter())
+        job_id = await run_one(store)
+        got = [await sub.next(10) for _ in range(3)]
+        assert [(e.job_id, e.status) for e in got if e is not None] == [
+            (job_id, "pending"),
+            (job_id, "running"),
+            (job_id, "completed"),
+        ]
+        hub.unsubscribe(sub)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.close()
 
 
 async def test_a_client_arriving_while_the_stream_is_lean_misses_nothing_and_sees_nothing_twice(
