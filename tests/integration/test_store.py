@@ -429,6 +429,48 @@ async def test_complete_many_completes_held_leases_and_reports_lost_and_refused_
     assert again.done == {a.id}  # a retried batch recognises its own earlier write
 
 
+async def test_one_completion_write_gives_each_job_its_own_values_and_fences_each_attempt(
+    store: JobStore,
+) -> None:
+    """Several completions go in one write whose values are picked per job: each job gets
+    its own result and run times, and each is fenced on its own attempt, owner and
+    dependents, exactly as one write per job would."""
+    err = {"type": "E", "message": "m"}
+    ids = [(await store.submit(spec(max_attempts=3))).job.id for _ in range(6)]
+    held = {j.id: j for j in [await store.claim(OWNER, 30) for _ in ids] if j is not None}
+    assert set(held) == set(ids)
+    retried = ids[0]  # attempt 2 while the others are at 1
+    await store.fail_attempt(Lease(job_id=retried, attempt=1), OWNER, err, 0)
+    again = await store.claim(OWNER, 30)
+    assert again is not None and again.id == retried and again.attempts == 2
+    stale = ids[1]  # completed with its old attempt number: matches nothing
+    late = ids[2]  # a child attached after the claim: its lease does not know
+    knowing = ids[3]  # its lease knows of its dependents
+    await store.attach_dependents([late, knowing])
+    t0 = max(j.claimed_at for j in held.values() if j.claimed_at) + timedelta(milliseconds=5)
+    ran = {i: RunTimes(started_at=t0 + timedelta(milliseconds=n), finished_at=t0 + timedelta(milliseconds=10 * n + 20)) for n, i in enumerate(ids)}
+    leases = {i: Lease(job_id=i, attempt=1) for i in ids}
+    leases[retried] = Lease(job_id=retried, attempt=2)
+    leases[stale] = Lease(job_id=stale, attempt=7)
+    leases[knowing] = Lease(job_id=knowing, attempt=1, has_dependents=True)
+    items = [(leases[i], {"n": n, "id": i}) for n, i in enumerate(ids)]
+    await asyncio.sleep(0.3)  # the run times are in the past (a later one would be cut to now)
+    written = await store.complete_many(OWNER, items, ran={i: ran[i] for i in ids if i != retried})
+    assert written.done == set(ids) - {stale} and not written.refused
+    assert written.parents == {late, knowing}  # the late one completed knowing, on the second try
+    for n, i in enumerate(ids):
+        job = await store.get(i)
+        if i == stale:
+            assert job.status == JobStatus.RUNNING and job.result is None
+            continue
+        assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, {"n": n, "id": i}, leases[i].attempt)
+        assert job.history[-1]["attempt"] == leases[i].attempt
+        if i != retried:  # its own start and end; the retried one's: the write's time
+            assert (job.started_at, job.finished_at) == (ran[i].started_at, ran[i].finished_at)
+        else:
+            assert job.finished_at is not None and job.finished_at > t0
+
+
 async def test_claim_many_leases_the_best_due_jobs_once_each_under_a_race(store: JobStore) -> None:
     ids = [(await store.submit(spec(priority=i % 3))).job.id for i in range(30)]
     await store.submit(spec(priority=9, run_at=datetime.now(UTC) + timedelta(hours=1)))
