@@ -57,17 +57,23 @@ def replica_set(*, keep: bool) -> Iterator[Deployment]:
     if external:
         yield Deployment(external, "BROOK_MONGO_URI", [])
         return
-    home = Path(os.environ.get("BROOK_BENCH_HOME") or ROOT / BENCH_HOME)
-    port = int(os.environ.get("BROOK_BENCH_MONGO_PORT") or BENCH_PORT)
-    rs = ReplicaSet(home=home, base_port=port)
+    rs = embedded_set()
     was_running = rs.running()
     try:
         uri = rs.up()
         pids = [pid for i in range(rs.members) if (pid := rs.pid(i)) is not None]
-        yield Deployment(uri, f"embedded {home}, ports {port}-{port + 2}", pids)
+        ports = f"{rs.base_port}-{rs.base_port + rs.members - 1}"
+        yield Deployment(uri, f"embedded {rs.home}, ports {ports}", pids)
     finally:
         if not keep and not was_running:
             rs.down()
+
+
+def embedded_set() -> ReplicaSet:
+    """The bench's embedded set (see `replica_set`)."""
+    home = Path(os.environ.get("BROOK_BENCH_HOME") or ROOT / BENCH_HOME)
+    port = int(os.environ.get("BROOK_BENCH_MONGO_PORT") or BENCH_PORT)
+    return ReplicaSet(home=home, base_port=port)
 
 
 def sync_client(uri: str) -> MongoClient[Doc]:

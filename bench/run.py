@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import limits, scale
+from bench import failover, limits, scale
 from bench.events import enable_post_images, events_fanout
 from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
@@ -54,7 +54,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--scenario",
         choices=[
             "latency", "throughput", "batch", "probe", "events", "limits", "all",
-            "enqueue", "startup", "drain", "backlog",
+            "enqueue", "startup", "drain", "backlog", "failover",
         ],
         default="all",
     )
@@ -69,7 +69,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=os.cpu_count() or 2,
         help="BROOK_CONCURRENCY of the dispatcher (default: the CPU count)",
     )
-    p.add_argument("--clients", type=int, default=4, help="throughput/http: HTTP connections")
+    p.add_argument(
+        "--clients", type=int, default=None,
+        help="throughput/http: HTTP connections (default 4); failover: 32",
+    )
     p.add_argument("--per-client", type=int, default=4, help="throughput/http: requests each")
     p.add_argument("--preload-in-flight", type=int, default=32, help="throughput/backlog")
     p.add_argument("--limit", type=int, default=4, help="limits: the queue's concurrency")
@@ -181,8 +184,11 @@ def _log_note(logs: dict[str, dict[str, int]]) -> str:
 def _scale_summary(results: dict[str, Any]) -> list[str]:
     return [
         f"{name}: {json.dumps(results[name], default=str)}"
-        for name in ("enqueue", "startup", "drain", "backlog")
+        for name in ("enqueue", "startup", "drain", "backlog", "failover")
         if name in results
+    ] + [
+        f"failover: PROBLEM: {problem}"
+        for problem in (failover.problems(results["failover"]) if "failover" in results else [])
     ]
 
 
@@ -330,7 +336,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 plan.append(
                     (
                         "throughput_http",
-                        lambda: throughput_http(ctx, args.jobs, args.clients, args.per_client),
+                        lambda: throughput_http(ctx, args.jobs, args.clients or 4, args.per_client),
                     )
                 )
                 plan.append(
@@ -390,6 +396,9 @@ def _scale_plan(
         "startup": [("startup", lambda: scale.startup(ctx))],
         "drain": [("drain", lambda: scale.drain(ctx, args.jobs))],
         "backlog": [("backlog", lambda: scale.backlog(ctx, sizes))],
+        "failover": [
+            ("failover", lambda: failover.failover(ctx, args.jobs, args.clients or 32))
+        ],
     }.get(args.scenario, [])
 
 
@@ -411,6 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "error" in results:
         print(f"bench: error: {results['error']}", file=sys.stderr)
         return 1
+    if "failover" in results and failover.problems(results["failover"]):
+        return 1  # the checks found a job lost, or run or completed twice
     return 0
 
 
