@@ -4,9 +4,12 @@
                         [--rate 20] [--duration 30] [--concurrency N] [--limit N]
                         [--keep-mongo] [--py-spy PATH]
     python -m bench.run --scenario enqueue|startup|drain|backlog [--sizes 0,100000,1000000]
+    python -m bench.run --scenario failover [--jobs 50000] [--clients 32]
+    python -m bench.run --scenario costs
 
-The last four (`bench/scale.py`) are not part of `all`: `backlog` at a million jobs takes a
-while and a few GB of disk.
+The last six (`bench/scale.py`, `bench/failover.py`, `bench/costs.py`) are not part of
+`all`: `backlog` at a million jobs takes a while and a few GB of disk; `failover` kills a
+member of the embedded set; `costs` measures MongoDB alone (raw PyMongo, no Brook role).
 
 Each scenario gets a fresh database (`bench_<stamp>_<scenario>`, dropped at the end) and
 fresh `brook api` / `brook dispatcher` processes (SIGTERM at the end, never left behind).
@@ -30,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import failover, limits, scale
+from bench import costs, failover, limits, scale
 from bench.events import enable_post_images, events_fanout
 from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
@@ -54,7 +57,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--scenario",
         choices=[
             "latency", "throughput", "batch", "probe", "events", "limits", "all",
-            "enqueue", "startup", "drain", "backlog", "failover",
+            "enqueue", "startup", "drain", "backlog", "failover", "costs",
         ],
         default="all",
     )
@@ -184,7 +187,7 @@ def _log_note(logs: dict[str, dict[str, int]]) -> str:
 def _scale_summary(results: dict[str, Any]) -> list[str]:
     return [
         f"{name}: {json.dumps(results[name], default=str)}"
-        for name in ("enqueue", "startup", "drain", "backlog", "failover")
+        for name in ("enqueue", "startup", "drain", "backlog", "failover", "costs")
         if name in results
     ] + [
         f"failover: PROBLEM: {problem}"
@@ -396,6 +399,7 @@ def _scale_plan(
         "startup": [("startup", lambda: scale.startup(ctx))],
         "drain": [("drain", lambda: scale.drain(ctx, args.jobs))],
         "backlog": [("backlog", lambda: scale.backlog(ctx, sizes))],
+        "costs": [("costs", lambda: costs.costs(ctx))],
         "failover": [
             ("failover", lambda: failover.failover(ctx, args.jobs, args.clients or 32))
         ],
