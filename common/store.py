@@ -726,12 +726,12 @@ def live_query() -> dict[str, Any]:
 
 
 
-def buffered(stream: AsyncChangeStream[Doc]) -> int:
+def buffered(stream: AsyncChangeStream[Doc]) -> int | None:
     """How many changes `stream` already holds from its last batch: the next `try_next`
     returns one of them without asking the server. PyMongo keeps them in its cursor; read
-    defensively (0 if that ever moves: the caller then treats every read as a new one)."""
+    defensively (None if that ever moves: unknown)."""
     data = getattr(getattr(stream, "_cursor", None), "_data", None)
-    return len(data) if data is not None else 0
+    return len(data) if data is not None else None
 
 
 class JobStore:

@@ -444,8 +444,9 @@ class Hub:
 
     async def _next(self, stream: AsyncChangeStream[Doc], full: bool) -> Mapping[str, Any] | None:
         """The stream's next change, or None. Before asking the server for more, a lean
-        stream waits `lean_pace_s` (or until a client comes: it then returns None)."""
-        if not full and not buffered(stream):
+        stream waits `lean_pace_s` (or until a client comes: it then returns None). Should
+        PyMongo ever stop telling what its batch holds, it reads as a whole stream does."""
+        if not full and buffered(stream) == 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wanted.wait(), self.lean_pace_s)
             if self._wanted.is_set():
