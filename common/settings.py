@@ -17,8 +17,10 @@ QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _QUEUE_NAME = re.compile(QUEUE_NAME)
 WEEK_S = 7 * 86400.0
 # Claims ahead of the workers, at most (BROOK_PREFETCH unset): enough for claims of many
-# jobs each, so short tasks cost few claim round trips.
-DEFAULT_PREFETCH = 32
+# jobs each (the claimer refills when half is free: claims of up to 64), so short tasks
+# cost few claim round trips. The time cap (`AHEAD_S` of work) binds long before it for
+# any task over a few milliseconds.
+DEFAULT_PREFETCH = 128
 
 
 def _default_concurrency() -> int:
