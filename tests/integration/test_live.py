@@ -24,15 +24,25 @@ from ingest.metrics import DepthCache
 OWNER = "test-owner"
 
 
-@pytest.fixture
-async def hub(store: JobStore) -> AsyncIterator[Hub]:
-    hub = Hub(store, buffer=100, ring_size=1000)
+async def started(hub: Hub) -> asyncio.Task[None]:
+    """The hub running, its stream open."""
     task = asyncio.create_task(hub.run())
     await asyncio.wait_for(hub.ready.wait(), 30)
-    yield hub
+    return task
+
+
+async def stopped(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+@pytest.fixture
+async def hub(store: JobStore) -> AsyncIterator[Hub]:
+    hub = Hub(store, buffer=100, ring_size=1000)
+    task = await started(hub)
+    yield hub
+    await stopped(task)
 
 
 async def take(stream: AsyncIterator[ServerSentEvent], n: int, timeout: float = 15) -> list[ServerSentEvent]:
@@ -122,8 +132,7 @@ async def test_resuming_from_memory_or_from_the_oplog_gives_exactly_the_missing_
 ) -> None:
     # A ring of 4 events: older positions must come from a catch-up stream of their own.
     hub = Hub(store, buffer=100, ring_size=4)
-    task = asyncio.create_task(hub.run())
-    await asyncio.wait_for(hub.ready.wait(), 30)
+    task = await started(hub)
     try:
         whole = feed(hub, store).events(None)
         pending = asyncio.ensure_future(take(whole, 15))
@@ -138,9 +147,7 @@ async def test_resuming_from_memory_or_from_the_oplog_gives_exactly_the_missing_
                 (e.id, e.data) for e in reference[cut + 1 :]
             ]
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stopped(task)
 
 
 async def test_a_position_the_server_cannot_resume_from_is_a_reset_then_the_current_state(
@@ -156,8 +163,7 @@ async def test_a_position_the_server_cannot_resume_from_is_a_reset_then_the_curr
 
 async def test_a_slow_client_is_dropped_and_the_others_get_everything(store: JobStore) -> None:
     hub = Hub(store, buffer=3)
-    task = asyncio.create_task(hub.run())
-    await asyncio.wait_for(hub.ready.wait(), 30)
+    task = await started(hub)
     try:
         slow = feed(hub, store).events(None)
         fast = feed(hub, store).events(None)
@@ -175,9 +181,7 @@ async def test_a_slow_client_is_dropped_and_the_others_get_everything(store: Job
         await fast.aclose()
         assert hub.count() == 0
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stopped(task)
 
 
 async def test_concurrent_scrapes_share_one_aggregation(store: JobStore) -> None:
@@ -256,8 +260,7 @@ async def test_nobody_listening_the_stream_is_lean_and_still_counts_starts_and_e
 ) -> None:
     counted: list[Tally] = []
     hub = Hub(store, buffer=100, observe=counted.append, linger_s=0.3)
-    task = asyncio.create_task(hub.run())
-    await asyncio.wait_for(hub.ready.wait(), 30)
+    task = await started(hub)
     try:
         assert hub.lean
         for _ in range(3):
@@ -278,9 +281,7 @@ async def test_nobody_listening_the_stream_is_lean_and_still_counts_starts_and_e
         await wait_for(lambda: len(counted) == 5)
         assert [t.ended for t in counted] == ["completed"] * 5  # each end counted once
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stopped(task)
 
 
 class GetMores(monitoring.CommandListener):
@@ -308,8 +309,7 @@ async def test_a_lean_stream_reads_once_a_pace_and_a_client_cuts_the_wait_short(
     watched = JobStore(database(client, settings))
     counted: list[Tally] = []
     hub = Hub(watched, buffer=100, observe=counted.append, lean_pace_s=1.0)
-    task = asyncio.create_task(hub.run())
-    await asyncio.wait_for(hub.ready.wait(), 30)
+    task = await started(hub)
     try:
         assert hub.lean
         before, n = reads.count, 0
@@ -336,9 +336,7 @@ async def test_a_lean_stream_reads_once_a_pace_and_a_client_cuts_the_wait_short(
         ]
         hub.unsubscribe(sub)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stopped(task)
         await client.close()
 
 
@@ -346,8 +344,7 @@ async def test_a_client_arriving_while_the_stream_is_lean_misses_nothing_and_see
     store: JobStore,
 ) -> None:
     hub = Hub(store, buffer=1000)
-    task = asyncio.create_task(hub.run())
-    await asyncio.wait_for(hub.ready.wait(), 30)
+    task = await started(hub)
     stop = asyncio.Event()
 
     async def produce() -> None:
@@ -376,9 +373,7 @@ async def test_a_client_arriving_while_the_stream_is_lean_misses_nothing_and_see
         assert [e.at.key for e in seen if e is not None] == expected
     finally:
         stop.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stopped(task)
 
 
 class SlowToOpen(JobStore):
@@ -395,8 +390,7 @@ async def test_a_client_arriving_while_the_hub_reopens_lean_gets_its_events(
 ) -> None:
     slow = SlowToOpen(store.db)
     hub = Hub(slow, buffer=100, linger_s=0.1, max_await_ms=100)
-    task = asyncio.create_task(hub.run())
-    await asyncio.wait_for(hub.ready.wait(), 30)
+    task = await started(hub)
     try:
         first = hub.subscribe(EventFilter())
         await wait_for(lambda: not hub.lean)
@@ -413,6 +407,4 @@ async def test_a_client_arriving_while_the_hub_reopens_lean_gets_its_events(
             (job_id, "completed"),
         ]
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stopped(task)
