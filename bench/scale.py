@@ -1,7 +1,8 @@
 """Scenarios for throughput at scale: enqueue paths, worker start-up, drain cost, and a
 backlog of up to a million pending jobs.
 
-    enqueue   raw `insert_one` (w: majority) vs `Client.submit`, one after another; one HTTP
+    enqueue   raw `insert_one` (w: majority; bare and with Brook's indexes) vs `Client.submit`
+              and `AsyncClient.submit`, one after another; one HTTP
               connection; 32 HTTP connections; `POST /jobs/batch` (no dispatcher running)
     startup   `brook dispatcher` with 32 slots: process start → every worker ready
     drain     a pre-inserted backlog of noop jobs, drained at the default concurrency, with
@@ -42,10 +43,10 @@ from bench.harness import (
 )
 from bench.scenarios import Context
 from bench.stats import dist, ms
-from brook import AsyncClient
+from brook import AsyncClient, Client
 from common.db import database, make_client
 from common.settings import Settings
-from common.store import JobStore
+from common.store import INDEXES, JobStore
 
 NOOP_BODY = json.dumps({"task": "noop", "payload": {}})
 
@@ -193,6 +194,16 @@ async def _post_batches(base: str, headers: dict[str, str], n: int, size: int, c
             await h.aclose()
 
 
+def _blocking_submits(uri: str, db: str, n: int) -> float:
+    """`Client.submit` (the blocking client) one after another."""
+    with Client(uri, db) as client:
+        client.submit("noop")  # connect, indexes, task check: not measured
+        start = time.monotonic()
+        for _ in range(n):
+            client.submit("noop")
+        return time.monotonic() - start
+
+
 async def _client_submits(uri: str, db: str, n: int) -> float:
     async with AsyncClient(uri, db) as client:
         await client.submit("noop")  # connect, indexes, task check: not measured
@@ -217,8 +228,13 @@ async def _raw_async_inserts(uri: str, db: str, n: int) -> float:
         await client.close()
 
 
-def _raw_inserts(client: MongoClient[Doc], db: str, n: int) -> float:
-    coll = client[db]["raw_inserts"]
+def _raw_inserts(client: MongoClient[Doc], db: str, n: int, *, indexed: bool = False) -> float:
+    """Raw `insert_one` of a job-shaped document, one after another, into a collection with
+    only `_id` (the strictest reference) or, `indexed`, with every index of Brook's jobs
+    collection (what any job store's insert pays here)."""
+    coll = client[db]["raw_indexed_inserts" if indexed else "raw_inserts"]
+    if indexed:
+        coll.create_indexes(INDEXES)
     coll.insert_one({"warm": True})
     now = datetime.now(UTC)
     start = time.monotonic()
@@ -237,13 +253,19 @@ def enqueue(ctx: Context, n: int = 2000) -> dict[str, Any]:
     _ensure_indexes(uri, db)
     out: dict[str, Any] = {"n": n, "loadavg_before": os.getloadavg()}
     raw_s = _raw_inserts(ctx.client, db, n)
+    raw_indexed_s = _raw_inserts(ctx.client, db, n, indexed=True)
     raw_async_s = asyncio.run(_raw_async_inserts(uri, db, n))
+    blocking_s = _blocking_submits(uri, db, n)
     client_s = asyncio.run(_client_submits(uri, db, n))
     out["raw_insert_one_per_s"] = round(n / raw_s, 1)
+    out["raw_insert_one_indexed_per_s"] = round(n / raw_indexed_s, 1)
     out["raw_async_insert_one_per_s"] = round(n / raw_async_s, 1)
-    out["client_submit_per_s"] = round(n / client_s, 1)
-    out["client_vs_raw"] = round(raw_s / client_s, 3)
-    out["client_vs_raw_async"] = round(raw_async_s / client_s, 3)
+    # Issue 12's figure: `Client.submit` (blocking) against a raw (blocking) insert_one.
+    out["client_submit_per_s"] = round(n / blocking_s, 1)
+    out["client_vs_raw"] = round(raw_s / blocking_s, 3)
+    out["client_vs_raw_indexed"] = round(raw_indexed_s / blocking_s, 3)
+    out["async_client_submit_per_s"] = round(n / client_s, 1)
+    out["async_client_vs_raw_async"] = round(raw_async_s / client_s, 3)
     port = free_port()
     env = role_env(uri, db, ctx.concurrency, port, ctx.log_level)
     headers: dict[str, str] = {}
