@@ -4,10 +4,11 @@
                         [--rate 20] [--duration 30] [--concurrency N] [--limit N]
                         [--keep-mongo] [--py-spy PATH]
     python -m bench.run --scenario enqueue|startup|drain|backlog [--sizes 0,100000,1000000]
+    python -m bench.run --scenario e2e [--jobs 5000]
     python -m bench.run --scenario failover [--jobs 50000] [--clients 32]
     python -m bench.run --scenario costs
 
-The last six (`bench/scale.py`, `bench/failover.py`, `bench/costs.py`) are not part of
+The last seven (`bench/scale.py`, `bench/failover.py`, `bench/costs.py`) are not part of
 `all`: `backlog` at a million jobs takes a while and a few GB of disk; `failover` kills a
 member of the embedded set; `costs` measures MongoDB alone (raw PyMongo, no Brook role).
 
@@ -57,7 +58,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--scenario",
         choices=[
             "latency", "throughput", "batch", "probe", "events", "limits", "all",
-            "enqueue", "startup", "drain", "backlog", "failover", "costs",
+            "enqueue", "startup", "drain", "backlog", "failover", "costs", "e2e",
         ],
         default="all",
     )
@@ -187,7 +188,7 @@ def _log_note(logs: dict[str, dict[str, int]]) -> str:
 def _scale_summary(results: dict[str, Any]) -> list[str]:
     return [
         f"{name}: {json.dumps(results[name], default=str)}"
-        for name in ("enqueue", "startup", "drain", "backlog", "failover", "costs")
+        for name in ("enqueue", "startup", "drain", "backlog", "failover", "costs", "e2e")
         if name in results
     ] + [
         f"failover: PROBLEM: {problem}"
@@ -398,6 +399,7 @@ def _scale_plan(
         "enqueue": [("enqueue", lambda: scale.enqueue(ctx, min(args.jobs, 2000)))],
         "startup": [("startup", lambda: scale.startup(ctx))],
         "drain": [("drain", lambda: scale.drain(ctx, args.jobs))],
+        "e2e": [("e2e", lambda: scale.e2e(ctx, args.jobs))],
         "backlog": [("backlog", lambda: scale.backlog(ctx, sizes))],
         "costs": [("costs", lambda: costs.costs(ctx))],
         "failover": [

@@ -45,6 +45,7 @@ from bench.scenarios import Context
 from bench.stats import dist, ms
 from brook import AsyncClient, Client
 from common.db import database, make_client
+from common.errors import InvalidInput
 from common.settings import Settings
 from common.store import INDEXES, JobStore
 
@@ -380,6 +381,69 @@ def drain(ctx: Context, n: int = 5000) -> dict[str, Any]:
         "resources": cpu,
         "loadavg": os.getloadavg(),
     }
+
+
+# -- end to end from Python -------------------------------------------------------------------
+
+MANY_SIZE = 100  # jobs per `submit_many` call in `e2e`
+
+
+def e2e(ctx: Context, n: int = 5000) -> dict[str, Any]:
+    """`n` noop jobs submitted from one Python client while one dispatcher (at
+    `ctx.concurrency`) runs them, as the peer harness's throughput mode does over HTTP:
+    jobs/s = n / (last task start - first submit). Once one `AsyncClient.submit` after
+    another, once `AsyncClient.submit_many` of `MANY_SIZE` jobs per call, one call at a time."""
+    out: dict[str, Any] = {"jobs": n, "concurrency": ctx.concurrency, "many_size": MANY_SIZE}
+    for variant, size in (("one_at_a_time", 1), ("submit_many", MANY_SIZE)):
+        db = ctx.new_db(f"e2e{size}")
+        _ensure_indexes(ctx.deployment.uri, db)
+        env = role_env(ctx.deployment.uri, db, ctx.concurrency, free_port(), ctx.log_level)
+        with role("dispatcher", env, ctx.log_dir / f"e2e{size}-dispatcher.log") as disp:
+            t0, submit_s = asyncio.run(_submit_while_running(ctx, db, n, size, disp))
+            wait_settled(ctx.client, db, [disp], timeout=max(300.0, n / 20))
+        jobs = ctx.client[db]["jobs"]
+        starts = [d["started_at"] for d in jobs.find({"task": "noop"}, {"started_at": 1})]
+        if len(starts) != n + 1:  # the warm-up job too
+            raise BenchError(f"e2e {variant}: {len(starts)} jobs stored, {n + 1} submitted")
+        span = max(s.replace(tzinfo=UTC).timestamp() for s in starts) - t0
+        out[variant] = {
+            "jobs_per_s": round(n / span, 1),
+            "submit_per_s": round(n / submit_s, 1),
+            "loadavg": os.getloadavg()[0],
+        }
+    return out
+
+
+async def _submit_while_running(
+    ctx: Context, db: str, n: int, size: int, disp: RoleProcess
+) -> tuple[float, float]:
+    """Submit `n` jobs, `size` per call (1: `submit`); the wall time of the first call, and
+    the seconds all calls took. A warm-up job runs first (the dispatcher is ready)."""
+    async with AsyncClient(ctx.deployment.uri, db) as client:
+        warm = await _warm_submit(client, disp)
+        await client.wait(warm, timeout=60)
+        t0 = time.time()
+        start = time.monotonic()
+        if size == 1:
+            for _ in range(n):
+                await client.submit("noop")
+        else:
+            for first in range(0, n, size):
+                await client.submit_many([{"task": "noop"}] * min(size, n - first))
+        return t0, time.monotonic() - start
+
+
+async def _warm_submit(client: AsyncClient, disp: RoleProcess) -> str:
+    """The first job, once the dispatcher runs `noop` (until then the task is unknown)."""
+    deadline = time.monotonic() + 120
+    while True:
+        disp.check_alive()
+        try:
+            return (await client.submit("noop")).id
+        except InvalidInput:
+            if time.monotonic() > deadline:
+                raise BenchError("the dispatcher did not come up in 120 s") from None
+            await asyncio.sleep(0.1)
 
 
 def _wait_first(client: MongoClient[Doc], db: str, proc: RoleProcess) -> None:
