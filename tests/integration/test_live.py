@@ -18,7 +18,7 @@ from common.settings import Settings
 from common.store import JobStore, Lease
 from ingest.eventids import decode_id
 from ingest.feeds import Feed, FeedOptions
-from ingest.live import LIVE_PIPELINE, EventFilter, Hub, Position, Tally
+from ingest.live import LIVE_PIPELINE, EventFilter, Hub, Position, Subscription, Tally
 from ingest.metrics import DepthCache
 
 OWNER = "test-owner"
@@ -81,6 +81,19 @@ async def run_one(store: JobStore, task: str = "noop", result: Any = None) -> st
     written = await store.complete_many(OWNER, [(Lease(job_id=job.id, attempt=1), result)])
     assert written.done == {job.id}
     return job.id
+
+
+async def sees_a_whole_job(hub: Hub, store: JobStore) -> Subscription:
+    """A client subscribing now gets pending, running and completed of the next job."""
+    sub = hub.subscribe(EventFilter())
+    job_id = await run_one(store)
+    got = [await sub.next(10) for _ in range(3)]
+    assert [(e.job_id, e.status) for e in got if e is not None] == [
+        (job_id, "pending"),
+        (job_id, "running"),
+        (job_id, "completed"),
+    ]
+    return sub
 
 
 async def test_each_event_carries_the_job_as_that_change_left_it(store: JobStore, hub: Hub) -> None:
@@ -326,15 +339,7 @@ async def test_a_lean_stream_reads_once_a_pace_and_a_client_cuts_the_wait_short(
         # A client arriving does not wait for the pace: a minute-long one is cut short.
         hub.lean_pace_s = 60.0
         await asyncio.sleep(1.5)  # the hub is now inside a minute's wait
-        sub = hub.subscribe(EventFilter())
-        job_id = await run_one(store)
-        got = [await sub.next(10) for _ in range(3)]
-        assert [(e.job_id, e.status) for e in got if e is not None] == [
-            (job_id, "pending"),
-            (job_id, "running"),
-            (job_id, "completed"),
-        ]
-        hub.unsubscribe(sub)
+        hub.unsubscribe(await sees_a_whole_job(hub, store))
     finally:
         await stopped(task)
         await client.close()
@@ -398,13 +403,6 @@ async def test_a_client_arriving_while_the_hub_reopens_lean_gets_its_events(
         # The linger (0.1 s) and the whole stream's next look (0.1 s) pass; the lean stream
         # is then opening for a second: a client comes in the middle of it.
         await asyncio.sleep(0.6)
-        sub = hub.subscribe(EventFilter())
-        job_id = await run_one(store)
-        got = [await sub.next(10) for _ in range(3)]
-        assert [(e.job_id, e.status) for e in got if e is not None] == [
-            (job_id, "pending"),
-            (job_id, "running"),
-            (job_id, "completed"),
-        ]
+        await sees_a_whole_job(hub, store)
     finally:
         await stopped(task)
