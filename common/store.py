@@ -26,6 +26,7 @@ from pymongo.errors import (
     BulkWriteError,
     CollectionInvalid,
     DocumentTooLarge,
+    DuplicateKeyError,
     OperationFailure,
     WriteConcernError,
     WriteError,
@@ -776,20 +777,25 @@ class JobStore:
     # -- submit / read ---------------------------------------------------------------------
 
     async def submit(self, spec: JobSpec) -> Submitted:
-        """Insert a pending job, majority-acknowledged; a known idempotency key returns its job.
-        Stamped like a batch, with `server_clock` (the server's time, erring early): a plain
-        insert, which costs the server less than an upsert that stamps `$$NOW` (a retryable
-        `findAndModify` also writes its image to a side collection on every member)."""
+        """Insert a pending job, majority-acknowledged; a known idempotency key returns its job."""
         if spec.depends_on:
             return (await self.submit_many([spec]))[0]
         for _ in range(KEY_TRIES):
-            doc = {"_id": str(ObjectId()), **_new_job(spec, await self.server_clock())}
-            if not await self._insert_new([doc]):
-                return Submitted(job=Job.from_doc(doc), created=True)
-            holder = await self._key_holder(spec)
-            if holder is not None:
-                return Submitted(job=holder, created=False)
-            # the key was freed meanwhile: insert again
+            try:
+                # An upsert on a fresh _id always inserts, and lets the server stamp the times.
+                doc = await self.jobs.find_one_and_update(
+                    {"_id": str(ObjectId())},
+                    [{"$set": _new_job(spec)}],
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
+            except DuplicateKeyError:
+                holder = await self._key_holder(spec)
+                if holder is not None:
+                    return Submitted(job=holder, created=False)
+                continue  # the key was freed meanwhile: insert again
+            assert doc is not None
+            return Submitted(job=Job.from_doc(doc), created=True)
         raise JobConflict(f"idempotency key {spec.idempotency_key!r} keeps changing hands")
 
     async def submit_many(self, specs: Sequence[JobSpec]) -> list[Submitted]:
@@ -1091,7 +1097,7 @@ class JobStore:
 
     async def server_clock(self) -> datetime:
         """The server's time now, read from this process's monotonic clock and an offset
-        measured with one `hello` at most every CLOCK_REFRESH_S (not one per insert), so a
+        measured with one `hello` at most every CLOCK_REFRESH_S (not one per batch), so a
         step of the local wall clock changes nothing. It errs early, never late: the server
         read its clock at some moment of the round trip, so the offset taken is the
         smallest that reading allows, and a job stamped with it is due when it lands."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pymongo import AsyncMongoClient
@@ -39,6 +40,12 @@ class ApiState:
     depth: DepthCache  # jobs by queue and status: one aggregation, refreshed in the background
 
 
+async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submitted]:
+    if len(specs) == 1:
+        return [await store.submit(specs[0])]  # one round trip: the upsert returns the job
+    return await store.submit_many(specs)
+
+
 async def open_state(
     settings: Settings, known_tasks: frozenset[str], metrics: ApiMetrics
 ) -> ApiState:
@@ -57,7 +64,9 @@ async def open_state(
     # The API accepts its own tasks, and those a live dispatcher runs.
     directory = TaskDirectory(store, lambda: known_tasks, open_while_none_live=False)
     depth = DepthCache(store, settings.metrics_cache_seconds)
-    submits: GroupCommit[JobSpec, Submitted] = GroupCommit(store.submit_many)
+    submits: GroupCommit[JobSpec, Submitted] = GroupCommit(
+        lambda specs: _submit_batch(store, specs)
+    )
     try:
         await asyncio.wait_for(store.ensure_indexes(), INDEX_TIMEOUT_S)
     except (PyMongoError, TimeoutError) as exc:
