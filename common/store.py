@@ -251,7 +251,8 @@ def _new_job(
 
     run_at: Any = at()
     if spec.run_at is not None:
-        run_at = lit(spec.run_at)
+        # Whole milliseconds, as MongoDB keeps them: an inserted job reads back as sent.
+        run_at = lit(spec.run_at.replace(microsecond=spec.run_at.microsecond // 1000 * 1000))
     elif spec.delay_s is not None:
         run_at = at(spec.delay_s * 1000)
     status = W if parents else P

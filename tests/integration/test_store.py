@@ -498,7 +498,7 @@ async def test_claim_many_leases_the_best_due_jobs_once_each_under_a_race(store:
 async def test_submit_many_inserts_in_order_and_dedupes_idempotency_keys(store: JobStore) -> None:
     first = await store.submit(spec(idempotency_key="k-known"))
     specs = [
-        spec(payload={"n": 1}),
+        spec(payload={"n": 1}, run_at=datetime(2026, 1, 2, 3, 4, 5, 678_901, tzinfo=UTC)),
         spec(idempotency_key="k-known"),
         spec(idempotency_key="k-new"),
         spec(idempotency_key="k-new"),
@@ -510,8 +510,8 @@ async def test_submit_many_inserts_in_order_and_dedupes_idempotency_keys(store: 
     assert out[0].job.payload == {"n": 1} and out[4].job.payload == {"n": 2}
     assert all(s.job.status == JobStatus.PENDING for s in out)
     assert await store.jobs.count_documents({}) == 4
-    # Stamped on the server's clock as last read, in whole milliseconds: each answer is the
-    # job as stored (a later read gives the same times), and due the moment it landed.
+    # Stamped on the server's clock as last read, times in whole milliseconds (a given
+    # `run_at` too): each answer is the job as stored, and due the moment it landed.
     assert [s.job for s in out] == [await store.get(s.job.id) for s in out]
     due = {"$expr": {"$lte": ["$run_at", "$$NOW"]}}
     assert await store.jobs.count_documents(due) == 4
