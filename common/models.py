@@ -13,6 +13,12 @@ Doc = dict[str, Any]
 DEFAULT_QUEUE = "default"
 
 
+def whole_ms(value: datetime) -> datetime:
+    """`value` cut to whole milliseconds, as a BSON date keeps it: a job built here reads back
+    from MongoDB exactly as it was sent."""
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """What a client asks for; validated at the edge (`common.validation`) before the store."""

@@ -33,7 +33,7 @@ from pymongo.errors import (
 )
 
 from common.errors import JobConflict, JobNotFound, LeaseLost
-from common.models import DEFAULT_QUEUE, Doc, Job, JobSpec
+from common.models import DEFAULT_QUEUE, Doc, Job, JobSpec, whole_ms
 from common.settings import WEEK_S
 from common.status import RETRYABLE, TERMINAL, JobStatus
 from common.workflows import external_parents, parent_ids
@@ -251,8 +251,7 @@ def _new_job(
 
     run_at: Any = at()
     if spec.run_at is not None:
-        # Whole milliseconds, as MongoDB keeps them: an inserted job reads back as sent.
-        run_at = lit(spec.run_at.replace(microsecond=spec.run_at.microsecond // 1000 * 1000))
+        run_at = lit(whole_ms(spec.run_at))
     elif spec.delay_s is not None:
         run_at = at(spec.delay_s * 1000)
     status = W if parents else P
@@ -1106,9 +1105,7 @@ class JobStore:
             server = (await self.server_now()).replace(tzinfo=UTC)
             self._clock_read_at = time.monotonic()
             self._clock_offset = server.timestamp() - self._clock_read_at
-        # In whole milliseconds, as MongoDB stores dates: a job reads back as it was sent.
-        ms = math.floor((time.monotonic() + self._clock_offset) * 1000)
-        return datetime.fromtimestamp(ms / 1000, UTC)
+        return whole_ms(datetime.fromtimestamp(time.monotonic() + self._clock_offset, UTC))
 
     async def renew(self, owner: str, leases: Sequence[Lease], lease_seconds: float) -> set[str]:
         """Extend every lease `owner` still holds in one write; return the job ids it lost."""

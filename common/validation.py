@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from common.errors import ErrorDetail, InvalidInput
-from common.models import DEFAULT_QUEUE, JobSpec
+from common.models import DEFAULT_QUEUE, JobSpec, whole_ms
 from common.schedules import TICK_KEY_PREFIX
 from common.settings import QUEUE_NAME
 from common.workflows import MAX_PARENTS, check_graph
@@ -78,9 +78,7 @@ class SubmitJob(BaseModel):
             return None
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
-        value = value.astimezone(UTC)
-        # BSON dates have millisecond precision.
-        return value.replace(microsecond=value.microsecond // 1000 * 1000)
+        return whole_ms(value.astimezone(UTC))
 
     @field_validator("payload")
     @classmethod
