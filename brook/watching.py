@@ -104,21 +104,50 @@ def follow(
 
 
 def event_line(job: JsonObject) -> str:
-    """One human line per event: when, which job, its state, and its progress if any."""
-    at = job.get("finished_at") or job.get("started_at") or job.get("created_at") or ""
+    """One human line per event: when, which job, its state, and what this change was: while
+    it runs, `claimed`, `started`, its progress or `cancel requested`; back to pending for
+    another attempt, the error that ended the last one; at its end, its error if any."""
     line = (
-        f"{str(at)[:23]:<23}  {job['id']}  {job['status']:<9}  {job['task']:<12}  "
+        f"{_when(job)[:23]:<23}  {job['id']}  {job['status']:<9}  {job['task']:<12}  "
         f"attempt {job['attempts']}/{job['max_attempts']}"
     )
-    progress = job.get("progress")
-    if isinstance(progress, dict) and job["status"] == "running":
-        line += f"  {_pct(progress)}"
-        if progress.get("message"):
-            line += f" {progress['message']}"
+    if job["status"] == "running":
+        line += f"  {_running(job)}"
     error = job.get("error")
-    if job["status"] in ("failed", "cancelled") and isinstance(error, dict):
-        line += f"  {error.get('type')}: {error.get('message')}"
+    if isinstance(error, dict):
+        if job["status"] in ("failed", "cancelled"):
+            line += f"  {error.get('type')}: {error.get('message')}"
+        elif job["status"] == "pending" and job["attempts"] > 0:
+            line += f"  retry after {error.get('type')}: {error.get('message')}"
     return line
+
+
+def _when(job: JsonObject) -> str:
+    """The latest moment the job records: its last state change (a claim is one), its
+    task's start, its last progress report, or its end. The API writes them all as ISO
+    8601 in UTC with the same precision, so the greatest string is the latest time."""
+    history = job.get("history")
+    progress = job.get("progress")
+    times = [
+        history[-1].get("at") if isinstance(history, list) and history else None,
+        job.get("started_at"),
+        progress.get("at") if isinstance(progress, dict) else None,
+        job.get("finished_at"),
+    ]
+    return max((t for t in times if isinstance(t, str)), default=str(job.get("created_at") or ""))
+
+
+def _running(job: JsonObject) -> str:
+    """A running job is claimed first (leased, not started yet), then started in a worker,
+    then reports progress; a cancel request is noted on whichever of these it is."""
+    progress = job.get("progress")
+    if job.get("started_at") is None:
+        note = "claimed"
+    elif isinstance(progress, dict) and progress.get("attempt") in (None, job["attempts"]):
+        note = _pct(progress) + (f" {progress['message']}" if progress.get("message") else "")
+    else:
+        note = "started"
+    return note + ("  cancel requested" if job.get("cancel_requested") else "")
 
 
 def _pct(progress: JsonObject) -> str:
