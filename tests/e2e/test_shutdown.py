@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -413,6 +414,46 @@ async def test_the_roles_die_with_a_sigkilled_brook_up_and_free_the_api_port(
     up.kill()  # SIGKILL: `up` cannot stop anything itself
     assert_gone(everything)  # PR_SET_PDEATHSIG: the roles, and with the dispatcher its workers
     assert port_is_free(cluster.port)
+
+
+# A test run that starts a dispatcher, then is SIGKILLed (as CI does to a run past its time).
+_KILLED_RUN = """
+import os, sys, time
+from pathlib import Path
+from tests.support.procs import BrookProcess
+proc = BrookProcess("dispatcher", dict(os.environ), Path(sys.argv[1]))
+proc.wait_for_event("dispatcher.ready", timeout=60)
+Path(sys.argv[2]).write_text(" ".join(map(str, [proc.pid, *proc.children()])))
+time.sleep(600)
+"""
+
+
+def test_the_roles_a_test_run_started_die_with_it_when_it_is_sigkilled(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """No orphan dispatcher goes on claiming jobs (or an API holding its port) after pytest."""
+    from tests.conftest import ROOT, brook_env
+
+    pids_file = tmp_path / "pids"
+    run = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_RUN, str(tmp_path / "dispatcher.log"), str(pids_file)],
+        env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port)),
+        cwd=ROOT,
+    )
+    try:
+        wait_until(lambda: pids_file.exists() and pids_file.read_text(), timeout=60)
+        pids = [int(pid) for pid in pids_file.read_text().split()]
+        assert len(pids) > 1, "the dispatcher and its workers"
+        run.kill()
+        run.wait()
+        assert_gone(pids)  # the dispatcher by its death signal; its workers by their own
+    finally:
+        run.kill()
+        run.wait()
+        for pid in [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []:
+            with contextlib.suppress(OSError):  # gone (or never ours: a reused pid is spared)
+                if b"brook.cli" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_brook_up_stops_its_own_frozen_replica_set_in_time(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,15 +18,35 @@ from brook.replset import pid_alive
 __all__ = ["BrookProcess", "pid_alive", "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[2]
+# `python -m brook.cli ROLE`, after asking Linux to SIGKILL the role when its parent (this
+# test run) dies. Set in the child after exec: a `preexec_fn` is unsafe in a process with
+# threads, as pytest's is (PyMongo's monitors).
+_DIE_WITH_PARENT = """
+import ctypes, os, runpy, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):  # the parent died before the call: do not outlive it
+    os._exit(1)
+sys.argv = ["brook", *sys.argv[2:]]
+runpy.run_module("brook.cli", run_name="__main__")
+"""
 
 
 class BrookProcess:
+    """A role in its own session (a test signals it alone) that dies with the test run, even
+    a SIGKILLed one: no orphan keeps a port or claims jobs after pytest is gone. Linux sends
+    the death signal when the *thread* that started the child exits, so only a role started
+    from the main thread gets it."""
+
     def __init__(self, role: str, env: dict[str, str], log_path: Path) -> None:
         self.role = role
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        if threading.current_thread() is threading.main_thread():
+            argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), role]
+        else:
+            argv = [sys.executable, "-m", "brook.cli", role]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "brook.cli", role],
+            argv,
             env=env,
             cwd=ROOT,
             stdout=self._log,
