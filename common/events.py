@@ -49,6 +49,9 @@ class Event(StrEnum):
     STREAM_HISTORY_LOST = "stream.history_lost"
     STREAM_INVALIDATED = "stream.invalidated"
     STREAM_ERROR = "stream.error"
+    HINTS_OPENED = "hints.opened"  # following the primary's oplog for new jobs
+    HINTS_ERROR = "hints.error"  # lost it (a failover, say): reopened after a pause
+    HINTS_UNAVAILABLE = "hints.unavailable"  # cannot read the oplog here: the stream alone
     SWEEP_DONE = "sweep.done"
     BACKGROUND_CRASHED = "background.crashed"
     DISPATCHER_STARTED = "dispatcher.started"

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     home: Path = Path(".brook")
     mongo_port: int = Field(default=27217, ge=1024, le=65533)
     sweep_seconds: float = Field(default=5.0, ge=0.05, le=3600.0)
+    # Hear of new jobs from the primary's oplog, a replication round before the change
+    # stream (dispatcher/hints.py); off, or where the oplog cannot be read: the stream alone.
+    oplog_hints: bool = True
     retry_base_seconds: float = Field(default=1.0, ge=0.0, le=3600.0)
     retry_cap_seconds: float = Field(default=300.0, ge=0.0, le=86400.0)
     default_timeout_s: float | None = Field(default=None, gt=0)

@@ -17,10 +17,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bson import ObjectId, Timestamp
-from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument, UpdateOne
+from pymongo import ASCENDING, DESCENDING, CursorType, IndexModel, ReturnDocument, UpdateOne
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.cursor import AsyncCursor
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import (
     BulkWriteError,
@@ -31,6 +32,7 @@ from pymongo.errors import (
     WriteConcernError,
     WriteError,
 )
+from pymongo.read_concern import ReadConcern
 
 from common.errors import JobConflict, JobNotFound, LeaseLost
 from common.models import DEFAULT_QUEUE, Doc, Job, JobSpec, whole_ms
@@ -1484,6 +1486,28 @@ class JobStore:
             max_await_time_ms=max_await_ms,
             full_document=full_document,
         )
+
+    async def new_pending(self, tasks: Collection[str], *, max_await_ms: int) -> AsyncCursor[Doc]:
+        """A tailable cursor on the primary's oplog, from its end: each pending job of
+        `tasks` inserted from now on, as the primary writes it, a replication round before
+        a change stream shows it (a stream shows only majority-committed changes). Each
+        entry is `{"ts", "o": {"_id", "task", "queue", "run_at", "priority"}}`. A hint, not a
+        fact: such an insert may still be rolled back by a failover."""
+        oplog = self.db.client.get_database(
+            "local", codec_options=self.db.codec_options, read_concern=ReadConcern("local")
+        )["oplog.rs"]
+        newest = await oplog.find({}, {"ts": 1}).sort("$natural", -1).limit(1).to_list()
+        query: dict[str, Any] = {
+            "ns": f"{self.db.name}.{JOBS}",
+            "op": "i",
+            "o.status": P,
+            "o.task": {"$in": sorted(tasks)},
+        }
+        if newest:
+            query["ts"] = {"$gt": newest[0]["ts"]}
+        fields = {"ts": 1, **{f"o.{k}": 1 for k in ("_id", "task", "queue", "run_at", "priority")}}
+        cursor = oplog.find(query, fields, cursor_type=CursorType.TAILABLE_AWAIT)
+        return cursor.max_await_time_ms(max_await_ms)
 
     # -- resume tokens -----------------------------------------------------------------------
 

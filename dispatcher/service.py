@@ -47,6 +47,7 @@ from common.store import JobStore, Lease, RunTimes
 from common.supervision import Supervisor
 from dispatcher.claimer import Claimer, ServerClock
 from dispatcher.dependents import Dependents
+from dispatcher.hints import Announced, InsertHints
 from dispatcher.holdings import Holdings
 from dispatcher.leases import LeaseKeeper
 from dispatcher.limits import Limits
@@ -108,6 +109,8 @@ class Dispatcher:
         self.stream = StreamFollower(
             store, self.name, self.tokens, self._on_change, self.leases.try_sweep
         )
+        self.announced = Announced()
+        self.hints = InsertHints(store, tasks, self.announced, self._on_change)
         self.progress = ProgressKeeper(store, self.owner, self.supervisor.spawn)
         self.schedules = ScheduleRunner(
             schedules, store, ScheduleStore(store.db), clock, self.owner
@@ -167,6 +170,8 @@ class Dispatcher:
         await self.presence.announce()
         self.loops.spawn(self.presence.run(), "presence")
         self.loops.spawn(self.stream.run(), "stream")
+        if self.settings.oplog_hints:
+            self.loops.spawn(self.hints.run(), "hints")
         self.loops.spawn(self.tokens.run(), "tokens")
         self.loops.spawn(self.limits.follow(), "limits")
         await self.stream.opened.wait()
@@ -242,6 +247,8 @@ class Dispatcher:
             inserted.get("task"), inserted.get("queue")
         ):
             return  # a new job this dispatcher would never claim
+        if inserted is not None and not self.announced.first(job_id):
+            return  # heard of already (a hint, then the stream): its look is done or due
         if inserted is None:
             self.limits.requeued()
         priority = (inserted or {}).get("priority")

