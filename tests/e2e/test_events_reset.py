@@ -73,7 +73,8 @@ def test_a_position_the_oplog_lost_is_a_reset_then_the_current_state(
             assert "history lost" in events[0].data["reason"]
             assert (events[1].data["id"], events[1].status) == (job_id, "cancelled")
     finally:
-        cluster.close()
-        client.drop_database(db_name)
-        client.close()
-        rs.down()
+        try:
+            cluster.close()
+            client.close()
+        finally:
+            rs.down()  # a set of its own, in tmp_path: nothing else to clean
