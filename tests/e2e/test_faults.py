@@ -382,32 +382,44 @@ def ran_across(docs: list[dict[str, Any]], moment: datetime) -> list[str]:
     return out
 
 
-@pytest.mark.timeout(420)  # its own waits add up to about 370 s
-async def test_failover_under_load_loses_no_acknowledged_job_and_completes_none_twice(
-    tmp_path: Any, db_name: str
-) -> None:
+def own_set(tmp_path: Any, name: str) -> Any:
+    """A replica set of the test's own (the shared one is never disturbed), with fail points
+    and two-second election timeouts."""
     from brook.replset import ReplicaSet
-    from common.db import database, make_client
 
-    # A set of its own (the shared one is never disturbed), elections well within the API's
-    # 5 s of patience: no client ever sees a 5xx, not even a 503.
     rs = ReplicaSet(
         home=tmp_path / "rs",
-        base_port=extra_port("failover"),
+        base_port=extra_port(name),
         test_commands=True,
         election_timeout_ms=2000,
     )
     rs.up()
-    settings = Settings(
+    return rs
+
+
+def fault_settings(rs: Any, db_name: str, tmp_path: Any, **knobs: Any) -> Settings:
+    """Short leases, sweeps and grace on `rs`: faults play out in seconds."""
+    return Settings(
         mongo_uri=rs.uri,
         db=db_name,
-        concurrency=6,
         lease_seconds=5,
         sweep_seconds=1,
-        retry_base_seconds=0.05,
-        retry_cap_seconds=0.5,
         shutdown_grace_seconds=2,
         home=tmp_path / "home",
+        **knobs,
+    )
+
+
+@pytest.mark.timeout(420)  # its own waits add up to about 370 s
+async def test_failover_under_load_loses_no_acknowledged_job_and_completes_none_twice(
+    tmp_path: Any, db_name: str
+) -> None:
+    from common.db import database, make_client
+
+    # Elections well within the API's 5 s of patience: no client ever sees a 5xx, not even a 503.
+    rs = own_set(tmp_path, "failover")
+    settings = fault_settings(
+        rs, db_name, tmp_path, concurrency=6, retry_base_seconds=0.05, retry_cap_seconds=0.5
     )
     cluster = Cluster(settings, tmp_path)
     client = make_client(settings)
@@ -497,25 +509,10 @@ async def test_a_job_claimed_before_it_replicated_then_rolled_back_runs_nowhere(
     dispatcher goes on with the new primary, its hints too."""
     from pymongo.write_concern import WriteConcern
 
-    from brook.replset import ReplicaSet
     from common.db import CODEC, database, make_client
 
-    rs = ReplicaSet(
-        home=tmp_path / "rs",
-        base_port=extra_port("hints"),
-        test_commands=True,
-        election_timeout_ms=2000,
-    )
-    rs.up()
-    settings = Settings(
-        mongo_uri=rs.uri,
-        db=db_name,
-        concurrency=2,
-        lease_seconds=5,
-        sweep_seconds=1,
-        shutdown_grace_seconds=2,
-        home=tmp_path / "home",
-    )
+    rs = own_set(tmp_path, "hints")
+    settings = fault_settings(rs, db_name, tmp_path, concurrency=2)
     cluster = Cluster(settings, tmp_path)
     client = make_client(settings)
     store = JobStore(database(client, settings))
