@@ -100,8 +100,7 @@ class InsertHints:
         while True:
             try:
                 await self._follow(backoff)
-            except OperationFailure as exc:
-                self.announced.stop()
+            except OperationFailure as exc:  # `_follow` has stopped the announcements
                 if exc.code in UNAVAILABLE_CODES and not is_transient(exc):
                     emit(
                         Event.HINTS_UNAVAILABLE,
@@ -113,7 +112,6 @@ class InsertHints:
                     return
                 emit(Event.HINTS_ERROR, level="warning", code=exc.code, error=str(exc)[:300])
             except PyMongoError as exc:  # no primary for now: a failover
-                self.announced.stop()
                 emit(Event.HINTS_ERROR, level="warning", error=str(exc)[:300])
             await asyncio.sleep(backoff.next())
 
