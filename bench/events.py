@@ -14,10 +14,10 @@ import httpx
 from bench.harness import Api, BenchError
 from bench.scenarios import Context
 from bench.stats import dist
-from common.db import database, make_client
-from common.models import JobSpec
-from common.settings import Settings
-from common.store import JobStore
+from common.domain.models import JobSpec
+from common.runtime.settings import Settings
+from common.store.db import database, make_client
+from common.store.jobs import JobStore
 
 
 async def _client(

@@ -27,11 +27,11 @@ from typing import Any
 from bench.harness import BenchError, RoleProcess, free_port, role, role_env
 from bench.scenarios import PROJECTION, Context
 from bench.stats import JobTimes, max_overlap
-from common.db import database, make_client
-from common.models import JobSpec
-from common.queues_store import QueueStore
-from common.settings import Settings
-from common.store import CLAIM_SORT, JobStore, claim_filter, claim_index
+from common.domain.models import JobSpec
+from common.runtime.settings import Settings
+from common.store.db import database, make_client
+from common.store.jobs import CLAIM_SORT, JobStore, claim_filter, claim_index
+from common.store.queues import QueueStore
 
 BACKLOG = 5000  # jobs waiting in a limited queue, ahead of the unlimited ones
 TASKS = frozenset({"noop", "echo", "sleep", "fail", "crash", "cpu"})  # the demo tasks

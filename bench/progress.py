@@ -11,7 +11,7 @@ import multiprocessing
 import time
 from multiprocessing.connection import Connection
 
-from common.runner import RunJob
+from common.protocol.runner import RunJob
 from executor.progress import INTERVAL_S, ProgressReporter
 
 

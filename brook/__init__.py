@@ -4,7 +4,7 @@
 """
 
 from brook.client import AsyncClient, Client
-from common.errors import (
+from common.domain.errors import (
     BrookError,
     InvalidInput,
     InvalidSession,
@@ -12,8 +12,8 @@ from common.errors import (
     JobNotFound,
     WaitTimeout,
 )
-from common.models import Job
-from common.status import JobStatus
+from common.domain.models import Job
+from common.domain.status import JobStatus
 
 __all__ = [
     "AsyncClient",

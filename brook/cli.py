@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from common.backoff import exponential
-from common.errors import BrookError
-from common.events import Event, emit
-from common.settings import Settings, load_settings
-from common.status import TERMINAL, JobStatus
-from common.validation import MAX_BATCH
+from common.domain.errors import BrookError
+from common.domain.status import TERMINAL, JobStatus
+from common.domain.validation import MAX_BATCH
+from common.runtime.backoff import exponential
+from common.runtime.log_events import Event, emit
+from common.runtime.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from brook.replset import ReplicaSet
@@ -38,7 +38,7 @@ def die(message: str, code: int = 1) -> NoReturn:
 def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     import uvicorn
 
-    from common.log import configure_logging
+    from common.runtime.log import configure_logging
     from executor.registry import load_tasks
     from ingest.app import create_app
 
@@ -86,7 +86,7 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
     once. The roles die with this process even when it is SIGKILLed (PR_SET_PDEATHSIG).
     """
     from brook.replset import ReplicaSet
-    from common.log import configure_logging
+    from common.runtime.log import configure_logging
 
     configure_logging(settings.log_level, role="up")
     # Handlers first: the children run in their own sessions, so Ctrl-C reaches only this

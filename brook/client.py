@@ -1,9 +1,9 @@
 """The Python API: `Client` (blocking) and `AsyncClient` (asyncio).
 
-Both write to MongoDB directly, through the same code as the HTTP API (`common.core`):
-the same validation and messages, the same task-name check, the same store. `Client` is
-not a second copy of `AsyncClient`: each of its methods runs the `AsyncClient` coroutine
-of the same name on a private event-loop thread.
+Both write to MongoDB directly, through the same code as the HTTP API
+(`common.operations.client_core`): the same validation and messages, the same task-name
+check, the same store. `Client` is not a second copy of `AsyncClient`: each of its methods
+runs the `AsyncClient` coroutine of the same name on a private event-loop thread.
 
     from brook import Client
 
@@ -27,14 +27,14 @@ from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
 
-from common.blocking import Coro, LoopThread, T, blocking, blocking_or_in_session
-from common.core import BlockingSessions, ClientCore, Submitting
-from common.db import database, make_client, sync_database
-from common.directory import TaskDirectory
-from common.errors import InvalidSession
-from common.models import Doc
-from common.settings import Settings, load_settings
-from common.store import JobStore
+from common.domain.errors import InvalidSession
+from common.domain.models import Doc
+from common.operations.blocking import Coro, LoopThread, T, blocking, blocking_or_in_session
+from common.operations.client_core import BlockingSessions, ClientCore, Submitting
+from common.operations.task_directory import TaskDirectory
+from common.runtime.settings import Settings, load_settings
+from common.store.db import database, make_client, sync_database
+from common.store.jobs import JobStore
 from executor.registry import registered
 
 

@@ -14,15 +14,15 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from common.db import database, make_client
-from common.events import Event, emit
-from common.log import configure_logging
-from common.metrics import serve_metrics
-from common.runner import Runner
-from common.schedules import Schedule
-from common.settings import Settings
-from common.store import JobStore
-from dispatcher.service import Dispatcher
+from common.domain.schedules import Schedule
+from common.protocol.runner import Runner
+from common.runtime.log import configure_logging
+from common.runtime.log_events import Event, emit
+from common.runtime.metrics import serve_metrics
+from common.runtime.settings import Settings
+from common.store.db import database, make_client
+from common.store.jobs import JobStore
+from dispatcher.dispatcher import Dispatcher
 from executor.pool import WorkerPool
 from executor.registry import load_tasks
 from executor.schedules import declared_schedules

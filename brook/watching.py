@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, SSEError
 
-from common.settings import Settings
+from common.runtime.settings import Settings
 
 JsonObject = dict[str, Any]
 OnEvent = Callable[[str, JsonObject], bool]  # (kind, data) → True to stop following

@@ -22,14 +22,14 @@ from datetime import UTC, datetime
 
 from pymongo.errors import PyMongoError
 
-from common.events import Event, emit
-from common.metrics import CLAIMS
-from common.models import Job
-from common.queues import RATE_START_MARGIN_S
-from common.settings import Settings
-from common.store import JobStore
-from common.supervision import spawn_logged
-from dispatcher.holdings import Holdings
+from common.domain.models import Job
+from common.domain.queues import RATE_START_MARGIN_S
+from common.runtime.log_events import Event, emit
+from common.runtime.metrics import CLAIMS
+from common.runtime.settings import Settings
+from common.runtime.supervision import spawn_logged
+from common.store.jobs import JobStore
+from dispatcher.held_jobs import Holdings
 from dispatcher.limits import Limits
 
 MAX_BATCH = 64

@@ -17,12 +17,12 @@ from collections.abc import Collection
 
 from pymongo.errors import PyMongoError
 
-from common.dependents import Via, settle
-from common.events import Event, emit
-from common.retrying import ride_out
-from common.settings import Settings
-from common.store import JobStore
-from common.supervision import Spawn
+from common.operations.dependents import Via, settle
+from common.runtime.failover_retry import ride_out
+from common.runtime.log_events import Event, emit
+from common.runtime.settings import Settings
+from common.runtime.supervision import Spawn
+from common.store.jobs import JobStore
 
 # How long a settle may ride out a failover (in lease lengths) before the sweep takes over.
 SETTLE_LEASES = 2

@@ -19,16 +19,16 @@ from collections.abc import Callable
 
 from pymongo.errors import PyMongoError
 
-from common.backoff import backoff_delay
-from common.errors import LeaseLost
-from common.events import Event, emit, job_fields
-from common.metrics import LEASE_RENEWALS, LEASES_EXPIRED, LEASES_LOST, count_outcome
-from common.runner import KillReason
-from common.settings import Settings
-from common.store import ExpiredLease, JobStore
+from common.domain.errors import LeaseLost
+from common.protocol.runner import KillReason
+from common.runtime.backoff import backoff_delay
+from common.runtime.log_events import Event, emit, job_fields
+from common.runtime.metrics import LEASE_RENEWALS, LEASES_EXPIRED, LEASES_LOST, count_outcome
+from common.runtime.settings import Settings
+from common.store.jobs import ExpiredLease, JobStore
 from dispatcher.claimer import ServerClock
 from dispatcher.dependents import Dependents
-from dispatcher.holdings import Holdings
+from dispatcher.held_jobs import Holdings
 
 Kill = Callable[[str, KillReason], bool]
 

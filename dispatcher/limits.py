@@ -8,7 +8,7 @@ always was; once some queue has limits, a claim across every queue names the que
 with pending jobs and no limits (`plain_queues`), so the jobs waiting in limited queues
 are never even scanned.
 
-A claim in a limited queue goes through its slots (`common.queues_store`): the candidate
+A claim in a limited queue goes through its slots (`common.store.queues`): the candidate
 jobs, one write that takes a slot for each (as many as the queue allows), the claim itself
 (only before the slots' `claim_by`), and, only when needed, one write that gives back the
 slots of jobs another dispatcher won and records the real starts for a rate. Each job's
@@ -36,14 +36,14 @@ from typing import Any, Protocol
 
 from pymongo.errors import PyMongoError
 
-from common.backoff import Backoff
-from common.events import Event, emit
-from common.models import Job
-from common.queues import RATE_START_MARGIN_S, BlockReason, QueueDoc, QueueLimits
-from common.queues_store import CONFIG_FIELDS, Pruned, QueueStore, Taken
-from common.settings import Settings
-from common.store import JobStore
-from common.supervision import Spawn
+from common.domain.models import Job
+from common.domain.queues import RATE_START_MARGIN_S, BlockReason, QueueDoc, QueueLimits
+from common.runtime.backoff import Backoff
+from common.runtime.log_events import Event, emit
+from common.runtime.settings import Settings
+from common.runtime.supervision import Spawn
+from common.store.jobs import JobStore
+from common.store.queues import CONFIG_FIELDS, Pruned, QueueStore, Taken
 
 # How long a claim may take after writing its slots: after `claim_by`, no claim can use
 # them, and a prune may free them. The claim is the very next round trip; a late one

@@ -17,18 +17,18 @@ from typing import Any, Literal
 
 from pymongo.errors import PyMongoError
 
-from common.backoff import backoff_delay
-from common.batching import GroupCommit
-from common.errors import LeaseLost
-from common.events import Event, emit, job_fields
-from common.metrics import JOB_DURATION, count_outcome
-from common.models import Job
-from common.retrying import ride_out
-from common.runner import RELEASES, Outcome
-from common.settings import Settings
-from common.status import JobStatus
-from common.store import JobStore, Lease, RunTimes
-from common.supervision import Spawn
+from common.domain.errors import LeaseLost
+from common.domain.models import Job
+from common.domain.status import JobStatus
+from common.protocol.runner import RELEASES, Outcome
+from common.runtime.backoff import backoff_delay
+from common.runtime.failover_retry import ride_out
+from common.runtime.group_commit import GroupCommit
+from common.runtime.log_events import Event, emit, job_fields
+from common.runtime.metrics import JOB_DURATION, count_outcome
+from common.runtime.settings import Settings
+from common.runtime.supervision import Spawn
+from common.store.jobs import JobStore, Lease, RunTimes
 from dispatcher.dependents import Dependents
 
 VerdictKind = Literal["applied", "lost", "refused", "deadline"]

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 
 from pymongo.errors import PyMongoError
 
-from common.events import Event, emit
-from common.retrying import ride_out
-from common.settings import Settings
-from common.store import JobStore
+from common.runtime.failover_retry import ride_out
+from common.runtime.log_events import Event, emit
+from common.runtime.settings import Settings
+from common.store.jobs import JobStore
 
 
 class Presence:

@@ -16,10 +16,10 @@ import contextlib
 
 from pymongo.errors import PyMongoError
 
-from common.events import Event, emit, job_fields
-from common.runner import ProgressReport
-from common.store import JobStore, Lease
-from common.supervision import Spawn
+from common.protocol.runner import ProgressReport
+from common.runtime.log_events import Event, emit, job_fields
+from common.runtime.supervision import Spawn
+from common.store.jobs import JobStore, Lease
 
 # How long an attempt's outcome waits for its last progress write to land first.
 SETTLE_S = 1.0

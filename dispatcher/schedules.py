@@ -25,12 +25,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from common.events import Event, emit, job_fields
-from common.models import JobSpec
-from common.retrying import ride_out
-from common.schedules import Schedule, ScheduleState
-from common.schedules_store import ScheduleStore
-from common.store import JobStore
+from common.domain.models import JobSpec
+from common.domain.schedules import Schedule, ScheduleState
+from common.runtime.failover_retry import ride_out
+from common.runtime.log_events import Event, emit, job_fields
+from common.store.jobs import JobStore
+from common.store.schedules import ScheduleStore
 from dispatcher.claimer import ServerClock
 
 MAX_SLEEP_S = 60.0

@@ -16,11 +16,11 @@ from typing import Any
 
 from pymongo.errors import OperationFailure, PyMongoError
 
-from common.backoff import Backoff
-from common.db import is_history_lost
-from common.events import Event, emit
-from common.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
-from common.store import JobStore
+from common.runtime.backoff import Backoff
+from common.runtime.log_events import Event, emit
+from common.runtime.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
+from common.store.db import is_history_lost
+from common.store.jobs import JobStore
 
 STREAM = "dispatcher"  # the `stream` label of this change stream in metrics
 

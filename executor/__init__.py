@@ -3,7 +3,7 @@
 from executor import Retry, SyncTaskContext, TaskContext, schedule, task
 """
 
-from common.errors import Retry
+from common.domain.errors import Retry
 from executor.context import SyncTaskContext, TaskContext
 from executor.registry import task
 from executor.schedules import schedule

@@ -12,11 +12,11 @@ from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
 
-from common.core import BlockingSessions, ClientCore
-from common.db import database, make_client, make_sync_client, sync_database
-from common.directory import TaskDirectory
-from common.settings import Settings
-from common.store import JobStore
+from common.operations.client_core import BlockingSessions, ClientCore
+from common.operations.task_directory import TaskDirectory
+from common.runtime.settings import Settings
+from common.store.db import database, make_client, make_sync_client, sync_database
+from common.store.jobs import JobStore
 from executor.registry import registered
 from executor.transaction import note_staged
 

@@ -22,11 +22,11 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
-from common.blocking import Coro, T, blocking_or_in_session, delegating, run_on
-from common.core import ClientCore, Submitting
-from common.db import database, sync_database
-from common.log import get_logger
-from common.settings import Settings
+from common.operations.blocking import Coro, T, blocking_or_in_session, delegating, run_on
+from common.operations.client_core import ClientCore, Submitting
+from common.runtime.log import get_logger
+from common.runtime.settings import Settings
+from common.store.db import database, sync_database
 from executor.clients import process_client, process_core, process_sessions, process_sync_client
 from executor.progress import ProgressReporter, check_progress
 from executor.transaction import AttemptTransaction

@@ -33,11 +33,11 @@ from typing import Any
 import aiomultiprocess
 import aiomultiprocess.core
 
-from common.backoff import exponential
-from common.events import Event, emit, job_fields
-from common.runner import KillReason, Outcome, ProgressReport, RunJob, Slot, TxOpened
-from common.settings import Settings
-from common.supervision import Spawn, spawn_logged
+from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Slot, TxOpened
+from common.runtime.backoff import exponential
+from common.runtime.log_events import Event, emit, job_fields
+from common.runtime.settings import Settings
+from common.runtime.supervision import Spawn, spawn_logged
 from executor.forking import start_method
 from executor.worker import READY, STOP, JobDone, worker_main
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from common.errors import ConfigError, UnknownTask
-from common.settings import Settings
+from common.domain.errors import ConfigError, UnknownTask
+from common.runtime.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from common.errors import ConfigError
-from common.schedules import Schedule
+from common.domain.errors import ConfigError
+from common.domain.schedules import Schedule
 
 _SCHEDULES: dict[str, Schedule] = {}
 

@@ -5,7 +5,7 @@ An attempt opens at most one transaction, on this worker process's own client (a
 Leaving the `with` block does not commit. When the task returns, the worker writes the
 job's completion in that same transaction — fenced by attempt and by the owner of the
 lease, exactly as the dispatcher would — and commits the two at once
-(`common.transactions`); then it tells the dispatcher, which writes nothing more. A lost
+(`common.store.transactions`); then it tells the dispatcher, which writes nothing more. A lost
 lease makes the fence match nothing: the transaction is aborted and the attempt's writes
 vanish with its result. A task that raises leaves nothing either; nor does a worker that
 dies or is killed before its commit (the dispatcher also ends that worker's server session,
@@ -24,14 +24,14 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import PyMongoError
 from pymongo.synchronous.client_session import ClientSession
 
-from common.blocking import drive
-from common.core import log_submitted
-from common.errors import LeaseLost
-from common.models import Doc
-from common.runner import RunJob, TxOpened
-from common.settings import Settings
-from common.store import Lease, Submitted
-from common.transactions import (
+from common.domain.errors import LeaseLost
+from common.domain.models import Doc
+from common.operations.blocking import drive
+from common.operations.client_core import log_submitted
+from common.protocol.runner import RunJob, TxOpened
+from common.runtime.settings import Settings
+from common.store.jobs import Lease, Submitted
+from common.store.transactions import (
     TASK_TRANSACTION,
     TxEnd,
     TxOps,

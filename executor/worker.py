@@ -25,12 +25,12 @@ from typing import Any, Literal
 import bson
 import structlog
 
-from common.errors import Retry
-from common.events import Event, emit
-from common.log import configure_logging
-from common.runner import RunJob
-from common.settings import Settings
-from common.transactions import TxEnd
+from common.domain.errors import Retry
+from common.protocol.runner import RunJob
+from common.runtime.log import configure_logging
+from common.runtime.log_events import Event, emit
+from common.runtime.settings import Settings
+from common.store.transactions import TxEnd
 from executor.context import SyncTaskContext, TaskContext
 from executor.progress import ProgressReporter
 from executor.registry import get_task, load_tasks

@@ -18,8 +18,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from common.settings import Settings
-from common.supervision import spawn_logged
+from common.runtime.settings import Settings
+from common.runtime.supervision import spawn_logged
 from ingest.deps import require_token
 from ingest.errors import install_error_handlers
 from ingest.metrics import ApiMetrics, RequestCounter

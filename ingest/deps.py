@@ -7,9 +7,9 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from common.core import ClientCore
-from common.models import JobSpec
-from common.store import JobStore
+from common.domain.models import JobSpec
+from common.operations.client_core import ClientCore
+from common.store.jobs import JobStore
 from ingest.state import ApiState
 from ingest.validation import load_body, parse_batch, parse_submit
 

@@ -17,7 +17,7 @@ from bson import Decimal128, ObjectId
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from common.models import Job
+from common.domain.models import Job
 
 
 def _default(value: object) -> Any:

@@ -20,10 +20,10 @@ from typing import Any
 from pymongo.errors import PyMongoError
 from sse_starlette import ServerSentEvent
 
-from common.events import Event, emit
-from common.models import Doc
-from common.status import JobStatus
-from common.store import JobStore
+from common.domain.models import Doc
+from common.domain.status import JobStatus
+from common.runtime.log_events import Event, emit
+from common.store.jobs import JobStore
 from ingest.eventids import encode_id
 from ingest.live import (
     Closed,

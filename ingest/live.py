@@ -37,13 +37,13 @@ from typing import Any
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
-from common.backoff import Backoff
-from common.db import is_history_lost, is_transient
-from common.events import Event, emit
-from common.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
-from common.models import DEFAULT_QUEUE, Doc, Job
-from common.status import TERMINAL
-from common.store import JobStore, buffered
+from common.domain.models import DEFAULT_QUEUE, Doc, Job
+from common.domain.status import TERMINAL
+from common.runtime.backoff import Backoff
+from common.runtime.log_events import Event, emit
+from common.runtime.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
+from common.store.db import is_history_lost, is_transient
+from common.store.jobs import JobStore, buffered
 from ingest.encoding import job_text
 from ingest.metrics import SSE_DROPPED
 

@@ -1,7 +1,7 @@
 """The API's Prometheus metrics (prometheus-client), and the middleware that counts responses.
 
 `/metrics` shows this app's registry (requests, uptime, SSE clients, jobs by queue and
-status) followed by the process-wide one (`common.metrics`: change-stream resumes and
+status) followed by the process-wide one (`common.runtime.metrics`: change-stream resumes and
 history losses, plus the process and GC collectors). Jobs by queue and status come from
 one aggregation kept in memory and refreshed in the background every
 `BROOK_METRICS_CACHE_SECONDS` while requests come (and never more than a tenth of the
@@ -22,10 +22,10 @@ from prometheus_client.registry import Collector
 from pymongo.errors import PyMongoError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from common.events import Event, emit
-from common.models import DEFAULT_QUEUE
-from common.status import JobStatus
-from common.store import JobStore
+from common.domain.models import DEFAULT_QUEUE
+from common.domain.status import JobStatus
+from common.runtime.log_events import Event, emit
+from common.store.jobs import JobStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

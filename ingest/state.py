@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from common.batching import GroupCommit
-from common.core import ClientCore
-from common.db import database, make_client
-from common.directory import TaskDirectory
-from common.events import Event, emit
-from common.models import Doc, JobSpec
-from common.settings import Settings
-from common.store import JobStore, Submitted
+from common.domain.models import Doc, JobSpec
+from common.operations.client_core import ClientCore
+from common.operations.task_directory import TaskDirectory
+from common.runtime.group_commit import GroupCommit
+from common.runtime.log_events import Event, emit
+from common.runtime.settings import Settings
+from common.store.db import database, make_client
+from common.store.jobs import JobStore, Submitted
 from ingest.live import Hub
 from ingest.livestats import LiveStats
 from ingest.metrics import ApiMetrics, DepthCache

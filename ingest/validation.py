@@ -1,5 +1,5 @@
 """The HTTP edge of validation: a raw body to job specs. What a spec may hold is decided in
-`common.validation`, which the Python client uses too, so both reject the same inputs
+`common.domain.validation`, which the Python client uses too, so both reject the same inputs
 with the same detail."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import itertools
 import json
 import re
 
-from common.errors import InvalidInput
-from common.models import JobSpec
-from common.validation import MAX_DEPTH, check_document, validate_batch, validate_spec
+from common.domain.errors import InvalidInput
+from common.domain.models import JobSpec
+from common.domain.validation import MAX_DEPTH, check_document, validate_batch, validate_spec
 
 __all__ = [
     "InvalidInput",

@@ -23,9 +23,9 @@ import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
 from brook.replset import ReplicaSet
-from common.db import database, make_client
-from common.settings import Settings
-from common.store import JobStore
+from common.runtime.settings import Settings
+from common.store.db import database, make_client
+from common.store.jobs import JobStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_PORT = int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317"))
@@ -152,7 +152,7 @@ def brook_env(settings: Settings, **extra: str) -> dict[str, str]:
             "BROOK_RETRY_BASE_SECONDS": str(settings.retry_base_seconds),
             "BROOK_RETRY_CAP_SECONDS": str(settings.retry_cap_seconds),
             "BROOK_SHUTDOWN_GRACE_SECONDS": str(settings.shutdown_grace_seconds),
-            "BROOK_TASKS": "tests.tasks",
+            "BROOK_TASKS": "tests.tasks.basic",
             "BROOK_LOG_LEVEL": "INFO",
             "PYTHONPATH": str(ROOT),
         }

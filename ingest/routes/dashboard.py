@@ -18,7 +18,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel
 
-from common.status import JobStatus
+from common.domain.status import JobStatus
 from ingest.deps import State
 
 pages = APIRouter(include_in_schema=False)

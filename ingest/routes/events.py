@@ -16,7 +16,7 @@ from fastapi import APIRouter, Header, HTTPException, Query
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 
-from common.status import JobStatus
+from common.domain.status import JobStatus
 from ingest.deps import State
 from ingest.errors import RETRY_AFTER_S
 from ingest.eventids import EventId, InvalidEventId, decode_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from common.db import ping
+from common.store.db import ping
 from ingest.deps import State
 from ingest.errors import RETRY_AFTER_S
 from ingest.metrics import CONTENT_TYPE

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 
-from common.queues import QueueUpdate
+from common.domain.queues import QueueUpdate
 from ingest.deps import Core, json_body
 from ingest.encoding import json_response
 

@@ -12,9 +12,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path
 from fastapi.responses import JSONResponse
 
-from common.errors import ScheduleNotFound
-from common.events import Event, emit
-from common.schedules_store import ScheduleStore
+from common.domain.errors import ScheduleNotFound
+from common.runtime.log_events import Event, emit
+from common.store.schedules import ScheduleStore
 from ingest.deps import State
 from ingest.encoding import json_response
 

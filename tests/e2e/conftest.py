@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from common.settings import Settings
+from common.runtime.settings import Settings
 from tests.conftest import brook_env
 from tests.support.procs import BrookProcess, pid_alive, wait_until
 

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from brook import Client, InvalidInput
-from common.models import JobSpec
-from common.settings import Settings
-from common.store import JobStore
+from common.domain.models import JobSpec
+from common.runtime.settings import Settings
+from common.store.jobs import JobStore
 from executor import registry
 from tests.conftest import ROOT, brook_env
 from tests.e2e.conftest import Cluster, wait_terminal
@@ -70,7 +70,7 @@ async def test_the_client_and_the_api_reject_the_same_inputs_with_the_same_detai
     # The API and the dispatcher register every task this test process has registered, so
     # "known tasks" lists the same names from both sides.
     modules = {registry.get_task(name).fn.__module__ for name in registry.registered()}
-    env = {"BROOK_TASKS": ",".join(sorted(modules - {registry.DEMO_MODULE} | {"tests.tasks"}))}
+    env = {"BROOK_TASKS": ",".join(sorted(modules - {registry.DEMO_MODULE} | {"tests.tasks.basic"}))}
     cluster.api(**env)
     cluster.dispatcher(**env)
     with Client(settings.mongo_uri, settings.db) as client:
@@ -135,12 +135,12 @@ async def test_a_batch_of_1000_goes_in_over_http_and_a_bad_one_stores_nothing(
 async def test_each_dispatcher_runs_only_its_own_tasks_and_a_job_nobody_runs_stays_pending(
     cluster: Cluster, http: httpx.Client, store: JobStore
 ) -> None:
-    cluster.api()  # registers the demo tasks and tests.tasks only
+    cluster.api()  # registers the demo tasks and tests.tasks.basic only
     a = cluster.dispatcher(
-        BROOK_DEMO_TASKS="0", BROOK_TASKS="tests.alpha_tasks", BROOK_DISPATCHER_NAME="a"
+        BROOK_DEMO_TASKS="0", BROOK_TASKS="tests.tasks.alpha", BROOK_DISPATCHER_NAME="a"
     )
     b = cluster.dispatcher(
-        BROOK_DEMO_TASKS="0", BROOK_TASKS="tests.beta_tasks", BROOK_DISPATCHER_NAME="b"
+        BROOK_DEMO_TASKS="0", BROOK_TASKS="tests.tasks.beta", BROOK_DISPATCHER_NAME="b"
     )
     # The API accepts a task a live dispatcher runs, though it cannot import it itself.
     jobs = [{"task": t, "payload": {"n": i}} for i in range(10) for t in ("alpha", "beta")]
@@ -195,7 +195,7 @@ def test_brook_queues_gives_each_queue_its_own_slots_and_leaves_unserved_queues_
 def test_a_task_submits_follow_ups_through_its_own_process_client(
     cluster: Cluster, http: httpx.Client
 ) -> None:
-    env = {"BROOK_TASKS": "tests.tasks,tests.follow_up_tasks"}
+    env = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.follow_up"}
     cluster.api(**env)
     disp = cluster.dispatcher(**env)
     parents = [

@@ -14,14 +14,14 @@ import httpx
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from common.models import JobSpec
-from common.store import JobStore
+from common.domain.models import JobSpec
+from common.store.jobs import JobStore
 from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster, free_port
 from tests.support.procs import BrookProcess, wait_until
 from tests.support.sse import Ev, Reader, by_job, read_events
 
-LIVE = {"BROOK_TASKS": "tests.tasks,tests.progress_tasks", "BROOK_SSE_PING_SECONDS": "0.5"}
+LIVE = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.progress", "BROOK_SSE_PING_SECONDS": "0.5"}
 
 
 def api(cluster: Cluster, **env: str) -> BrookProcess:

@@ -10,7 +10,7 @@ import httpx
 from pymongo import MongoClient
 
 from brook.replset import ReplicaSet
-from common.settings import Settings
+from common.runtime.settings import Settings
 from tests.conftest import extra_port
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_events import LIVE

@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from common.queues_store import QueueStore
-from common.status import JobStatus
-from common.store import JobStore
+from common.domain.status import JobStatus
+from common.store.jobs import JobStore
+from common.store.queues import QueueStore
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_faults import all_logs, submit, wait_all_terminal
 from tests.support.checker import check_history, settled_logs
@@ -38,7 +38,7 @@ async def wait_slots_free(store: JobStore, queue: str, timeout: float = 30) -> N
         await asyncio.sleep(0.1)
 
 
-TASKS = "tests.tasks,tests.limits_tasks"
+TASKS = "tests.tasks.basic,tests.tasks.limits"
 
 
 def claims_by(*procs: BrookProcess) -> list[int]:

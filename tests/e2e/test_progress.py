@@ -15,13 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
-from common.settings import Settings
-from common.store import JobStore
+from common.runtime.settings import Settings
+from common.store.jobs import JobStore
 from tests.conftest import ROOT, brook_env
 from tests.e2e.conftest import Cluster, wait_terminal
 from tests.support.procs import wait_until
 
-TASKS = {"BROOK_TASKS": "tests.tasks,tests.progress_tasks"}
+TASKS = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.progress"}
 
 
 def submit(http: httpx.Client, task: str, **payload: Any) -> str:

@@ -1,6 +1,6 @@
 """Cron schedules end to end: real dispatchers (several at once), a real replica set.
 
-`tests.scheduled` declares two every-second schedules, `tick-latest` and `tick-none`
+`tests.tasks.scheduled` declares two every-second schedules, `tick-latest` and `tick-none`
 (catch_up "none"). Every tick must give exactly one job across all dispatchers.
 """
 
@@ -17,14 +17,14 @@ from typing import Any
 
 import httpx
 
-from common.schedules import tick_key
-from common.settings import Settings
-from common.store import JobStore
+from common.domain.schedules import tick_key
+from common.runtime.settings import Settings
+from common.store.jobs import JobStore
 from tests.conftest import ROOT, brook_env
 from tests.e2e.conftest import Cluster
 from tests.support.procs import BrookProcess, wait_until
 
-SCHEDULED = {"BROOK_TASKS": "tests.tasks,tests.scheduled"}
+SCHEDULED = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.scheduled"}
 SECOND = timedelta(seconds=1)
 
 
@@ -189,7 +189,7 @@ async def test_pause_and_resume_apply_to_every_dispatcher_and_skipped_ticks_neve
 def test_a_schedule_naming_an_unknown_task_stops_the_dispatcher_with_one_line(
     settings: Settings,
 ) -> None:
-    env = brook_env(settings, BROOK_TASKS="tests.tasks,tests.scheduled_unknown")
+    env = brook_env(settings, BROOK_TASKS="tests.tasks.basic,tests.tasks.scheduled_unknown")
     proc = subprocess.run(
         [sys.executable, "-m", "brook.cli", "dispatcher"],
         env=env,

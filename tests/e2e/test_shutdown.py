@@ -28,9 +28,9 @@ import pytest
 from pymongo.errors import PyMongoError
 
 from brook.replset import ReplicaSet
-from common.models import JobSpec
-from common.settings import Settings
-from common.store import JobStore
+from common.domain.models import JobSpec
+from common.runtime.settings import Settings
+from common.store.jobs import JobStore
 from tests.conftest import extra_port
 from tests.e2e.conftest import Cluster
 from tests.support.procs import BrookProcess, pid_alive, wait_until

@@ -11,14 +11,14 @@ from typing import Any
 import httpx
 
 from brook import AsyncClient
-from common.settings import Settings
-from common.store import JobStore
+from common.runtime.settings import Settings
+from common.store.jobs import JobStore
 from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster, wait_terminal
 from tests.support.checker import check_history
 from tests.support.procs import BrookProcess, wait_until
 
-TASKS = "tests.tasks,tests.workflow_tasks"
+TASKS = "tests.tasks.basic,tests.tasks.workflow"
 
 
 def events(procs: list[BrookProcess], name: str, job_id: str) -> list[dict[str, Any]]:
@@ -127,7 +127,7 @@ def completed(http: httpx.Client) -> int:
 async def test_a_dispatcher_killed_between_a_parents_completion_and_the_release_leaves_it_to_the_sweep(
     cluster: Cluster, store: JobStore, settings: Settings
 ) -> None:
-    doomed = cluster.dispatcher(BROOK_TASKS=f"{TASKS},tests.workflow_crash")
+    doomed = cluster.dispatcher(BROOK_TASKS=f"{TASKS},tests.tasks.workflow_crash")
     async with AsyncClient(settings.mongo_uri, settings.db) as client:
         parent, child = await client.submit_many(
             [

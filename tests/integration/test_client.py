@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from brook import AsyncClient, Client, InvalidInput, JobConflict, JobNotFound, WaitTimeout
-from common.db import database, make_client
-from common.directory import TaskDirectory
-from common.models import JobSpec
-from common.settings import Settings
-from common.status import ALLOWED, RETRIES, TRANSITIONS, JobStatus
-from common.store import CLAIM_SORT, HISTORY_CAP, JobStore, Lease, claim_filter, claim_index
+from common.domain.models import JobSpec
+from common.domain.status import ALLOWED, RETRIES, TRANSITIONS, JobStatus
+from common.operations.task_directory import TaskDirectory
+from common.runtime.settings import Settings
+from common.store.db import database, make_client
+from common.store.jobs import CLAIM_SORT, HISTORY_CAP, JobStore, Lease, claim_filter, claim_index
 from tests.support.commands import CommandCounter
 
 OWNER = "test-owner"

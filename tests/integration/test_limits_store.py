@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from brook import AsyncClient, InvalidInput
-from common.models import JobSpec
-from common.queues import RATE_START_MARGIN_S
-from common.queues_store import QueueStore
-from common.settings import Settings
-from common.store import CLAIM_SORT, JobStore, Lease, claim_filter, claim_index
+from common.domain.models import JobSpec
+from common.domain.queues import RATE_START_MARGIN_S
+from common.runtime.settings import Settings
+from common.store.jobs import CLAIM_SORT, JobStore, Lease, claim_filter, claim_index
+from common.store.queues import QueueStore
 
 OWNER = "d1"
 

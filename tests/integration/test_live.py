@@ -12,10 +12,10 @@ import pytest
 from pymongo import monitoring
 from sse_starlette import ServerSentEvent
 
-from common.db import database, make_client
-from common.models import JobSpec
-from common.settings import Settings
-from common.store import JobStore, Lease
+from common.domain.models import JobSpec
+from common.runtime.settings import Settings
+from common.store.db import database, make_client
+from common.store.jobs import JobStore, Lease
 from ingest.eventids import decode_id
 from ingest.feeds import Feed, FeedOptions
 from ingest.live import LIVE_PIPELINE, EventFilter, Hub, Position, Subscription, Tally

@@ -10,11 +10,11 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from common.models import JobSpec
-from common.runner import KillReason, Outcome, ProgressReport, RunJob, Slot
-from common.settings import Settings
-from common.store import JobStore
-from dispatcher.service import Dispatcher
+from common.domain.models import JobSpec
+from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Slot
+from common.runtime.settings import Settings
+from common.store.jobs import JobStore
+from dispatcher.dispatcher import Dispatcher
 
 
 class _Slot(Slot):

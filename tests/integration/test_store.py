@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from common.dependents import settle
-from common.errors import JobConflict, JobNotFound, LeaseLost
-from common.models import Job, JobSpec
-from common.status import TRANSITIONS, JobStatus
-from common.store import CLAIM_FILTER, CLAIM_SORT, JobStore, Lease, RunTimes
+from common.domain.errors import JobConflict, JobNotFound, LeaseLost
+from common.domain.models import Job, JobSpec
+from common.domain.status import TRANSITIONS, JobStatus
+from common.operations.dependents import settle
+from common.store.jobs import CLAIM_FILTER, CLAIM_SORT, JobStore, Lease, RunTimes
 
 OWNER = "test-owner"
 T = TypeVar("T")

@@ -1,5 +1,5 @@
 """A task's completion committed in its own transaction, against the real replica set: the
-protocol of `common.transactions` (fenced, committed with the task's writes, aborted on a
+protocol of `common.store.transactions` (fenced, committed with the task's writes, aborted on a
 lost lease), the writes that must pass an open transaction by (heartbeats, progress), and
 commits whose outcome is unknown, decided by the dispatcher from what committed. Faults
 come from the server (`configureFailPoint`), aimed at this test's client by its app name."""
@@ -14,13 +14,13 @@ import pytest
 from pymongo import AsyncMongoClient
 from structlog.testing import capture_logs
 
-from common.db import database, make_client
-from common.models import Doc, Job, JobSpec
-from common.runner import Outcome
-from common.settings import Settings
-from common.store import JobStore, Lease
-from common.supervision import spawn_logged
-from common.transactions import (
+from common.domain.models import Doc, Job, JobSpec
+from common.protocol.runner import Outcome
+from common.runtime.settings import Settings
+from common.runtime.supervision import spawn_logged
+from common.store.db import database, make_client
+from common.store.jobs import JobStore, Lease
+from common.store.transactions import (
     TASK_TRANSACTION,
     TxEnd,
     begin_transaction,

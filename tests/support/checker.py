@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.status import TERMINAL, TRANSITIONS, JobStatus
-from common.store import JobStore
+from common.domain.status import TERMINAL, TRANSITIONS, JobStatus
+from common.store.jobs import JobStore
 
 
 @dataclass

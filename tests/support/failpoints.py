@@ -7,7 +7,7 @@ from typing import Any
 
 from pymongo import AsyncMongoClient
 
-from common.models import Doc
+from common.domain.models import Doc
 
 
 async def fail_commands(

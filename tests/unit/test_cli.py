@@ -1,11 +1,11 @@
-"""The `brook` argument parser: client options follow the API and `common.status`."""
+"""The `brook` argument parser: client options follow the API and `common.domain.status`."""
 
 from __future__ import annotations
 
 import pytest
 
 from brook.cli import build_parser
-from common.status import JobStatus
+from common.domain.status import JobStatus
 
 
 def test_ls_takes_the_cursor_the_more_hint_names() -> None:

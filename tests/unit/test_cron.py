@@ -8,9 +8,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from common.cron import latest_tick, next_tick, parse_cron
-from common.errors import ConfigError
-from common.schedules import Schedule, ScheduleState, tick_key
+from common.domain.cron import latest_tick, next_tick, parse_cron
+from common.domain.errors import ConfigError
+from common.domain.schedules import Schedule, ScheduleState, tick_key
 from executor.schedules import declared_schedules, schedule
 
 PARIS = "Europe/Paris"

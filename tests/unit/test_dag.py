@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from common.errors import InvalidInput
-from common.models import JobSpec
-from common.status import ACTIVE, TERMINAL, TRANSITIONS, JobStatus
-from common.validation import validate_batch, validate_spec
-from common.workflows import (
+from common.domain.errors import InvalidInput
+from common.domain.models import JobSpec
+from common.domain.status import ACTIVE, TERMINAL, TRANSITIONS, JobStatus
+from common.domain.validation import validate_batch, validate_spec
+from common.domain.workflows import (
     external_parents,
     find_cycle,
     parent_ids,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from brook.cli import parse_concurrency, parse_rate
-from common.errors import InvalidInput
-from common.queues import QueueDoc, Slot, slot_usage, validate_queue_update
+from common.domain.errors import InvalidInput
+from common.domain.queues import QueueDoc, Slot, slot_usage, validate_queue_update
 from dispatcher.limits import Gates
 from tests.support.limits import Attempt, attempts, max_overlap, max_starts_in_window
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from brook.job_view import LineView, describe, job_view
-from common.runner import ProgressReport, RunJob
+from common.protocol.runner import ProgressReport, RunJob
 from executor.progress import ProgressReporter, check_progress
 from tests.support.procs import wait_until
 

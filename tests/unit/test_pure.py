@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.backoff import Backoff, backoff_delay
-from common.status import ACTIVE, TERMINAL, TRANSITIONS, JobStatus
+from common.domain.status import ACTIVE, TERMINAL, TRANSITIONS, JobStatus
+from common.runtime.backoff import Backoff, backoff_delay
 from ingest.validation import InvalidInput, body_depth, check_document, parse_submit
 
 
@@ -72,7 +72,7 @@ def test_failures_are_classified_transient_or_permanent_in_one_place() -> None:
         ServerSelectionTimeoutError,
     )
 
-    from common.db import is_transient
+    from common.store.db import is_transient
 
     assert is_transient(ServerSelectionTimeoutError("no primary"))
     assert is_transient(AutoReconnect("connection reset"))
@@ -94,7 +94,7 @@ def test_a_loop_backoff_doubles_to_its_cap_and_resets_after_a_success() -> None:
 
 
 def test_a_dispatcher_holds_about_a_fifth_of_a_second_of_work_ahead_and_none_of_long_tasks() -> None:
-    from dispatcher.holdings import Holdings
+    from dispatcher.held_jobs import Holdings
 
     holdings = Holdings()
     assert holdings.ahead(2, 32) == 0  # no task has ended yet: it does not know its tasks

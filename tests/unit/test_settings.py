@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from common.errors import ConfigError
-from common.settings import load_settings
+from common.domain.errors import ConfigError
+from common.runtime.settings import load_settings
 from tests.conftest import ROOT
 
 

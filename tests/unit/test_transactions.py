@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from common.blocking import blocking_or_in_session, drive
-from common.errors import InvalidSession
-from common.runner import ProgressReport, RunJob
-from common.transactions import _key_taken, check_session
+from common.domain.errors import InvalidSession
+from common.operations.blocking import blocking_or_in_session, drive
+from common.protocol.runner import ProgressReport, RunJob
+from common.store.transactions import _key_taken, check_session
 from executor.progress import ProgressReporter
 
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from common.blocking import Coro, LoopThread, T, blocking, delegating
-from common.errors import InvalidInput
-from common.models import Job
-from common.settings import Settings, parse_queues
-from common.status import ALLOWED, RETRIES, TERMINAL, TRANSITIONS, JobStatus
-from common.supervision import spawn_logged
-from common.validation import check_document, validate_batch, validate_spec
+from common.domain.errors import InvalidInput
+from common.domain.models import Job
+from common.domain.status import ALLOWED, RETRIES, TERMINAL, TRANSITIONS, JobStatus
+from common.domain.validation import check_document, validate_batch, validate_spec
+from common.operations.blocking import Coro, LoopThread, T, blocking, delegating
+from common.runtime.settings import Settings, parse_queues
+from common.runtime.supervision import spawn_logged
 from dispatcher.claimer import Claimer, ServerClock
-from dispatcher.holdings import Holdings
+from dispatcher.held_jobs import Holdings
 from dispatcher.limits import Limits
 from ingest.validation import parse_batch, parse_submit
 

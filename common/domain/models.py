@@ -1,0 +1,167 @@
+"""The job as Brook's code sees it, and its JSON shape at the API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from common.domain.status import JobStatus
+
+Doc = dict[str, Any]
+
+DEFAULT_QUEUE = "default"
+
+
+def whole_ms(value: datetime) -> datetime:
+    """`value` cut to whole milliseconds, as a BSON date keeps it: a job built here reads back
+    from MongoDB exactly as it was sent."""
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """What a client asks for; validated at the edge (`common.domain.validation`) before the
+    store."""
+
+    task: str
+    payload: dict[str, Any]
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    run_at: datetime | None = None
+    delay_s: float | None = None  # run_at = the server's now + delay_s
+    max_attempts: int = 3
+    timeout_s: float | None = None
+    idempotency_key: str | None = None
+    # {"name", "tick"} for a job a cron schedule submitted (its key names both).
+    schedule: dict[str, Any] | None = None
+    unique_for_s: float | None = None  # how long `idempotency_key` returns this job
+    retention_s: float | None = None  # None: the deployment's BROOK_RETENTION_SECONDS
+    # Workflows: the jobs (ids, or refs of specs in the same batch) that must end first.
+    depends_on: tuple[str, ...] = ()
+    ref: str | None = None  # a name other specs of the same batch may depend on
+    run_on_parent_failure: bool = False  # run once every parent ended, however it ended
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    id: str
+    task: str
+    payload: dict[str, Any]
+    status: JobStatus
+    queue: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: Any
+    error: dict[str, Any] | None
+    timeout_s: float | None
+    idempotency_key: str | None
+    unique_until: datetime | None
+    retention_s: float | None
+    expire_at: datetime | None  # set when the job finishes; the TTL index deletes it then
+    owner: str | None
+    lease_expires_at: datetime | None
+    cancel_requested: bool
+    history: list[dict[str, Any]]
+    schedule: dict[str, Any] | None = None  # {"name", "tick"}
+    progress: dict[str, Any] | None = None  # {"fraction", "message", "at", "attempt"}
+    history_truncated: int  # entries dropped from the middle of `history` by its cap
+    depends_on: list[str] = field(default_factory=list)  # parent job ids
+    parents_left: list[str] = field(default_factory=list)  # parents not ended yet (waiting)
+    ref: str | None = None
+    run_on_parent_failure: bool = False
+    has_dependents: bool = False  # some job depends on this one
+    # When the current attempt was claimed (the server's clock), or None if not known. Not
+    # its start: a claimed job may wait in its dispatcher's prefetch buffer.
+    claimed_at: datetime | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.id
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt: the fencing token of the lease that holds the job."""
+        return self.attempts
+
+    @property
+    def lease_owner(self) -> str | None:
+        """The dispatcher holding the job's lease (the API's name for `owner`)."""
+        return self.owner
+
+    @classmethod
+    def from_doc(cls, doc: Doc) -> Job:
+        return cls(
+            id=str(doc["_id"]),
+            task=doc["task"],
+            payload=doc.get("payload") or {},
+            status=JobStatus(doc["status"]),
+            queue=doc.get("queue") or DEFAULT_QUEUE,
+            priority=int(doc.get("priority", 0)),
+            attempts=int(doc.get("attempts", 0)),
+            max_attempts=int(doc.get("max_attempts", 1)),
+            run_at=doc["run_at"],
+            created_at=doc["created_at"],
+            started_at=doc.get("started_at"),
+            claimed_at=doc.get("claimed_at"),
+            finished_at=doc.get("finished_at"),
+            result=doc.get("result"),
+            error=doc.get("error"),
+            timeout_s=doc.get("timeout_s"),
+            idempotency_key=doc.get("idempotency_key"),
+            unique_until=doc.get("unique_until"),
+            retention_s=doc.get("retention_s"),
+            expire_at=doc.get("expire_at"),
+            owner=doc.get("owner"),
+            lease_expires_at=doc.get("lease_expires_at"),
+            cancel_requested=bool(doc.get("cancel_requested", False)),
+            history=list(doc.get("history") or []),
+            schedule=doc.get("schedule"),
+            progress=doc.get("progress"),
+            history_truncated=int(doc.get("history_truncated", 0)),
+            depends_on=list(doc.get("depends_on") or []),
+            parents_left=list(doc.get("parents_left") or []),
+            ref=doc.get("ref"),
+            run_on_parent_failure=bool(doc.get("run_on_parent_failure", False)),
+            has_dependents=bool(doc.get("has_dependents", False)),
+        )
+
+    def to_api(self) -> dict[str, Any]:
+        """The contract's job document (JSON-ready except datetimes, which FastAPI encodes)."""
+        return {
+            "id": self.id,
+            "task": self.task,
+            "payload": self.payload,
+            "status": self.status.value,
+            "queue": self.queue,
+            "priority": self.priority,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "run_at": self.run_at,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "result": self.result,
+            "error": self.error,
+            "timeout_s": self.timeout_s,
+            "idempotency_key": self.idempotency_key,
+            "unique_until": self.unique_until,
+            "retention_s": self.retention_s,
+            "expire_at": self.expire_at,
+            "cancel_requested": self.cancel_requested,
+            "lease_owner": self.owner,
+            "lease_expires_at": self.lease_expires_at,
+            "history": self.history,
+            "schedule": self.schedule,
+            "progress": self.progress,
+            "history_truncated": self.history_truncated,
+            "depends_on": self.depends_on,
+            "parents_left": self.parents_left,
+            "ref": self.ref,
+            "run_on_parent_failure": self.run_on_parent_failure,
+        }

@@ -1,0 +1,267 @@
+"""Cluster-wide queue limits: what a queue allows (concurrency, rate, pause), how a change
+to them is validated, and the arithmetic on a queue's slot document that needs no database.
+
+The state itself lives in `brook_queues` (`common.store.queues`): one document per queue
+that has ever been given a limit, holding the limits, the **slots** of claims in flight
+and of running jobs, and the recent **starts** (for the rate).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from common.domain.errors import InvalidInput
+from common.runtime.settings import QUEUE_NAME
+
+MAX_CONCURRENCY = 100_000
+# The rate keeps one timestamp per start inside its window in the queue's document.
+MAX_RATE_LIMIT = 10_000
+MAX_RATE_SECONDS = 86_400.0
+# A rate is kept on the claims' times (the server's clock), and a claimed job of a queue
+# with a rate must start within this many seconds of its claim, or it is handed back
+# (`dispatcher.limits`). The window the claims are counted in is this much longer than
+# `per_seconds`, so that the tasks' real starts (`started_at`) hold the rate too: no
+# window of `per_seconds` holds more than `limit` of them.
+RATE_START_MARGIN_S = 0.25
+
+_QUEUE_NAME = re.compile(QUEUE_NAME)
+
+# Why a claim got no slot: the queue is paused, its slots are all taken, its rate window is
+# full, it has no limits at all (a stale view), or there is room after all (try again).
+BlockReason = Literal["paused", "full", "rate", "unlimited", "room"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rate:
+    limit: int
+    per_seconds: float
+
+    def to_api(self) -> dict[str, Any]:
+        return {"limit": self.limit, "per_seconds": self.per_seconds}
+
+    def __str__(self) -> str:
+        return f"{self.limit}/{self.per_seconds:g}s"
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueLimits:
+    """What a queue allows. A queue with none of these is unlimited and costs nothing."""
+
+    concurrency: int | None = None
+    rate: Rate | None = None
+    paused: bool = False
+
+    @property
+    def limited(self) -> bool:
+        """Claims for this queue go through its slots (a paused queue counts: it starts nothing)."""
+        return self.concurrency is not None or self.rate is not None or self.paused
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> QueueLimits:
+        rate = doc.get("rate")
+        return cls(
+            concurrency=doc.get("concurrency"),
+            rate=Rate(limit=int(rate["limit"]), per_seconds=float(rate["per_seconds"]))
+            if rate
+            else None,
+            paused=bool(doc.get("paused", False)),
+        )
+
+
+UNLIMITED = QueueLimits()
+
+
+class RateSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: StrictInt = Field(ge=1, le=MAX_RATE_LIMIT, description="starts per window")
+    per_seconds: StrictInt | StrictFloat = Field(
+        gt=0, le=MAX_RATE_SECONDS, description="the window, in seconds"
+    )
+
+    @field_validator("per_seconds")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return float(value)
+
+
+class QueueUpdate(BaseModel):
+    """The body of `PUT /queues/{name}`: each field given replaces that limit (`null` clears
+    it); a field left out keeps its value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: StrictInt | None = Field(
+        default=None, ge=1, le=MAX_CONCURRENCY, description="running jobs at most; null: no limit"
+    )
+    rate: RateSpec | None = Field(default=None, description="starts per window; null: no limit")
+    paused: bool | None = Field(default=None, description="true: nothing new starts")
+
+    @field_validator("paused", mode="before")
+    @classmethod
+    def _strict_bool(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, bool):
+            raise ValueError("must be true or false")
+        return value
+
+    @model_validator(mode="after")
+    def _paused_is_a_bool(self) -> QueueUpdate:
+        if "paused" in self.model_fields_set and self.paused is None:
+            raise ValueError("paused must be true or false")
+        return self
+
+    def changes(self) -> dict[str, Any]:
+        """The fields to write: only those the caller sent (`paused: null` is refused)."""
+        out: dict[str, Any] = {}
+        sent = self.model_fields_set
+        if "concurrency" in sent:
+            out["concurrency"] = self.concurrency
+        if "rate" in sent:
+            out["rate"] = None if self.rate is None else self.rate.model_dump()
+        if "paused" in sent:
+            out["paused"] = self.paused
+        return out
+
+
+def validate_queue_update(name: str, body: Any) -> dict[str, Any]:
+    """The fields a valid `PUT /queues/{name}` body changes; `InvalidInput` (the API's 422
+    detail) otherwise. An empty body changes nothing and is valid."""
+    if not isinstance(name, str) or not _QUEUE_NAME.match(name):
+        raise InvalidInput(f"{name!r} is not a queue name (pattern {QUEUE_NAME})")
+    if not isinstance(body, Mapping):
+        raise InvalidInput("the body must be a JSON object")
+    try:
+        update = QueueUpdate.model_validate(dict(body))
+    except ValidationError as exc:
+        raise InvalidInput(
+            [
+                {"loc": ["body", *e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")}
+                for e in exc.errors()
+            ]
+        ) from None
+    return update.changes()
+
+
+# -- a queue document, read -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Slot:
+    """One slot of a limited queue, held for one job.
+
+    A claim writes its slots first, each naming its job and the claim's `tag` (the job gets
+    the same `claim_tag` when claimed), with `claim_by`: until then the claim may still land,
+    so the slot counts whatever the job shows; it also counts as a start at `claim_by` (the
+    latest the job can start) until the claim settles it with the real start. After
+    `claim_by`, the slot is in use exactly while its job runs under its tag. A slot adopted
+    for a job that was running before the queue had limits is matched by attempt instead.
+    """
+
+    job: str
+    tag: str
+    owner: str = ""
+    claim_by: datetime | None = None
+    attempt: int | None = None
+    adopted: bool = False
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Slot:
+        attempt = doc.get("attempt")
+        return cls(
+            job=str(doc["job"]),
+            tag=str(doc["tag"]),
+            owner=str(doc.get("owner", "")),
+            claim_by=doc.get("claim_by"),
+            attempt=int(attempt) if attempt is not None else None,
+            adopted=bool(doc.get("adopted", False)),
+        )
+
+    def held_by(self, job: Mapping[str, Any] | None) -> bool:
+        """Whether `job` (its stored fields) is running under this slot."""
+        if job is None or job.get("status") != "running":
+            return False
+        if self.adopted:
+            return job.get("attempts") == self.attempt
+        return job.get("claim_tag") == self.tag
+
+    def in_use(self, job: Mapping[str, Any] | None, now: datetime) -> bool:
+        """In use: its claim may still land, or its job runs under it."""
+        return (self.claim_by is not None and self.claim_by > now) or self.held_by(job)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueDoc:
+    name: str
+    limits: QueueLimits
+    slots: tuple[Slot, ...] = ()
+    starts: tuple[datetime, ...] = ()
+    used: int = 0  # slots counted against the concurrency
+    now: datetime | None = None  # the server's clock when read, when asked for
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> QueueDoc:
+        slots = tuple(Slot.from_doc(s) for s in doc.get("slots") or ())
+        return cls(
+            name=str(doc["_id"]),
+            limits=QueueLimits.from_doc(doc),
+            slots=slots,
+            starts=tuple(doc.get("starts") or ()),
+            used=int(doc.get("used", len(slots))),
+            now=doc.get("now"),
+        )
+
+    def window_starts(self, now: datetime) -> list[datetime]:
+        """Starts that count in the rate window ending `now`: recorded starts, and each
+        unsettled slot at its `claim_by` (the latest its job could have started)."""
+        rate = self.limits.rate
+        if rate is None:
+            return []
+        since = now - timedelta(seconds=rate.per_seconds + RATE_START_MARGIN_S)
+        out = [s for s in self.starts if s > since]
+        out += [s.claim_by for s in self.slots if s.claim_by is not None and s.claim_by > since]
+        return sorted(out)
+
+    def blocked(self, now: datetime) -> tuple[BlockReason, datetime | None]:
+        """Why no slot can be taken at `now`, and for the rate, when the next one can: the
+        moment enough starts have left the window."""
+        limits = self.limits
+        if not limits.limited:
+            return "unlimited", None
+        if limits.paused:
+            return "paused", None
+        if limits.concurrency is not None and self.used >= limits.concurrency:
+            return "full", None
+        rate = limits.rate
+        if rate is not None:
+            recent = self.window_starts(now)
+            if len(recent) >= rate.limit:
+                oldest = recent[len(recent) - rate.limit]
+                return "rate", oldest + timedelta(seconds=rate.per_seconds + RATE_START_MARGIN_S)
+        # Room now (a slot freed, or the window moved, since the claim looked): try again.
+        return "room", now
+
+
+def slot_usage(
+    doc: QueueDoc, jobs: Mapping[str, Mapping[str, Any]], now: datetime
+) -> tuple[int, list[Slot]]:
+    """The slots in use by the jobs' stored state at `now`, and those that are over."""
+    dead = [s for s in doc.slots if not s.in_use(jobs.get(s.job), now)]
+    return len(doc.slots) - len(dead), dead

@@ -1,0 +1,223 @@
+"""What a job spec may hold: one validator for the HTTP API and the Python client alike.
+
+Both hand it the same JSON-shaped data (the API after parsing the body, the client from
+its arguments), so they reject the same inputs with the same `InvalidInput.detail`, the
+API's `422` detail. Nothing invalid is ever stored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from common.domain.errors import ErrorDetail, InvalidInput
+from common.domain.models import DEFAULT_QUEUE, JobSpec, whole_ms
+from common.domain.schedules import TICK_KEY_PREFIX
+from common.domain.workflows import MAX_PARENTS, check_graph
+from common.runtime.settings import QUEUE_NAME
+
+MAX_DEPTH = 32
+MAX_BATCH = 1000
+INT64 = (-(2**63), 2**63 - 1)
+DAY_S = 86400.0
+
+ParentName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class SubmitJob(BaseModel):
+    """One job spec: the body of `POST /jobs`, an item of `POST /jobs/batch`, the arguments
+    of `Client.submit`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(min_length=1, max_length=200)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    queue: str = Field(default=DEFAULT_QUEUE, pattern=QUEUE_NAME)
+    priority: StrictInt = Field(default=0, ge=-1_000_000, le=1_000_000)
+    run_at: datetime | None = None
+    delay: float | None = Field(default=None, ge=0, le=365 * DAY_S, description="seconds")
+    max_attempts: StrictInt = Field(default=3, ge=1, le=1000)
+    timeout_s: float | None = Field(default=None, gt=0, le=7 * DAY_S)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
+    unique_for_s: float | None = Field(default=None, gt=0, le=365 * DAY_S)
+    retention_s: float | None = Field(default=None, ge=0, le=100 * 365 * DAY_S)
+    depends_on: list[ParentName] | None = Field(
+        default=None,
+        max_length=MAX_PARENTS,
+        description="job ids, or refs of specs in the same batch, that must end first",
+    )
+    ref: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="a name the other specs of the same batch may list in depends_on",
+    )
+    run_on_parent_failure: StrictBool = Field(
+        default=False,
+        description="run once every parent ended, even if one failed or was cancelled",
+    )
+
+    @field_validator("run_at")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return whole_ms(value.astimezone(UTC))
+
+    @field_validator("payload")
+    @classmethod
+    def _payload(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_document(value)
+        return value
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _not_a_tick_key(cls, value: str | None) -> str | None:
+        # The keys of cron ticks' jobs: a client may not forge one and take a tick's place.
+        if value is not None and value.startswith(TICK_KEY_PREFIX):
+            raise ValueError(f"keys starting with {TICK_KEY_PREFIX!r} belong to schedules")
+        return value
+
+    @field_validator("depends_on")
+    @classmethod
+    def _each_parent_once(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else list(dict.fromkeys(value))
+
+    @model_validator(mode="after")
+    def _together(self) -> SubmitJob:
+        if self.run_at is not None and self.delay is not None:
+            raise ValueError("give run_at or delay, not both")
+        if self.unique_for_s is not None and self.idempotency_key is None:
+            raise ValueError("unique_for_s needs an idempotency_key")
+        return self
+
+    def to_spec(self) -> JobSpec:
+        return JobSpec(
+            task=self.task,
+            payload=self.payload,
+            queue=self.queue,
+            priority=self.priority,
+            run_at=self.run_at,
+            delay_s=self.delay,
+            max_attempts=self.max_attempts,
+            timeout_s=self.timeout_s,
+            idempotency_key=self.idempotency_key,
+            unique_for_s=self.unique_for_s,
+            retention_s=self.retention_s,
+            depends_on=tuple(self.depends_on or ()),
+            ref=self.ref,
+            run_on_parent_failure=self.run_on_parent_failure,
+        )
+
+
+class SubmitBatch(BaseModel):
+    """The body of `POST /jobs/batch`; `Client.submit_many` validates its list as this."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[SubmitJob] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+def check_document(value: object, path: str = "payload", depth: int = 1) -> None:
+    """MongoDB-safe JSON: no key starting with `$`, no NUL in keys, nesting at most 32,
+    integers that fit in 64 bits (what BSON stores), finite numbers, only JSON types."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{path}: nesting deeper than {MAX_DEPTH}")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_key(key, path)
+            check_document(item, f"{path}.{key}", depth + 1)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            check_document(item, f"{path}[{index}]", depth + 1)
+    else:
+        _check_scalar(value, path)
+
+
+def _check_key(key: object, path: str) -> None:
+    if not isinstance(key, str):
+        raise ValueError(f"{path}: key {key!r} is not a string")
+    if key.startswith("$"):
+        raise ValueError(f"{path}: key {key!r} starts with '$'")
+    if "\x00" in key:
+        raise ValueError(f"{path}: key {key!r} contains a NUL character")
+
+
+def _check_scalar(value: object, path: str) -> None:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, int):
+        if not INT64[0] <= value <= INT64[1]:
+            raise ValueError(f"{path}: integer does not fit in 64 bits")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{path}: {value} is not a JSON number")
+    else:
+        raise ValueError(f"{path}: a {type(value).__name__} is not a JSON value")
+
+
+def _errors(exc: ValidationError) -> list[dict[str, object]]:
+    return [
+        {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_context=False, include_input=False)
+    ]
+
+
+def validate_spec(data: object) -> JobSpec:
+    """One spec, as `POST /jobs` takes it (already parsed from JSON)."""
+    if not isinstance(data, Mapping):
+        raise InvalidInput("body must be a JSON object")
+    try:
+        spec = SubmitJob.model_validate(data).to_spec()
+    except ValidationError as exc:
+        raise InvalidInput(_errors(exc)) from None
+    check_graph([spec], batch=False)
+    return spec
+
+
+def validate_batch(data: object) -> list[JobSpec]:
+    """`{"jobs": [spec, ...]}`, all or nothing; an error's `loc` names the bad spec's index.
+    Specs may depend on each other by `ref`: a ref used twice, or a cycle, is refused here;
+    parents named by job id are checked against the store by the client core."""
+    if not isinstance(data, Mapping):
+        raise InvalidInput("body must be a JSON object")
+    try:
+        specs = [job.to_spec() for job in SubmitBatch.model_validate(data).jobs]
+    except ValidationError as exc:
+        raise InvalidInput(_errors(exc)) from None
+    check_graph(specs, batch=True)
+    return specs
+
+
+def unknown_task(task: str, known: Collection[str]) -> str:
+    names = ", ".join(sorted(known)) or "(none)"
+    return f"unknown task {task!r}; known tasks: {names}"
+
+
+def unknown_task_detail(
+    specs: Sequence[JobSpec], unknown: Mapping[str, Collection[str]], *, batch: bool
+) -> ErrorDetail:
+    """The `422` for the first spec naming a task in `unknown` (task -> the names known)."""
+    for index, spec in enumerate(specs):
+        if spec.task in unknown:
+            message = unknown_task(spec.task, unknown[spec.task])
+            if not batch:
+                return message
+            return [{"loc": ["jobs", index, "task"], "msg": message, "type": "unknown_task"}]
+    raise ValueError("no unknown task among these specs")

@@ -1,0 +1,108 @@
+"""The fixed vocabulary of log events. Every job state change is one line with one of these."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Protocol
+
+from common.runtime.log import enabled, get_logger
+
+
+class Event(StrEnum):
+    JOB_SUBMITTED = "job.submitted"
+    JOB_DEDUPLICATED = "job.deduplicated"
+    JOB_CLAIMED = "job.claimed"
+    JOB_COMPLETED = "job.completed"
+    JOB_RETRY_SCHEDULED = "job.retry_scheduled"
+    JOB_FAILED = "job.failed"
+    JOB_CANCELLED = "job.cancelled"
+    JOB_CANCEL_REQUESTED = "job.cancel_requested"
+    JOB_RETRIED = "job.retried"  # a caller brought a failed or cancelled job back
+    JOB_UNBLOCKED = "job.unblocked"  # waiting → pending: its parents ended
+    JOB_DEPENDENCY_FAILED = "job.dependency_failed"  # waiting → cancelled: a parent failed
+    JOB_RELEASED = "job.released"
+    JOB_RELEASE_FAILED = "job.release_failed"  # shutdown could not hand it back: lease expiry will
+    JOB_TIMED_OUT = "job.timed_out"
+    JOB_RESULT_DISCARDED = "job.result_discarded"
+    TRANSACTION_ENDED = "transaction.ended"  # a dead or killed worker's open one, by its dispatcher
+    LEASE_EXPIRED = "lease.expired"
+    LEASE_LOST = "lease.lost"
+    WORKER_STARTED = "worker.started"
+    WORKER_CRASHED = "worker.crashed"
+    WORKER_KILLED = "worker.killed"
+    WORKER_STOPPED = "worker.stopped"
+    TASK_STARTED = "task.started"
+    TASK_FINISHED = "task.finished"
+    PROGRESS_DISCARDED = "progress.discarded"  # a stale attempt's progress: fenced out
+    SCHEDULE_DECLARED = "schedule.declared"
+    SCHEDULE_MISSED = "schedule.missed"  # ticks passed while no dispatcher ran (catch_up)
+    SCHEDULE_PAUSED = "schedule.paused"
+    SCHEDULE_RESUMED = "schedule.resumed"
+    QUEUE_UPDATED = "queue.updated"  # a queue's limits were set (API, client)
+    QUEUE_PAUSED = "queue.paused"
+    QUEUE_RESUMED = "queue.resumed"
+    QUEUE_LIMITS_SEEN = "queue.limits_seen"  # a dispatcher applies a queue's new limits
+    SLOTS_RECLAIMED = "slots.reclaimed"  # slots a dead or lost attempt left, freed by a prune
+    SLOTS_ADOPTED = "slots.adopted"  # running jobs that held no slot of a limited queue
+    STREAM_OPENED = "stream.opened"
+    STREAM_RESUMED = "stream.resumed"
+    STREAM_HISTORY_LOST = "stream.history_lost"
+    STREAM_INVALIDATED = "stream.invalidated"
+    STREAM_ERROR = "stream.error"
+    HINTS_OPENED = "hints.opened"  # following the primary's oplog for new jobs
+    HINTS_ERROR = "hints.error"  # lost it (a failover, say): reopened after a pause
+    HINTS_UNAVAILABLE = "hints.unavailable"  # cannot read the oplog here: the stream alone
+    SWEEP_DONE = "sweep.done"
+    BACKGROUND_CRASHED = "background.crashed"
+    DISPATCHER_STARTED = "dispatcher.started"
+    DISPATCHER_READY = "dispatcher.ready"
+    DISPATCHER_STOPPING = "dispatcher.stopping"
+    DISPATCHER_STOPPED = "dispatcher.stopped"
+    DISPATCHER_CRASHED = "dispatcher.crashed"
+    API_STARTED = "api.started"
+    SSE_CLIENT_DROPPED = "sse.client_dropped"  # fell too far behind; it resumes by Last-Event-ID
+    SSE_RESET = "sse.reset"  # a client's Last-Event-ID is older than the oplog: told so
+    METRICS_LISTENING = "metrics.listening"
+    METRICS_UNAVAILABLE = "metrics.unavailable"
+    MONGO_UNAVAILABLE = "mongo.unavailable"
+    MONGO_REFUSED = "mongo.refused"  # MongoDB rejected a write itself (e.g. too large)
+    MONGO_UP = "mongo.up"
+    MONGO_DOWN = "mongo.down"
+    UP_STARTED = "up.started"
+    UP_CHILD_EXITED = "up.child_exited"
+    UP_CHILD_RESTARTED = "up.child_restarted"
+    UP_GIVING_UP = "up.giving_up"
+    UP_KILL = "up.kill"
+    UP_STOPPING = "up.stopping"
+    UP_STOPPED = "up.stopped"
+
+
+_log = get_logger()
+
+
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+def emit(event: Event, *, level: str = "info", **fields: Any) -> None:
+    """Log one event from the fixed vocabulary (nothing at all below the configured level:
+    the per-job lines cost nothing in a process logging at WARNING)."""
+    if enabled(_LEVELS.get(level, 50)):
+        getattr(_log, level)(event.value, **fields)
+
+
+class JobRef(Protocol):
+    """Anything that names one attempt of one job (`Job`, `RunJob`, `ExpiredLease`)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def task(self) -> str: ...
+
+
+def job_fields(job: JobRef) -> dict[str, Any]:
+    """`job_id`, `attempt` and `task`: the fields every job-scoped log line carries."""
+    return {"job_id": job.job_id, "attempt": job.attempt, "task": job.task}

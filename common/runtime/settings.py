@@ -1,0 +1,151 @@
+"""One `Settings` object, built once at start from `BROOK_*` variables and passed down."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from common.domain.errors import ConfigError
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_QUEUE_NAME = re.compile(QUEUE_NAME)
+WEEK_S = 7 * 86400.0
+# Claims ahead of the workers, at most (BROOK_PREFETCH unset): enough for claims of many
+# jobs each (the claimer refills when half is free: claims of up to 64), so short tasks
+# cost few claim round trips. The time cap (`AHEAD_S` of work) binds long before it for
+# any task over a few milliseconds.
+DEFAULT_PREFETCH = 128
+
+
+def _default_concurrency() -> int:
+    return os.cpu_count() or 1
+
+
+class Settings(BaseSettings):
+    """Every knob Brook reads from the environment (prefix `BROOK_`)."""
+
+    model_config = SettingsConfigDict(env_prefix="BROOK_", frozen=True, extra="ignore")
+
+    mongo_uri: str | None = None
+    db: str = Field(default="brook", min_length=1, max_length=60, pattern=r"^[A-Za-z0-9_-]+$")
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=0, le=65535)
+    api_token: SecretStr | None = None
+    concurrency: int = Field(default_factory=_default_concurrency, ge=1, le=1024)
+    lease_seconds: float = Field(default=30.0, ge=1.0, le=86400.0)
+    tasks: Annotated[tuple[str, ...], NoDecode] = ()
+    demo_tasks: bool = True
+    log_level: str = "INFO"
+    # Queue -> local worker slots ("default:8,emails:2"); None: every queue, sharing
+    # `concurrency`.
+    queues: Annotated[dict[str, int] | None, NoDecode] = None
+    retention_seconds: float = Field(default=WEEK_S, ge=0.0, le=100 * 365 * 86400.0)
+    # The most jobs claimed ahead of the workers, per dispatcher (per queue with `queues`);
+    # None: the slots, at least DEFAULT_PREFETCH.
+    prefetch: int | None = Field(default=None, ge=0, le=4096)
+
+    # Beyond the contract: tuning knobs with safe defaults.
+    home: Path = Path(".brook")
+    mongo_port: int = Field(default=27217, ge=1024, le=65533)
+    sweep_seconds: float = Field(default=5.0, ge=0.05, le=3600.0)
+    # Hear of new jobs from the primary's oplog, a replication round before the change
+    # stream (dispatcher/oplog_hints.py); off, or where the oplog cannot be read: the stream alone.
+    oplog_hints: bool = True
+    retry_base_seconds: float = Field(default=1.0, ge=0.0, le=3600.0)
+    retry_cap_seconds: float = Field(default=300.0, ge=0.0, le=86400.0)
+    default_timeout_s: float | None = Field(default=None, gt=0)
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0.0, le=3600.0)
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    server_selection_timeout_ms: int = Field(default=10_000, ge=100)
+    dispatcher_name: str | None = None
+
+    # Watching it live: dispatcher metrics, event streams (SSE).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=9464, ge=0, le=65535)  # a dispatcher's /metrics; 0 = off
+    metrics_cache_seconds: float = Field(default=2.0, ge=0.0, le=3600.0)
+    sse_ping_seconds: float = Field(default=15.0, gt=0.0, le=3600.0)
+    sse_buffer: int = Field(default=1000, ge=1, le=1_000_000)  # events queued per SSE client
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _split_tasks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("queues", mode="before")
+    @classmethod
+    def _parse_queues(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return parse_queues(value)
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _check_level(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            level = value.strip().upper()
+            if level not in LOG_LEVELS:
+                raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+            return level
+        return value
+
+    @field_validator("mongo_uri", mode="before")
+    @classmethod
+    def _check_uri(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip()
+            if not value:
+                return None
+            if not value.startswith(("mongodb://", "mongodb+srv://")):
+                raise ValueError("must start with mongodb:// or mongodb+srv://")
+        return value
+
+    @property
+    def worker_slots(self) -> int:
+        """Worker processes of a dispatcher: the sum of its queues' slots, else `concurrency`."""
+        return sum(self.queues.values()) if self.queues else self.concurrency
+
+    def prefetch_for(self, slots: int) -> int:
+        """How many jobs a dispatcher (or one of its queues) with `slots` slots may hold
+        claimed ahead of its workers."""
+        return max(slots, DEFAULT_PREFETCH) if self.prefetch is None else self.prefetch
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        """Leases are renewed at a third of their length, well before they expire."""
+        return max(self.lease_seconds / 3.0, 0.2)
+
+
+def parse_queues(text: str) -> dict[str, int] | None:
+    """`"default:8,emails:2"` -> `{"default": 8, "emails": 2}`; blank -> None (every queue)."""
+    queues: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, slots = part.partition(":")
+        name = name.strip()
+        if not sep or not slots.strip().isdigit() or int(slots) < 1:
+            raise ValueError(f"{part!r}: write each queue as name:slots, slots >= 1")
+        if not _QUEUE_NAME.match(name):
+            raise ValueError(f"{name!r} is not a queue name (letters, digits, '_', '.', '-')")
+        if name in queues:
+            raise ValueError(f"queue {name!r} is listed twice")
+        queues[name] = int(slots)
+    return queues or None
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build `Settings` from the environment; a bad value raises one line naming the variable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        raise ConfigError(f"BROOK_{field.upper()}: {first['msg']}") from None

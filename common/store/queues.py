@@ -1,0 +1,405 @@
+"""`QueueStore`: the only code that touches the `brook_queues` collection.
+
+One document per queue that was ever given a limit (its `_id` is the queue's name):
+
+    {concurrency: int|null, rate: {limit, per_seconds}|null, paused: bool,
+     slots:  [{job, tag, owner, claim_by?} | {job, tag, attempt, adopted: true}],
+     starts: [datetime],           # starts inside the rate window, when there is a rate
+     updated_at, released_at}
+
+A claim in a limited queue takes its slots first, then the jobs:
+
+1. `take`: one write adds a slot for each of the best due jobs, as many as the queue
+   allows now (not paused; room by its concurrency and by its rate window, on the
+   server's clock), each with the claim's `tag` and `claim_by` (now + a few seconds).
+2. `JobStore.claim_tagged`: the jobs are claimed only while `$$NOW < claim_by`, and get
+   the claim's `tag` (`claim_tag`).
+3. `settle`, only when needed: the slots of jobs another dispatcher won are given back,
+   and with a rate, the real starts replace the `claim_by` each slot counted until then.
+4. `release`: after a job's final write, its holder removes its slot.
+
+So every running job of a limited queue holds a slot, at every instant: the slot is
+written before the job starts and removed after it stopped. Nothing here expires on a
+timer, so a slow heartbeat can never free a slot under a running job. What a dead
+dispatcher leaves behind (a slot never released, a claim never made) is freed by
+`prune`, which removes only slots the jobs themselves show are over: past `claim_by` (no
+claim can use them any more) and not held by a running job. The jobs are read from the
+primary (local read concern): a claim the primary has applied but not yet replicated must
+count.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pymongo import ReturnDocument
+from pymongo.asynchronous.change_stream import AsyncChangeStream
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.read_concern import ReadConcern
+
+from common.domain.models import Doc
+from common.domain.queues import RATE_START_MARGIN_S, QueueDoc, Slot, slot_usage
+from common.store.jobs import JOBS
+
+QUEUES = "brook_queues"
+NOW = "$$NOW"
+CONFIG_FIELDS = ("concurrency", "rate", "paused")
+_DEFAULTS: dict[str, Any] = {"concurrency": None, "rate": None, "paused": False}
+
+
+def _lit(value: Any) -> dict[str, Any]:
+    return {"$literal": value}
+
+
+def _list(field: str) -> dict[str, Any]:
+    return {"$ifNull": [f"${field}", []]}
+
+
+def _window_start() -> dict[str, Any]:
+    """The start of the rate window ending now (null without a rate), `RATE_START_MARGIN_S`
+    longer than the rate's `per_seconds` (see there)."""
+    window_ms = {"$multiply": [{"$add": ["$rate.per_seconds", RATE_START_MARGIN_S]}, 1000]}
+    return {"$subtract": [NOW, {"$toLong": window_ms}]}
+
+
+def _count(field: str, cond: dict[str, Any]) -> dict[str, Any]:
+    return {"$size": {"$filter": {"input": _list(field), "cond": cond}}}
+
+
+def _room(n: int) -> dict[str, Any]:
+    """How many of `n` slots the queue can give now: 0 while paused, else bounded by the
+    concurrency (every slot counts) and by the starts left in the rate window (recorded
+    starts, and each unsettled slot at its `claim_by`)."""
+    since = _window_start()
+    by_concurrency = {
+        "$cond": [
+            {"$eq": [{"$ifNull": ["$concurrency", None]}, None]},
+            n,
+            {"$subtract": ["$concurrency", {"$size": _list("slots")}]},
+        ]
+    }
+    in_window = {
+        "$add": [
+            _count("starts", {"$gt": ["$$this", since]}),
+            _count("slots", {"$gt": ["$$this.claim_by", since]}),
+        ]
+    }
+    by_rate = {
+        "$cond": [
+            {"$eq": [{"$ifNull": ["$rate", None]}, None]},
+            n,
+            {"$subtract": ["$rate.limit", in_window]},
+        ]
+    }
+    return {
+        "$cond": [
+            {"$eq": ["$paused", True]},
+            0,
+            {"$max": [0, {"$min": [n, by_concurrency, by_rate]}]},
+        ]
+    }
+
+
+def _take_projection(tag: str) -> dict[str, Any]:
+    """What `take` returns: the limits, the starts, how many slots there are, its own slots
+    and, with a rate, the slots that count as a start in its window (to tell when it frees)."""
+    return {
+        **{f: 1 for f in CONFIG_FIELDS},
+        "starts": 1,
+        "used": {"$size": _list("slots")},
+        "slots": {
+            "$filter": {
+                "input": _list("slots"),
+                "cond": {
+                    "$or": [
+                        {"$eq": ["$$this.tag", tag]},
+                        {
+                            "$and": [
+                                {"$ne": [{"$ifNull": ["$rate", None]}, None]},
+                                {"$gt": ["$$this.claim_by", _window_start()]},
+                            ]
+                        },
+                    ]
+                },
+            }
+        },
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Taken:
+    """What `take` got: the slots it wrote (the first jobs asked for), or none and the
+    queue as it stood (to tell why)."""
+
+    slots: list[Slot]
+    queue: QueueDoc | None  # None: the queue has no document (no limits)
+
+    @property
+    def claim_by(self) -> datetime:
+        by = self.slots[0].claim_by
+        assert by is not None
+        return by
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pruned:
+    """The slots `prune` freed: of attempts that are over, or claims that never landed."""
+
+    slots: list[Slot]
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueUsage:
+    """A limited queue now: its limits, slots in use, starts in the current rate window."""
+
+    doc: QueueDoc
+    in_use: int
+    in_window: int
+
+
+class QueueStore:
+    def __init__(self, db: AsyncDatabase[Doc]) -> None:
+        self.queues: AsyncCollection[Doc] = db[QUEUES]
+        # The slots' jobs are read from the primary as it is: a claim it has applied counts
+        # even before it is majority-committed (see `prune`).
+        self.jobs: AsyncCollection[Doc] = db[JOBS].with_options(read_concern=ReadConcern("local"))
+
+    # -- limits ----------------------------------------------------------------------------
+
+    async def set_limits(self, name: str, changes: Mapping[str, Any]) -> QueueDoc:
+        """Set the limits given (the others keep their value), cluster-wide. Jobs of the queue
+        already running when it gets a concurrency are counted from now on (`adopt`)."""
+        update: dict[str, Any] = {
+            "$currentDate": {"updated_at": True},
+            "$setOnInsert": {
+                **{k: v for k, v in _DEFAULTS.items() if k not in changes},
+                "slots": [],
+                "starts": [],
+            },
+        }
+        if changes:
+            update["$set"] = dict(changes)
+        doc = await self.queues.find_one_and_update(
+            {"_id": name}, update, upsert=True, return_document=ReturnDocument.AFTER
+        )
+        assert doc is not None
+        queue = QueueDoc.from_doc(doc)
+        if queue.limits.concurrency is not None:
+            running = await self.jobs.find(
+                {"status": "running", "queue": name},
+                projection={"attempts": 1},
+                hint="lease_expiry",
+            ).to_list()
+            await self.adopt(
+                name, [(str(d["_id"]), int(d["attempts"]), secrets.token_hex(8)) for d in running]
+            )
+        return queue
+
+    async def limits(self) -> dict[str, QueueDoc]:
+        """Every queue document's limits (no slots), by name: the dispatchers' view."""
+        docs = await self.queues.find({}, projection={f: 1 for f in CONFIG_FIELDS}).to_list()
+        return {str(d["_id"]): QueueDoc.from_doc(d) for d in docs}
+
+    async def read(self, name: str) -> QueueDoc | None:
+        """The queue's document with the server's clock (`now`) in one round trip."""
+        docs = await (
+            await self.queues.aggregate([{"$match": {"_id": name}}, {"$set": {"now": NOW}}])
+        ).to_list()
+        return QueueDoc.from_doc(docs[0]) if docs else None
+
+    async def changes(self, *, max_await_ms: int) -> AsyncChangeStream[Doc]:
+        """A change stream of the queue documents (open it with `async with`): each event
+        names the queue and the top-level fields it changed (`keys`), nothing more."""
+        updated = {"$ifNull": ["$updateDescription.updatedFields", {}]}
+        return await self.queues.watch(
+            [
+                {
+                    "$project": {
+                        "operationType": 1,
+                        "documentKey": 1,
+                        "keys": {
+                            "$map": {
+                                "input": {"$objectToArray": updated},
+                                "in": {"$arrayElemAt": [{"$split": ["$$this.k", "."]}, 0]},
+                            }
+                        },
+                    }
+                }
+            ],
+            max_await_time_ms=max_await_ms,
+        )
+
+    # -- a claim's slots -----------------------------------------------------------------------
+
+    async def take(
+        self,
+        name: str,
+        *,
+        owner: str,
+        tag: str,
+        jobs: Sequence[str],
+        claim_window_s: float,
+        want: int | None = None,
+    ) -> Taken:
+        """Take a slot for each of the first of `jobs` (but those other slots already name),
+        at most `want`, as many as the queue allows now, valid for a claim until `claim_by`
+        = now + `claim_window_s`.
+        When it allows none,
+        nothing is written (and no change event goes out), and the queue as it stands
+        comes back instead, to tell why."""
+        room = _room(len(jobs) if want is None else min(want, len(jobs)))
+        claim_by = {"$add": [NOW, int(claim_window_s * 1000)]}
+        new = [{"job": job_id, "tag": tag, "owner": owner} for job_id in jobs]
+        # Jobs another claim already holds slots for are left to it: racing dispatchers find
+        # the same best jobs, and each takes slots for different ones.
+        named = {"$in": ["$$this.job", {"$ifNull": ["$slots.job", []]}]}
+        free = {"$filter": {"input": _lit(new), "cond": {"$not": [named]}}}
+        with_deadline = {
+            "$map": {
+                "input": free,
+                "in": {"$mergeObjects": ["$$this", {"claim_by": claim_by}]},
+            }
+        }
+        taken = {"$cond": [{"$gt": [room, 0]}, {"$slice": [with_deadline, room]}, []]}
+        doc = await self.queues.find_one_and_update(
+            {"_id": name},
+            [{"$set": {"slots": {"$concatArrays": [_list("slots"), taken]}}}],
+            projection=_take_projection(tag),
+            return_document=ReturnDocument.AFTER,
+        )
+        if doc is None:
+            return Taken(slots=[], queue=None)
+        queue = QueueDoc.from_doc(doc)
+        ours = [s for s in queue.slots if s.tag == tag]
+        return Taken(slots=ours, queue=queue)
+
+    async def settle(
+        self,
+        name: str,
+        tag: str,
+        *,
+        lost: Collection[str] = (),
+        started: Mapping[str, datetime] | None = None,
+    ) -> bool:
+        """After a claim: give back the slots of `lost` jobs (another dispatcher won them),
+        and record the `started` jobs' real starts in the rate window (their slots no longer
+        count as a start at `claim_by`). False if nothing was left to change."""
+        started = dict(started or {})
+        if not lost and not started:
+            return False
+        mine = {"$eq": ["$$this.tag", tag]}
+        gone = {"$and": [mine, {"$in": ["$$this.job", _lit(list(lost))]}]}
+        settled = {"$and": [mine, {"$in": ["$$this.job", _lit(list(started))]}]}
+        slots = {
+            "$map": {
+                "input": {"$filter": {"input": _list("slots"), "cond": {"$not": [gone]}}},
+                "in": {
+                    "$cond": [
+                        settled,
+                        {"$unsetField": {"field": "claim_by", "input": "$$this"}},
+                        "$$this",
+                    ]
+                },
+            }
+        }
+        since = _window_start()
+        fields: dict[str, Any] = {
+            "slots": slots,
+            "starts": {
+                "$cond": [
+                    {"$eq": [{"$ifNull": ["$rate", None]}, None]},
+                    [],
+                    {
+                        "$concatArrays": [
+                            {
+                                "$filter": {
+                                    "input": _list("starts"),
+                                    "cond": {"$gt": ["$$this", since]},
+                                }
+                            },
+                            _lit(list(started.values())),
+                        ]
+                    },
+                ]
+            },
+        }
+        if lost:
+            fields["released_at"] = NOW  # slots given back: a wake-up for waiting claimers
+        res = await self.queues.update_one({"_id": name, "slots.tag": tag}, [{"$set": fields}])
+        return res.modified_count == 1
+
+    async def release(self, name: str, job_id: str, tag: str) -> bool:
+        """The holder gives back the slot of an attempt whose final write landed."""
+        held = {"job": job_id, "tag": tag}
+        res = await self.queues.update_one(
+            {"_id": name, "slots": {"$elemMatch": held}},
+            {"$pull": {"slots": held}, "$currentDate": {"released_at": True}},
+        )
+        return res.modified_count == 1
+
+    async def adopt(self, name: str, jobs: Iterable[tuple[str, int, str]]) -> int:
+        """Give running jobs that hold no slot one, each `(job id, attempt, tag)` (matched by
+        attempt; the tag, unique, names the slot): jobs that started before the queue had a
+        limit, or were claimed by a dispatcher that had not heard of it yet. Jobs a slot
+        already names are left alone."""
+        new = [
+            {"job": job_id, "attempt": attempt, "tag": tag, "adopted": True}
+            for job_id, attempt, tag in jobs
+        ]
+        if not new:
+            return 0
+        known = {"$ifNull": ["$slots.job", []]}
+        fresh = {
+            "$filter": {"input": _lit(new), "cond": {"$not": [{"$in": ["$$this.job", known]}]}}
+        }
+        res = await self.queues.update_one(
+            {"_id": name}, [{"$set": {"slots": {"$concatArrays": [_list("slots"), fresh]}}}]
+        )
+        return res.modified_count
+
+    # -- what is really in use -------------------------------------------------------------
+
+    async def _jobs(self, ids: Collection[str]) -> dict[str, Doc]:
+        if not ids:
+            return {}
+        docs = await self.jobs.find(
+            {"_id": {"$in": list(ids)}},
+            projection={"status": 1, "attempts": 1, "claim_tag": 1},
+        ).to_list()
+        return {str(d["_id"]): d for d in docs}
+
+    async def prune(self, name: str) -> Pruned:
+        """Free the slots the jobs show are over: past their `claim_by` and not held by a
+        running job (its attempt ended, or the claim never landed)."""
+        doc = await self.read(name)
+        if doc is None or doc.now is None:
+            return Pruned(slots=[])
+        jobs = await self._jobs({s.job for s in doc.slots})
+        _, dead = slot_usage(doc, jobs, doc.now)
+        if not dead:
+            return Pruned(slots=[])
+        res = await self.queues.update_one(
+            {"_id": name},
+            {
+                "$pull": {"slots": {"$or": [{"job": s.job, "tag": s.tag} for s in dead]}},
+                "$currentDate": {"released_at": True},
+            },
+        )
+        return Pruned(slots=dead if res.modified_count else [])
+
+    async def usage(self) -> dict[str, QueueUsage]:
+        """Every queue document with its slots in use now, checked against the jobs."""
+        docs = await (await self.queues.aggregate([{"$set": {"now": NOW}}])).to_list()
+        queues = [QueueDoc.from_doc(d) for d in docs]
+        jobs = await self._jobs({s.job for q in queues for s in q.slots})
+        out: dict[str, QueueUsage] = {}
+        for q in queues:
+            assert q.now is not None
+            in_use, _ = slot_usage(q, jobs, q.now)
+            out[q.name] = QueueUsage(doc=q, in_use=in_use, in_window=len(q.window_starts(q.now)))
+        return out

@@ -1,0 +1,368 @@
+"""The dispatcher: the seed article's listener and watchdog loops, event-driven and fenced.
+
+`Dispatcher.run()` wires the parts together and runs them as supervised, named tasks:
+  stream     change stream → wake-ups (new/requeued work) and cancel requests (`stream.py`)
+  tokens     saves the stream's resume token, coalesced majority writes (`stream.py`)
+  claimer    while there is room: lease the best due jobs, ahead of free workers (`claimer.py`)
+  limits     the cluster-wide queue limits: a change stream on `brook_queues`, and a
+             re-read every sweep; a limited queue's claims take its slots (`limits.py`)
+  heartbeat  renews this dispatcher's leases in one write; kills workers of lost leases
+  watchdog   slow sweep: requeue expired leases, settle the dependents of parents whose
+             settler died, claim what no event announced (`leases.py`, `dependents.py`)
+  schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
+  presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
+A claimed job waits in `Holdings` until a worker is free (at once, when one is); then it
+runs as a supervised task that ends with one fenced write (`outcomes.py`), after its last
+progress report (`progress.py`) has landed; a job with dependents then has them settled in
+the background (`dependents.py`). The worker takes its next job as soon as it reports its
+result; the outcome is written behind it, group-committed. `started_at` and `finished_at`
+are the task's own start and end on this dispatcher's reading of the server clock, written
+with the outcome (or sooner, for a long task: `starts.py`). A crash of any background task
+stops the dispatcher loudly.
+
+Start-up order loses nothing: the stream is opened first, then the backlog is swept,
+then the stream is followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from common.domain.models import Job
+from common.domain.schedules import Schedule
+from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, Slot
+from common.runtime.failover_retry import ride_out
+from common.runtime.log_events import Event, emit, job_fields
+from common.runtime.metrics import JOB_WAIT
+from common.runtime.settings import Settings
+from common.runtime.supervision import Supervisor
+from common.store.jobs import JobStore, Lease, RunTimes
+from common.store.queues import QueueStore
+from common.store.schedules import ScheduleStore
+from dispatcher.claimer import Claimer, ServerClock
+from dispatcher.dependents import Dependents
+from dispatcher.held_jobs import Holdings
+from dispatcher.leases import LeaseKeeper
+from dispatcher.limits import Limits
+from dispatcher.oplog_hints import Announced, InsertHints
+from dispatcher.outcomes import Outcomes
+from dispatcher.presence import Presence
+from dispatcher.progress import ProgressKeeper
+from dispatcher.schedules import ScheduleRunner
+from dispatcher.start_times import StartMarks
+from dispatcher.stream import StreamFollower, TokenSaver
+
+# After the grace period: how long stopped jobs may take to be handed back, and the
+# resume token to be saved, before the dispatcher exits anyway (MongoDB may be down).
+RELEASE_WINDOW_S = 2.0
+TOKEN_FLUSH_S = 0.5
+CANCEL_WAIT_S = 0.5
+# Time allowed from a hand-off to the task's start in its worker (a pipe write away).
+HAND_OFF_S = 0.02
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        runner: Runner,
+        tasks: frozenset[str],
+        schedules: Sequence[Schedule] = (),
+    ) -> None:
+        """`tasks`: the task names this dispatcher's workers run; it claims only those."""
+        self.settings = settings
+        self.store = store
+        self.runner = runner
+        self.tasks = tasks
+        self.name = settings.dispatcher_name or socket.gethostname()
+        # Unique per process run: a restarted dispatcher never matches its old leases.
+        self.owner = f"{self.name}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.loops = Supervisor()  # the named loops: stream, tokens, claimer, heartbeat, …
+        self.supervisor = Supervisor()  # one task per running job, and group-commit writers
+        self.holdings = Holdings()
+        self.clock = clock = ServerClock(store)
+        self._closing = False
+        self.limits, self.claimer = self._claiming(clock)
+        self.dependents = Dependents(settings, store, self.supervisor.spawn)
+        self.leases = LeaseKeeper(
+            settings,
+            store,
+            self.owner,
+            self.holdings,
+            clock,
+            self._stop,
+            self.claimer.sweep_done,
+            self.dependents,
+        )
+        self.starts = StartMarks(store, self.owner, clock, self.supervisor.spawn)
+        self.outcomes = Outcomes(
+            settings, store, self.owner, self.supervisor.spawn, self.dependents
+        )
+        self.tokens = TokenSaver(store, self.name)
+        self.stream = StreamFollower(
+            store, self.name, self.tokens, self._on_change, self.leases.try_sweep
+        )
+        self.announced = Announced()
+        self.hints = InsertHints(store, tasks, self.announced, self._on_change)
+        self.progress = ProgressKeeper(store, self.owner, self.supervisor.spawn)
+        self.schedules = ScheduleRunner(
+            schedules, store, ScheduleStore(store.db), clock, self.owner
+        )
+        self.presence = Presence(settings, store, self.owner, self.name, tasks, settings.queues)
+
+    def _claiming(self, clock: ServerClock) -> tuple[Limits, Claimer]:
+        """The claimer, and the cluster-wide queue limits it claims within."""
+        s, store = self.settings, self.store
+        limits = Limits(
+            s, QueueStore(store.db), store, self.owner, clock, self.supervisor.spawn,
+            self.holdings.jobs,
+        )
+        claimer = Claimer(
+            s, store, self.owner, self.holdings, clock, self._claimed, self.tasks, limits
+        )
+        claimer.free_workers = self.runner.free_slots
+        return limits, claimer
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set, then shut down by a hard deadline. A crash of any
+        loop or per-job task stops the dispatcher too, and is raised."""
+        emit(
+            Event.DISPATCHER_STARTED,
+            owner=self.owner,
+            concurrency=self.settings.worker_slots,
+            queues=self.settings.queues,
+            tasks=sorted(self.tasks),
+            lease_seconds=self.settings.lease_seconds,
+        )
+        self.loops.spawn(self._start_up(), "start-up")
+        stopped = asyncio.ensure_future(stop.wait())
+        crashes = [asyncio.ensure_future(s.first_crash()) for s in (self.loops, self.supervisor)]
+        # A start-up that never ends (no MongoDB) does not delay a stop.
+        await asyncio.wait([stopped, *crashes], return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await self._shutdown()
+        finally:
+            self.loops.cancel_all()
+            # A driver call stuck on an unreachable server may ignore its cancellation for
+            # a long time; it is abandoned rather than waited for.
+            await self.loops.wait(CANCEL_WAIT_S)
+            for task in (stopped, *crashes):
+                task.cancel()
+        for crash in crashes:
+            if crash.done() and not crash.cancelled() and (exc := crash.exception()) is not None:
+                raise exc
+        emit(Event.DISPATCHER_STOPPED, owner=self.owner)
+
+    async def _start_up(self) -> None:
+        # Worker processes start while this one talks to MongoDB; jobs claimed before a
+        # worker is ready wait for it.
+        workers = self.loops.spawn(self.runner.start(), "workers")
+        await ride_out("ensure_indexes", self.store.ensure_indexes)
+        await self.presence.announce()
+        self.loops.spawn(self.presence.run(), "presence")
+        self.loops.spawn(self.stream.run(), "stream")
+        if self.settings.oplog_hints:
+            self.loops.spawn(self.hints.run(), "hints")
+        self.loops.spawn(self.tokens.run(), "tokens")
+        self.loops.spawn(self.limits.follow(), "limits")
+        await self.stream.opened.wait()
+        # The plain claim must know which queues have limits before it claims anything.
+        await self.limits.loaded.wait()
+        self.loops.spawn(self.limits.tick(), "limits-tick")
+        await ride_out("sweep", self.leases.sweep)  # the backlog, after the stream is open
+        self.loops.spawn(self.claimer.run(), "claimer")
+        self.loops.spawn(self.leases.heartbeat(), "heartbeat")
+        self.loops.spawn(self.leases.expiries(), "lease-expiries")
+        self.loops.spawn(self.leases.watchdog(), "watchdog")
+        self.loops.spawn(self.schedules.run(), "schedules")
+        await workers
+        emit(Event.DISPATCHER_READY, owner=self.owner, workers=self.runner.free_slots())
+
+    async def _shutdown(self) -> None:
+        """Stop claiming → let running jobs finish within the grace period → stop the rest
+        and hand their jobs back to `pending` → exit by a hard deadline whatever MongoDB's
+        state: a job that could not be handed back comes back at lease expiry."""
+        grace = self.settings.shutdown_grace_seconds
+        deadline = time.monotonic() + grace + RELEASE_WINDOW_S
+        self.claimer.stop()
+        self._closing = True
+        self.outcomes.cut_off(deadline)
+        emit(
+            Event.DISPATCHER_STOPPING,
+            owner=self.owner,
+            running=self.holdings.running_count(),
+            claimed_ahead=len(self.holdings.waiting()),
+            grace_s=grace,
+        )
+        for job in self.holdings.waiting():  # never started: handed back at once
+            self._stop(job.id, "shutdown")
+        await self.supervisor.wait(grace)
+        for lease in self.holdings.running():
+            self._stop(lease.job_id, "shutdown")
+        await self.supervisor.wait(max(deadline - time.monotonic(), 0.0))
+        for job in self.holdings.jobs():
+            emit(
+                Event.JOB_RELEASE_FAILED,
+                level="warning",
+                **job_fields(job),
+                reason="not handed back before the shutdown deadline; it returns at lease expiry",
+            )
+        self.supervisor.cancel_all()
+        try:
+            async with asyncio.timeout(TOKEN_FLUSH_S):
+                await asyncio.gather(
+                    self.tokens.flush(), self.presence.retire(), return_exceptions=True
+                )
+        except TimeoutError:
+            pass
+
+    def wake(self) -> None:
+        """A worker process is free: it became ready, or reported its job's result (called
+        by the runner). Hand it the best waiting job at once."""
+        self._hand_off()
+
+    def on_progress(self, report: ProgressReport) -> None:
+        """A running task reported progress (called by the runner)."""
+        self.progress.report(report)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _on_change(self, change: Mapping[str, Any]) -> None:
+        job_id = str(change["documentKey"]["_id"])
+        fields = change.get("updateDescription", {}).get("updatedFields", {})
+        if fields.get("cancel_requested") is True:
+            self.leases.cancel_requested(job_id)
+            return
+        inserted = change.get("fullDocument")
+        if inserted is not None and not self.claimer.runs(
+            inserted.get("task"), inserted.get("queue")
+        ):
+            return  # a new job this dispatcher would never claim
+        if inserted is not None and not self.announced.first(job_id):
+            return  # heard of already (a hint, then the stream): its look is done or due
+        if inserted is None:
+            self.limits.requeued()
+        priority = (inserted or {}).get("priority")
+        queue = (inserted or {}).get("queue")
+        self.claimer.due_at(
+            fields.get("run_at") or (inserted or {}).get("run_at"),
+            priority if isinstance(priority, int) else None,
+            queue if isinstance(queue, str) else None,
+        )
+
+    # -- one attempt -----------------------------------------------------------------------
+
+    def _claimed(self, job: Job) -> None:
+        """A claimed job (the claimer's callback): it waits for a free worker."""
+        self.holdings.add(job)
+        emit(
+            Event.JOB_CLAIMED,
+            **job_fields(job),
+            owner=self.owner,
+            priority=job.priority,
+            lag_ms=round((self.clock.now() - job.run_at.timestamp()) * 1000, 2),
+        )
+        if self._closing:  # a claim that was in flight when the shutdown began
+            self._stop(job.id, "shutdown")
+            return
+        if self.holdings.cancel_was_seen(job.id):
+            self.leases.cancel(job.id)
+        self._hand_off()
+
+    def _free_slots_by_queue(self) -> dict[str, int] | None:
+        queues = self.settings.queues
+        if queues is None:
+            return None
+        return {q: slots - self.holdings.running_count(q) for q, slots in queues.items()}
+
+    def _hand_off(self) -> None:
+        """Start waiting jobs, best first, on free workers, within each queue's slots: never
+        more tasks at once than slots."""
+        while not self._closing and self.runner.free_slots() > 0:
+            # A job of a queue with a rate first: it must start within a margin of its claim.
+            job = self.holdings.next_waiting(
+                self._free_slots_by_queue(), first=lambda j: self.limits.start_by(j.id) is not None
+            )
+            if job is None:
+                return
+            start_by = self.limits.start_by(job.id)
+            if start_by is not None and time.monotonic() + HAND_OFF_S > start_by:
+                self._stop(job.id, "handed_back")  # too late for its queue's rate
+                continue
+            slot = self.runner.reserve()
+            if slot is None:
+                return
+            lease = self.holdings.start(job.id)
+            self.supervisor.spawn(self._execute(slot, job, lease), f"job:{job.id}")
+
+    def _stop(self, job_id: str, reason: KillReason) -> bool:
+        """Stop a held job: kill its worker; or, if it is still waiting, take it out of the
+        buffer and write its end (cancelled, handed back; a lost lease writes nothing)."""
+        job = self.holdings.unwait(job_id)
+        if job is None:
+            return self.runner.kill(job_id, reason)
+        lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)
+        self.supervisor.spawn(self._end_unstarted(job, lease, reason), f"job:{job.id}")
+        self.claimer.slot_freed()
+        return True
+
+    async def _end_unstarted(self, job: Job, lease: Lease, reason: KillReason) -> None:
+        over = False
+        try:
+            verdict = await self.outcomes.record(job, lease, Outcome(kind=reason), 0.0)
+            over = verdict.kind in ("applied", "lost")
+        finally:
+            self.holdings.drop(job.id)
+            self.limits.finished(job.id, over=over)
+            self.claimer.slot_freed()
+
+    async def _execute(self, slot: Slot, job: Job, lease: Lease) -> None:
+        timeout = job.timeout_s or self.settings.default_timeout_s
+        run = RunJob(
+            job_id=job.id,
+            attempt=job.attempts,
+            task=job.task,
+            payload=job.payload,
+            owner=self.owner,
+        )
+        sent = time.monotonic()
+        mark = self.starts.arm(lease, sent)
+        JOB_WAIT.observe(max((self.clock.stamp(sent) - job.run_at).total_seconds(), 0.0))
+        over = False
+        try:
+            try:
+                outcome = await self.runner.run(slot, run, timeout)
+            finally:
+                mark.cancel()
+                self.holdings.worker_done(job.id)
+                self._hand_off()  # its queue has a free slot now
+                self.claimer.slot_freed()
+            ran, elapsed = self._run_times(outcome)
+            self.holdings.record_run(elapsed)
+            await self.progress.settle(job.id)
+            verdict = await self.outcomes.record(job, lease, outcome, elapsed, ran=ran)
+            # The job no longer runs under this attempt: its final write landed, or another
+            # attempt or owner holds it. Only then may its queue slot (if any) go.
+            over = verdict.kind in ("applied", "lost")
+        finally:
+            self.holdings.drop(job.id)
+            self.limits.finished(job.id, over=over)
+            self.claimer.slot_freed()
+
+    def _run_times(self, outcome: Outcome) -> tuple[RunTimes, float]:
+        """The task's start and end on the server's clock (as read here), and its run time,
+        from the moments the runner sent the job and saw it end, not from when this
+        coroutine got to run again: the worker may have started its next job meanwhile."""
+        ended = outcome.ended if outcome.ended is not None else time.monotonic()
+        started = outcome.started if outcome.started is not None else ended
+        ran = RunTimes(started_at=self.clock.stamp(started), finished_at=self.clock.stamp(ended))
+        return ran, ended - started

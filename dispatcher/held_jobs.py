@@ -1,0 +1,177 @@
+"""What this dispatcher holds now: an in-memory map of its leases and where each job is.
+
+MongoDB stays the truth; this only answers "which job is mine, and where is it?" for the
+claimer (free room), the heartbeat (what to renew), the watchdog and the dispatcher's
+hand-off of claimed jobs to free workers. A held job is, in order:
+
+  waiting    claimed ahead (the prefetch buffer): leased, its task not started
+  running    its task runs in a worker process
+  finishing  its task ended; its outcome write is in flight (group-committed)
+
+Leases of waiting and running jobs are renewed; a finishing job's write lands well within
+its lease.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from common.domain.models import Job
+from common.store.jobs import Lease
+
+# How long a cancel request seen on the stream is remembered, for a job whose claim
+# response has not reached us yet when the event does.
+CANCEL_MEMORY_S = 30.0
+# Jobs held ahead of the workers are at most about this much of their work, by the mean
+# run time of recent tasks (an exponentially weighted mean of the last ~10): enough to hide
+# claim round trips for short tasks, none at all for tasks that run this long or longer.
+AHEAD_S = 0.2
+RUN_WEIGHT = 0.2
+
+
+def _claim_order(job: Job) -> tuple[int, float, str]:
+    return (-job.priority, job.run_at.timestamp(), job.id)
+
+
+class Holdings:
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._leases: dict[str, Lease] = {}  # waiting and running: the leases to renew
+        self._since: dict[str, float] = {}  # time.monotonic() when each lease was seen claimed
+        self._waiting: dict[str, Job] = {}
+        self._running: dict[str, Job] = {}
+        self._cancels_seen: dict[str, float] = {}
+        self._mean_run_s: float | None = None
+
+    def record_run(self, seconds: float) -> None:
+        """A task ran for `seconds` (from hand-off to result, as the dispatcher saw it)."""
+        mean = self._mean_run_s
+        self._mean_run_s = seconds if mean is None else mean + RUN_WEIGHT * (seconds - mean)
+
+    def ahead(self, slots: int, prefetch: int) -> int:
+        """How many jobs to hold claimed ahead of `slots` workers, at most `prefetch`: about
+        `AHEAD_S` of their work at the recent tasks' pace. None before a task has ended (a
+        fresh dispatcher does not know its tasks yet), none for long tasks: a job held
+        behind them would wait where another dispatcher could run it."""
+        mean = self._mean_run_s
+        if mean is None:
+            return 0
+        return min(prefetch, int(slots * AHEAD_S / max(mean, 1e-4)))
+
+    def frees_within(self, slots: int, seconds: float) -> int:
+        """About how many of `slots` busy workers free up within `seconds`, at the recent
+        tasks' pace (none before a task has ended)."""
+        mean = self._mean_run_s
+        return 0 if mean is None else int(slots * seconds / max(mean, 1e-4))
+
+    def add(self, job: Job) -> Lease:
+        """A claimed job: it waits for a worker."""
+        lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)
+        self._since[job.id] = time.monotonic()
+        self._jobs[job.id] = job
+        self._leases[job.id] = lease
+        self._waiting[job.id] = job
+        return lease
+
+    def next_waiting(
+        self, room: dict[str, int] | None, first: Callable[[Job], bool] = lambda _: False
+    ) -> Job | None:
+        """The best waiting job (claim order: priority, then due time), among the queues
+        that have a free slot (`room`: free slots by queue; None: any queue); jobs that
+        `first` picks go before all others."""
+        fits = [j for j in self._waiting.values() if room is None or room.get(j.queue, 0) > 0]
+        return min(fits, key=lambda j: (not first(j), _claim_order(j))) if fits else None
+
+    def count_waiting(self, which: Callable[[Job], bool]) -> int:
+        return sum(1 for job in self._waiting.values() if which(job))
+
+    def outranks(self, priority: int) -> bool:
+        """Whether a job of `priority` would run before some job claimed ahead (False when
+        none is: then it has nothing to jump over)."""
+        return bool(self._waiting) and priority > min(j.priority for j in self._waiting.values())
+
+    def start(self, job_id: str) -> Lease:
+        """Its task was handed to a worker."""
+        self._running[job_id] = self._waiting.pop(job_id)
+        return self._leases[job_id]
+
+    def unwait(self, job_id: str) -> Job | None:
+        """Take a waiting job out of the buffer (cancelled, lost or handed back): it will
+        not start. None if it is not waiting."""
+        job = self._waiting.pop(job_id, None)
+        if job is not None:
+            self._leases.pop(job_id, None)
+            self._since.pop(job_id, None)
+        return job
+
+    def worker_done(self, job_id: str) -> None:
+        """Its task ended: it is finishing (its outcome is being written)."""
+        self._running.pop(job_id, None)
+        self._leases.pop(job_id, None)
+        self._since.pop(job_id, None)
+
+    def drop(self, job_id: str) -> None:
+        self._waiting.pop(job_id, None)
+        self._running.pop(job_id, None)
+        self._leases.pop(job_id, None)
+        self._since.pop(job_id, None)
+        self._jobs.pop(job_id, None)
+
+    def count(self, queue: str | None = None) -> int:
+        """Jobs held (in `queue`, or in all queues), finishing ones included."""
+        if queue is None:
+            return len(self._jobs)
+        return sum(1 for job in self._jobs.values() if job.queue == queue)
+
+    def active(self, queue: str | None = None) -> int:
+        """Jobs waiting or running (in `queue`, or in all queues): the leases the
+        concurrency-plus-prefetch rule counts."""
+        jobs = [*self._waiting.values(), *self._running.values()]
+        return len(jobs) if queue is None else sum(1 for job in jobs if job.queue == queue)
+
+    def running_count(self, queue: str | None = None) -> int:
+        """Tasks running now (in `queue`, or in all queues): never more than the slots."""
+        if queue is None:
+            return len(self._running)
+        return sum(1 for job in self._running.values() if job.queue == queue)
+
+    def finishing_count(self) -> int:
+        return len(self._jobs) - len(self._waiting) - len(self._running)
+
+    def job(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def jobs(self) -> list[Job]:
+        return list(self._jobs.values())
+
+    def waiting(self) -> list[Job]:
+        return sorted(self._waiting.values(), key=_claim_order)
+
+    def running(self) -> list[Lease]:
+        """The leases to renew: waiting and running jobs."""
+        return list(self._leases.values())
+
+    def lease_since(self, job_id: str) -> float:
+        """When the claim of a held job came back (`time.monotonic()`): its lease runs from
+        a moment before that, by the server's clock."""
+        return self._since.get(job_id, -float("inf"))
+
+    def is_running(self, job_id: str) -> bool:
+        """Whether the job is held and not yet finishing (waiting or running)."""
+        return job_id in self._leases
+
+    # -- cancel requests that may arrive before the claim's answer ---------------------------
+
+    def note_cancel(self, job_id: str) -> None:
+        self._cancels_seen[job_id] = time.monotonic()
+
+    def cancel_was_seen(self, job_id: str) -> bool:
+        seen = self._cancels_seen.get(job_id)
+        return seen is not None and time.monotonic() - seen < CANCEL_MEMORY_S
+
+    def forget_old_cancels(self) -> None:
+        now = time.monotonic()
+        for job_id, seen in list(self._cancels_seen.items()):
+            if now - seen > CANCEL_MEMORY_S:
+                del self._cancels_seen[job_id]
