@@ -11,6 +11,7 @@ from __future__ import annotations
 import doctest
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -78,8 +79,8 @@ def run_console_block(block: Block, cluster: Cluster, cwd: Path) -> list[str]:
         text=True,
         timeout=120,
     )
-    outputs = {int(m[1]): "" for m in MARK_RE.finditer(done.stdout)}
-    pieces = MARK_RE.split(done.stdout)[1:]
+    outputs: dict[int, str] = {}
+    pieces = MARK_RE.split(done.stdout)[1:]  # index, output, index, output, ...
     for index, text in zip(pieces[::2], pieces[1::2], strict=True):
         outputs[int(index)] = text
     failures = []
@@ -99,6 +100,8 @@ def run_console_block(block: Block, cluster: Cluster, cwd: Path) -> list[str]:
 def test_console_block_prints_what_the_docs_claim(
     block: Block, docs_cluster: Cluster, tmp_path: Path
 ) -> None:
+    if "curl " in block.text and shutil.which("curl") is None:
+        pytest.fail(f"{block.where} calls curl, which is not installed (apt-get install curl)")
     failures = run_console_block(block, docs_cluster, tmp_path)
     assert not failures, "\n\n".join(failures)
 
