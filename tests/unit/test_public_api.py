@@ -87,3 +87,19 @@ def test_importing_brook_or_a_task_module_starts_nothing() -> None:
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_every_package_is_installed_by_a_plain_pip_install() -> None:
+    """`pyproject.toml` lists the packages one by one (the image runs `pip install .`): a
+    package left out, such as `brook.cli`, would leave the console script broken there."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("brook", *INTERNAL)
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert found <= listed, sorted(found - listed)
