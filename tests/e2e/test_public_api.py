@@ -12,7 +12,8 @@ import httpx
 from tests.e2e.conftest import Cluster, wait_terminal
 from tests.support.procs import wait_until
 
-PUBLIC = {"BROOK_TASKS": "tests.tasks.public_api"}
+# No metrics server: its port may be taken on a shared host, which logs an error.
+PUBLIC = {"BROOK_TASKS": "tests.tasks.public_api", "BROOK_METRICS_PORT": "0"}
 
 
 def submit(http: httpx.Client, task: str, payload: dict[str, Any]) -> str:
