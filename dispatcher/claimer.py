@@ -26,11 +26,10 @@ from common.domain.models import Job
 from common.domain.queues import RATE_START_MARGIN_S
 from common.runtime.log_events import Event, emit
 from common.runtime.metrics import CLAIMS
-from common.runtime.settings import Settings
 from common.runtime.supervision import spawn_logged
 from common.store.jobs import JobStore
-from dispatcher.held_jobs import Holdings
 from dispatcher.limits import Limits
+from dispatcher.wiring import Wiring
 
 MAX_BATCH = 64
 # Claims pause while this many finished tasks still wait for their outcome write (MongoDB
@@ -145,31 +144,21 @@ class Claimer:
     concurrency. A queue with cluster-wide limits is its own target, claimed through its
     slots (`dispatcher.limits`); the plain claims leave it out."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        store: JobStore,
-        owner: str,
-        holdings: Holdings,
-        clock: ServerClock,
-        start: StartJob,
-        tasks: frozenset[str],
-        limits: Limits,
-    ) -> None:
+    def __init__(self, wiring: Wiring, start: StartJob, limits: Limits) -> None:
         """`start` takes each claimed job (it waits for a worker in `holdings`)."""
-        self.settings = settings
-        self.store = store
-        self.owner = owner
-        self.holdings = holdings
+        self.settings = settings = wiring.settings
+        self.store = wiring.store
+        self.owner = wiring.owner
+        self.holdings = wiring.holdings
         self.start = start
-        self.tasks = tasks
+        self.tasks = wiring.tasks
         self.queues: Mapping[str, int] | None = settings.queues
         self.limits = limits
         limits.on_open = self._limits_opened
         # Worker processes free now (the dispatcher sets it: the runner's count).
         self.free_workers: Callable[[], int] = lambda: self.settings.worker_slots
+        self.clock = clock = wiring.clock
         self.timer = DueTimer(self._next_due, clock, self.signal)
-        self.clock = clock
         self._wake = asyncio.Event()
         self._stopping = False
         # `_signals` counts reasons to look for work; `_maybe_more` says the last look may

@@ -57,6 +57,7 @@ from dispatcher.progress import ProgressKeeper
 from dispatcher.schedules import ScheduleRunner
 from dispatcher.start_times import StartMarks
 from dispatcher.stream import StreamFollower, TokenSaver
+from dispatcher.wiring import Wiring
 
 # After the grace period: how long stopped jobs may take to be handed back, and the
 # resume token to be saved, before the dispatcher exits anyway (MongoDB may be down).
@@ -88,19 +89,20 @@ class Dispatcher:
         self.supervisor = Supervisor()  # one task per running job, and group-commit writers
         self.holdings = Holdings()
         self.clock = clock = ServerClock(store)
-        self._closing = False
-        self.limits, self.claimer = self._claiming(clock)
-        self.dependents = Dependents(settings, store, self.supervisor.spawn)
-        self.leases = LeaseKeeper(
-            settings,
-            store,
-            self.owner,
-            self.holdings,
-            clock,
-            self._stop,
-            self.claimer.sweep_done,
-            self.dependents,
+        self.wiring = wiring = Wiring(
+            settings=settings,
+            store=store,
+            owner=self.owner,
+            name=self.name,
+            tasks=tasks,
+            holdings=self.holdings,
+            clock=clock,
+            spawn=self.supervisor.spawn,
         )
+        self._closing = False
+        self.limits, self.claimer = self._claiming(wiring)
+        self.dependents = Dependents(settings, store, self.supervisor.spawn)
+        self.leases = LeaseKeeper(wiring, self._stop, self.claimer.sweep_done, self.dependents)
         self.starts = StartMarks(store, self.owner, clock, self.supervisor.spawn)
         self.outcomes = Outcomes(
             settings, store, self.owner, self.supervisor.spawn, self.dependents
@@ -115,18 +117,12 @@ class Dispatcher:
         self.schedules = ScheduleRunner(
             schedules, store, ScheduleStore(store.db), clock, self.owner
         )
-        self.presence = Presence(settings, store, self.owner, self.name, tasks, settings.queues)
+        self.presence = Presence(wiring)
 
-    def _claiming(self, clock: ServerClock) -> tuple[Limits, Claimer]:
+    def _claiming(self, wiring: Wiring) -> tuple[Limits, Claimer]:
         """The claimer, and the cluster-wide queue limits it claims within."""
-        s, store = self.settings, self.store
-        limits = Limits(
-            s, QueueStore(store.db), store, self.owner, clock, self.supervisor.spawn,
-            self.holdings.jobs,
-        )
-        claimer = Claimer(
-            s, store, self.owner, self.holdings, clock, self._claimed, self.tasks, limits
-        )
+        limits = Limits(wiring, QueueStore(wiring.store.db))
+        claimer = Claimer(wiring, self._claimed, limits)
         claimer.free_workers = self.runner.free_slots
         return limits, claimer
 

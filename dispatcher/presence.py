@@ -16,26 +16,17 @@ from pymongo.errors import PyMongoError
 
 from common.runtime.failover_retry import ride_out
 from common.runtime.log_events import Event, emit
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
+from dispatcher.wiring import Wiring
 
 
 class Presence:
-    def __init__(
-        self,
-        settings: Settings,
-        store: JobStore,
-        owner: str,
-        name: str,
-        tasks: frozenset[str],
-        queues: Mapping[str, int] | None,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.owner = owner
-        self.name = name
-        self.tasks = tasks
-        self.queues = queues
+    def __init__(self, wiring: Wiring) -> None:
+        self.settings = wiring.settings
+        self.store = wiring.store
+        self.owner = wiring.owner
+        self.name = wiring.name
+        self.tasks = wiring.tasks
+        self.queues: Mapping[str, int] | None = wiring.settings.queues
 
     async def _announce(self) -> None:
         await self.store.announce(
