@@ -17,7 +17,7 @@ progress report (`progress.py`) has landed; a job with dependents then has them 
 the background (`dependents.py`). The worker takes its next job as soon as it reports its
 result; the outcome is written behind it, group-committed. `started_at` and `finished_at`
 are the task's own start and end on this dispatcher's reading of the server clock, written
-with the outcome (or sooner, for a long task: `starts.py`). A crash of any background task
+with the outcome (or sooner, for a long task: `start_times.py`). A crash of any background task
 stops the dispatcher loudly.
 
 Start-up order loses nothing: the stream is opened first, then the backlog is swept,

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 import brook
-import executor
 from tests.support.docblocks import (
     ROOT,
     Block,
@@ -21,9 +20,8 @@ from tests.support.docblocks import (
     parse_blocks,
 )
 
-# The names a reader may import from `brook`. (`executor` is the internal package whose task
-# API `brook` re-exports; counting its names too keeps this test true while both exist.)
-PUBLIC = set(brook.__all__) | set(executor.__all__)
+# The names a reader may import from `brook`, the one public import.
+PUBLIC = set(brook.__all__)
 LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 
 
