@@ -36,7 +36,7 @@ from typing import Any
 
 from common.domain.models import Job
 from common.domain.schedules import Schedule
-from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, Slot
+from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, WorkerSlot
 from common.runtime.failover_retry import ride_out
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import JOB_WAIT
@@ -325,7 +325,7 @@ class Dispatcher:
             self.limits.finished(job.id, over=over)
             self.claimer.slot_freed()
 
-    async def _execute(self, slot: Slot, job: Job, lease: Lease) -> None:
+    async def _execute(self, slot: WorkerSlot, job: Job, lease: Lease) -> None:
         timeout = job.timeout_s or self.settings.default_timeout_s
         run = RunJob(
             job_id=job.id,

@@ -43,7 +43,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.read_concern import ReadConcern
 
 from common.domain.models import Doc
-from common.domain.queues import RATE_START_MARGIN_S, QueueDoc, Slot, slot_usage
+from common.domain.queues import RATE_START_MARGIN_S, QueueDoc, QueueSlot, slot_usage
 from common.store.jobs import JOBS
 
 QUEUES = "brook_queues"
@@ -136,7 +136,7 @@ class Taken:
     """What `take` got: the slots it wrote (the first jobs asked for), or none and the
     queue as it stood (to tell why)."""
 
-    slots: list[Slot]
+    slots: list[QueueSlot]
     queue: QueueDoc | None  # None: the queue has no document (no limits)
 
     @property
@@ -150,7 +150,7 @@ class Taken:
 class Pruned:
     """The slots `prune` freed: of attempts that are over, or claims that never landed."""
 
-    slots: list[Slot]
+    slots: list[QueueSlot]
 
 
 @dataclass(frozen=True, kw_only=True)
