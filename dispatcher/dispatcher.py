@@ -42,10 +42,11 @@ from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import JOB_WAIT
 from common.runtime.settings import Settings
 from common.runtime.supervision import Supervisor
+from common.store.clock import ServerClock
 from common.store.jobs import JobStore, Lease, RunTimes
 from common.store.queues import QueueStore
 from common.store.schedules import ScheduleStore
-from dispatcher.claimer import Claimer, ServerClock
+from dispatcher.claimer import Claimer
 from dispatcher.dependents import Dependents
 from dispatcher.held_jobs import Holdings
 from dispatcher.leases import LeaseKeeper
@@ -87,7 +88,7 @@ class Dispatcher:
         self.loops = Supervisor()  # the named loops: stream, tokens, claimer, heartbeat, …
         self.supervisor = Supervisor()  # one task per running job, and group-commit writers
         self.holdings = Holdings()
-        self.clock = clock = ServerClock(store)
+        self.clock = clock = store.clock
         self._closing = False
         self.limits, self.claimer = self._claiming(clock)
         self.dependents = Dependents(settings, store, self.supervisor.spawn)

@@ -25,8 +25,8 @@ from common.runtime.backoff import backoff_delay
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import LEASE_RENEWALS, LEASES_EXPIRED, LEASES_LOST, count_outcome
 from common.runtime.settings import Settings
+from common.store.clock import ServerClock
 from common.store.jobs import ExpiredLease, JobStore
-from dispatcher.claimer import ServerClock
 from dispatcher.dependents import Dependents
 from dispatcher.held_jobs import Holdings
 

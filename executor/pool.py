@@ -33,7 +33,7 @@ from typing import Any
 import aiomultiprocess
 import aiomultiprocess.core
 
-from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, WorkerSlot, TxOpened
+from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, TxOpened, WorkerSlot
 from common.runtime.backoff import exponential
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.settings import Settings

@@ -44,7 +44,8 @@ from pymongo.read_concern import ReadConcern
 
 from common.domain.models import Doc
 from common.domain.queues import RATE_START_MARGIN_S, QueueDoc, QueueSlot, slot_usage
-from common.store.jobs import JOBS
+from common.store.jobs.base import JOBS
+from common.store.pipelines import QUEUE_CHANGES_PIPELINE
 
 QUEUES = "brook_queues"
 NOW = "$$NOW"
@@ -215,24 +216,7 @@ class QueueStore:
     async def changes(self, *, max_await_ms: int) -> AsyncChangeStream[Doc]:
         """A change stream of the queue documents (open it with `async with`): each event
         names the queue and the top-level fields it changed (`keys`), nothing more."""
-        updated = {"$ifNull": ["$updateDescription.updatedFields", {}]}
-        return await self.queues.watch(
-            [
-                {
-                    "$project": {
-                        "operationType": 1,
-                        "documentKey": 1,
-                        "keys": {
-                            "$map": {
-                                "input": {"$objectToArray": updated},
-                                "in": {"$arrayElemAt": [{"$split": ["$$this.k", "."]}, 0]},
-                            }
-                        },
-                    }
-                }
-            ],
-            max_await_time_ms=max_await_ms,
-        )
+        return await self.queues.watch(QUEUE_CHANGES_PIPELINE, max_await_time_ms=max_await_ms)
 
     # -- a claim's slots -----------------------------------------------------------------------
 

@@ -32,8 +32,8 @@ from common.domain.models import Doc, Job, JobSpec
 from common.operations.blocking import drive
 from common.runtime.backoff import Backoff
 from common.runtime.settings import Settings
-from common.store.db import MAJORITY, database, is_transient, sync_database
 from common.store import queries
+from common.store.db import MAJORITY, database, is_transient, sync_database
 from common.store.jobs.base import JOBS
 from common.store.jobs.indexes import INDEXES
 from common.store.presence import DISPATCHERS, LiveDispatcher, live_filter
