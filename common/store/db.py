@@ -128,7 +128,6 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-
 async def ensure_indexes(collection: AsyncCollection[Doc], models: Sequence[IndexModel]) -> None:
     """Idempotent: an index that exists with the same spec is a no-op; one that exists
     under the same name with another spec (an older Brook) is rebuilt."""

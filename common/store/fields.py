@@ -239,9 +239,7 @@ def retried_fields(waiting_on: Sequence[str]) -> dict[str, Any]:
     return {
         "status": status,
         "parents_left": lit(list(waiting_on)) if waiting_on else "$$REMOVE",
-        "max_attempts": {
-            "$add": ["$attempts", {"$ifNull": ["$attempt_budget", "$max_attempts"]}]
-        },
+        "max_attempts": {"$add": ["$attempts", {"$ifNull": ["$attempt_budget", "$max_attempts"]}]},
         "run_at": NOW,
         "finished_at": None,
         "expire_at": "$$REMOVE",

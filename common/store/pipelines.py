@@ -189,9 +189,7 @@ NEW_PENDING_FIELDS: dict[str, int] = {
 }
 
 
-def new_pending_oplog(
-    namespace: str, tasks: Collection[str], after: Any | None
-) -> dict[str, Any]:
+def new_pending_oplog(namespace: str, tasks: Collection[str], after: Any | None) -> dict[str, Any]:
     """The oplog entries of pending jobs of `tasks` inserted into `namespace` (`db.jobs`)
     after the timestamp `after` (None: from the start of what the cursor reads)."""
     query: dict[str, Any] = {

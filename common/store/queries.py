@@ -180,9 +180,7 @@ def claimed(
     )
 
 
-def claimed_as_read(
-    candidates: Sequence[Doc], owner: str, lease_seconds: float, tag: str
-) -> Write:
+def claimed_as_read(candidates: Sequence[Doc], owner: str, lease_seconds: float, tag: str) -> Write:
     """pending → running for a batch: each candidate at the attempt number it was read with
     (one claimed and handed back meanwhile is not taken), still due, tagged with `tag`."""
     as_read = [{"_id": d["_id"], "attempts": d.get("attempts", 0)} for d in candidates]

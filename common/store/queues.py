@@ -44,17 +44,13 @@ from pymongo.read_concern import ReadConcern
 
 from common.domain.models import Doc
 from common.domain.queues import RATE_START_MARGIN_S, QueueDoc, QueueSlot, slot_usage
+from common.store.fields import NOW, lit
 from common.store.jobs.base import JOBS
 from common.store.pipelines import QUEUE_CHANGES_PIPELINE
 
 QUEUES = "brook_queues"
-NOW = "$$NOW"
 CONFIG_FIELDS = ("concurrency", "rate", "paused")
 _DEFAULTS: dict[str, Any] = {"concurrency": None, "rate": None, "paused": False}
-
-
-def _lit(value: Any) -> dict[str, Any]:
-    return {"$literal": value}
 
 
 def _list(field: str) -> dict[str, Any]:
@@ -242,7 +238,7 @@ class QueueStore:
         # Jobs another claim already holds slots for are left to it: racing dispatchers find
         # the same best jobs, and each takes slots for different ones.
         named = {"$in": ["$$this.job", {"$ifNull": ["$slots.job", []]}]}
-        free = {"$filter": {"input": _lit(new), "cond": {"$not": [named]}}}
+        free = {"$filter": {"input": lit(new), "cond": {"$not": [named]}}}
         with_deadline = {
             "$map": {
                 "input": free,
@@ -277,8 +273,8 @@ class QueueStore:
         if not lost and not started:
             return False
         mine = {"$eq": ["$$this.tag", tag]}
-        gone = {"$and": [mine, {"$in": ["$$this.job", _lit(list(lost))]}]}
-        settled = {"$and": [mine, {"$in": ["$$this.job", _lit(list(started))]}]}
+        gone = {"$and": [mine, {"$in": ["$$this.job", lit(list(lost))]}]}
+        settled = {"$and": [mine, {"$in": ["$$this.job", lit(list(started))]}]}
         slots = {
             "$map": {
                 "input": {"$filter": {"input": _list("slots"), "cond": {"$not": [gone]}}},
@@ -306,7 +302,7 @@ class QueueStore:
                                     "cond": {"$gt": ["$$this", since]},
                                 }
                             },
-                            _lit(list(started.values())),
+                            lit(list(started.values())),
                         ]
                     },
                 ]
@@ -339,7 +335,7 @@ class QueueStore:
             return 0
         known = {"$ifNull": ["$slots.job", []]}
         fresh = {
-            "$filter": {"input": _lit(new), "cond": {"$not": [{"$in": ["$$this.job", known]}]}}
+            "$filter": {"input": lit(new), "cond": {"$not": [{"$in": ["$$this.job", known]}]}}
         }
         res = await self.queues.update_one(
             {"_id": name}, [{"$set": {"slots": {"$concatArrays": [_list("slots"), fresh]}}}]

@@ -62,7 +62,6 @@ class ExpiredLease:
     tx_session: dict[str, Any] | None = None
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class EndedParent:
     """A parent that ended: finished with `status`, or deleted (`status` None). `token`:
@@ -105,4 +104,3 @@ class Settled:
             has_dependents=bool(doc.get("has_dependents", False)),
             error=doc.get("error"),
         )
-

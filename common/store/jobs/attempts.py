@@ -39,7 +39,6 @@ class JobAttempts(JobsCollection):
         kept = {d["_id"] for d in still}
         return {lease.job_id for lease in leases} - kept
 
-
     async def set_progress_many(
         self, owner: str, items: Sequence[tuple[Lease, float, str | None]]
     ) -> set[str]:
@@ -91,7 +90,6 @@ class JobAttempts(JobsCollection):
             for d in docs
         ]
 
-
     async def cancel_requested(self, owner: str, job_ids: Sequence[str]) -> list[str]:
         """Which of these jobs `owner` holds have a cancel request (a missed event's backup)."""
         if not job_ids:
@@ -102,11 +100,9 @@ class JobAttempts(JobsCollection):
         ).to_list()
         return [str(d["_id"]) for d in docs]
 
-
     async def kill_sessions(self, session_ids: Sequence[Mapping[str, Any]]) -> None:
         """End these server sessions, aborting any transaction they left open (a worker that
         died or was killed mid-transaction): its locks go at once, not at the server's
         `transactionLifetimeLimitSeconds`, and nothing it wrote can commit afterwards."""
         if session_ids:
             await self.db.client.admin.command("killSessions", list(session_ids))
-

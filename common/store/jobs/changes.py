@@ -65,7 +65,6 @@ class JobChanges(JobsCollection):
         cursor = oplog.find(query, NEW_PENDING_FIELDS, cursor_type=CursorType.TAILABLE_AWAIT)
         return cursor.max_await_time_ms(max_await_ms)
 
-
     async def enable_post_images(self) -> None:
         """Have the change stream carry each job as that change left it (a post-image), not
         as a later lookup finds it. Idempotent; creates the collection if need be."""
@@ -79,4 +78,3 @@ class JobChanges(JobsCollection):
                 await self.db.create_collection(JOBS, **options)
             except CollectionInvalid:  # a peer created it meanwhile
                 await self.enable_post_images()
-

@@ -115,7 +115,6 @@ class JobClaims(JobsCollection):
         )
         return doc["run_at"] if doc is not None else None
 
-
     async def pending_queues(self) -> set[str]:
         """The queues that hold pending jobs (one distinct scan of `claim_by_queue`)."""
         return {str(q) for q in await self.jobs.distinct("queue", {"status": P})}
@@ -154,4 +153,3 @@ class JobClaims(JobsCollection):
         ).to_list()
         won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
         return [Job.from_doc(d) for d in won]
-

@@ -59,4 +59,3 @@ class JobCommands(JobsCollection):
         raise JobConflict(
             f"job {job_id} is {current['status']}; only failed or cancelled jobs can be retried"
         )
-

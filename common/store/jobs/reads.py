@@ -94,7 +94,6 @@ class JobReads(JobsCollection):
             counts[queue][str(row["_id"]["status"])] = int(row["n"])
         return dict(sorted(counts.items()))
 
-
     async def job_doc(self, job_id: str) -> Doc | None:
         """The job's stored document, fields this version's `Job` does not know included."""
         return await self.jobs.find_one({"_id": job_id})

@@ -159,4 +159,3 @@ class JobSubmits(JobWorkflows):
             if holder is None or holder["_id"] == doc["_id"]:
                 return Job.from_doc(holder) if holder is not None else None
         raise JobConflict(f"idempotency key {key!r} keeps changing hands")
-

@@ -121,9 +121,6 @@ class JobWorkflows(JobsCollection):
         parents: list[str] = list(doc.get("depends_on") or [])
         if not parents:
             return {}
-        found = await self.jobs.find(
-            {"_id": {"$in": parents}}, projection={"result": 1}
-        ).to_list()
+        found = await self.jobs.find({"_id": {"$in": parents}}, projection={"result": 1}).to_list()
         results = {d["_id"]: d.get("result") for d in found}
         return {p: results[p] for p in parents if p in results}
-
