@@ -1,4 +1,5 @@
-"""The pieces Brook's job updates are built of (`common.store.queries` puts them together):
+"""The pieces the jobs collection's updates are built of (`common.store.queries` puts them
+together into named writes; the queue and presence stores share `lit` and `NOW`):
 user data as literals, times on the server's clock, the capped history, a new job's fields,
 and the fields each transition sets. Pure: nothing here touches MongoDB.
 """
