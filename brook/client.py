@@ -79,7 +79,8 @@ class AsyncClient(ClientCore):
 
     def _open(self, settings: Settings, mongo: AsyncMongoClient[Doc], *, owned: bool) -> None:
         store = JobStore(database(mongo, settings), retention_s=settings.retention_seconds)
-        super().__init__(store, TaskDirectory(store, registered, open_while_none_live=True))
+        directory = TaskDirectory(store.presence, registered, open_while_none_live=True)
+        super().__init__(store, directory)
         self.settings = settings
         self._mongo = mongo
         self._owned = owned

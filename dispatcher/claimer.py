@@ -15,8 +15,6 @@ would wait where another dispatcher could run it.
 from __future__ import annotations
 
 import asyncio
-import math
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
@@ -27,7 +25,7 @@ from common.domain.queues import RATE_START_MARGIN_S
 from common.runtime.log_events import Event, emit
 from common.runtime.metrics import CLAIMS
 from common.runtime.supervision import spawn_logged
-from common.store.jobs import JobStore
+from common.store.clock import ServerClock
 from dispatcher.limits import Limits
 from dispatcher.wiring import Wiring
 
@@ -44,47 +42,6 @@ Target = str | None
 
 def _claimed(job: Job) -> None:
     CLAIMS.inc()
-
-
-class ServerClock:
-    """The server's clock as seen from here: local time plus a measured offset."""
-
-    def __init__(self, store: JobStore) -> None:
-        self.store = store
-        self.offset = 0.0  # server clock - local clock, seconds
-        self._synced = False
-        # Server clock - time.monotonic(): the largest lower bound any reading gave. Times
-        # stamped with it (`stamp`) never go backwards, even if a reading moves `offset`
-        # back or the local wall clock steps, so the runs this dispatcher records on one
-        # worker never overlap; they err early by at most a reading's uncertainty.
-        self._mono_offset = -math.inf
-
-    def now(self) -> float:
-        return time.time() + self.offset
-
-    def stamp(self, monotonic: float) -> datetime:
-        """The server time at `monotonic` (a `time.monotonic()` reading), for the record."""
-        if self._mono_offset == -math.inf:
-            return datetime.fromtimestamp(monotonic - time.monotonic() + self.now(), UTC)
-        return datetime.fromtimestamp(monotonic + self._mono_offset, UTC)
-
-    async def sync(self) -> None:
-        before = time.time()
-        server = await self.store.server_now()
-        after = time.time()
-        mono_after = time.monotonic()
-        # The server read its clock (in whole milliseconds) at some moment between `before`
-        # and `after`: the offset lies in [lo, hi]. It moves only when outside that range,
-        # and only as far as its edge, so a slow round trip (a loaded host) never shifts
-        # it, and the start and end times this dispatcher stamps stay in order.
-        stamp = server.replace(tzinfo=server.tzinfo or UTC).timestamp()
-        self._mono_offset = max(self._mono_offset, stamp - mono_after)
-        lo, hi = stamp - after, stamp + 0.001 - before
-        if not self._synced:
-            self.offset = (lo + hi) / 2
-            self._synced = True
-        elif not lo <= self.offset <= hi:
-            self.offset = min(max(self.offset, lo), hi)
 
 
 class DueTimer:

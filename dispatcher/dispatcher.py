@@ -36,7 +36,7 @@ from typing import Any
 
 from common.domain.models import Job
 from common.domain.schedules import Schedule
-from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, Slot
+from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, WorkerSlot
 from common.runtime.failover_retry import ride_out
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import JOB_WAIT
@@ -45,7 +45,7 @@ from common.runtime.supervision import Supervisor
 from common.store.jobs import JobStore, Lease, RunTimes
 from common.store.queues import QueueStore
 from common.store.schedules import ScheduleStore
-from dispatcher.claimer import Claimer, ServerClock
+from dispatcher.claimer import Claimer
 from dispatcher.dependents import Dependents
 from dispatcher.held_jobs import Holdings
 from dispatcher.leases import LeaseKeeper
@@ -88,7 +88,7 @@ class Dispatcher:
         self.loops = Supervisor()  # the named loops: stream, tokens, claimer, heartbeat, …
         self.supervisor = Supervisor()  # one task per running job, and group-commit writers
         self.holdings = Holdings()
-        self.clock = clock = ServerClock(store)
+        self.clock = clock = store.clock
         self.wiring = wiring = Wiring(
             settings=settings,
             store=store,
@@ -321,7 +321,7 @@ class Dispatcher:
             self.limits.finished(job.id, over=over)
             self.claimer.slot_freed()
 
-    async def _execute(self, slot: Slot, job: Job, lease: Lease) -> None:
+    async def _execute(self, slot: WorkerSlot, job: Job, lease: Lease) -> None:
         timeout = job.timeout_s or self.settings.default_timeout_s
         run = RunJob(
             job_id=job.id,

@@ -51,7 +51,7 @@ MAX_RATE_BACKOFF_S = 1.0
 
 
 class Clock(Protocol):
-    """The server's clock as seen from here (`dispatcher.claimer.ServerClock`)."""
+    """The server's clock as seen from here (`common.store.clock.ServerClock`)."""
 
     def now(self) -> float: ...
 

@@ -29,7 +29,7 @@ class Presence:
         self.queues: Mapping[str, int] | None = wiring.settings.queues
 
     async def _announce(self) -> None:
-        await self.store.announce(
+        await self.store.presence.announce(
             self.owner,
             name=self.name,
             tasks=self.tasks,
@@ -45,7 +45,7 @@ class Presence:
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             try:
-                if not await self.store.seen(self.owner):
+                if not await self.store.presence.seen(self.owner):
                     await self._announce()  # removed meanwhile (by hand, or long frozen)
             except PyMongoError as exc:
                 emit(Event.MONGO_UNAVAILABLE, level="warning", op="presence", error=str(exc)[:200])
@@ -54,4 +54,4 @@ class Presence:
         """At shutdown, best effort (the caller bounds it in time): otherwise the document
         simply stops being live."""
         with contextlib.suppress(PyMongoError):
-            await self.store.retire(self.owner)
+            await self.store.presence.retire(self.owner)

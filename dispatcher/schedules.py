@@ -29,9 +29,9 @@ from common.domain.models import JobSpec
 from common.domain.schedules import Schedule, ScheduleState
 from common.runtime.failover_retry import ride_out
 from common.runtime.log_events import Event, emit, job_fields
+from common.store.clock import ServerClock
 from common.store.jobs import JobStore
 from common.store.schedules import ScheduleStore
-from dispatcher.claimer import ServerClock
 
 MAX_SLEEP_S = 60.0
 

@@ -12,7 +12,7 @@ from common.store.jobs import JobStore
 from dispatcher.held_jobs import Holdings
 
 if TYPE_CHECKING:
-    from dispatcher.claimer import ServerClock
+    from common.store.clock import ServerClock
 
 
 @dataclass(frozen=True, kw_only=True)

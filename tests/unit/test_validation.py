@@ -18,7 +18,8 @@ from common.domain.validation import check_document, validate_batch, validate_sp
 from common.operations.blocking import Coro, LoopThread, T, blocking, delegating
 from common.runtime.settings import Settings, parse_queues
 from common.runtime.supervision import spawn_logged
-from dispatcher.claimer import Claimer, ServerClock
+from common.store.clock import ServerClock
+from dispatcher.claimer import Claimer
 from dispatcher.held_jobs import Holdings
 from dispatcher.limits import Limits
 from dispatcher.wiring import Wiring
