@@ -90,16 +90,20 @@ def test_importing_brook_or_a_task_module_starts_nothing() -> None:
 
 
 def test_every_package_is_installed_by_a_plain_pip_install() -> None:
-    """`pyproject.toml` lists the packages one by one (the image runs `pip install .`): a
-    package left out, such as `brook.cli`, would leave the console script broken there."""
+    """The image runs `pip install .`: a package setuptools does not find, such as
+    `brook.cli` once was, would leave the console script broken there."""
     import tomllib
 
-    listed = set(
-        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    )
+    from setuptools import find_packages
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
+    listed = set(find_packages(str(ROOT), include=include))
     found = {
         ".".join(init.parent.relative_to(ROOT).parts)
         for top in ("brook", *INTERNAL)
         for init in (ROOT / top).rglob("__init__.py")
     }
+    assert "common.store.jobs" in found
     assert found <= listed, sorted(found - listed)
