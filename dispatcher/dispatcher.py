@@ -37,11 +37,11 @@ from typing import Any
 from common.domain.models import Job
 from common.domain.schedules import Schedule
 from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, WorkerSlot
-from common.runtime.failover_retry import ride_out
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import JOB_WAIT
 from common.runtime.settings import Settings
 from common.runtime.supervision import Supervisor
+from common.store.failover_retry import ride_out
 from common.store.jobs import JobStore, Lease, RunTimes
 from common.store.queues import QueueStore
 from common.store.schedules import ScheduleStore

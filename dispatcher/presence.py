@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 from pymongo.errors import PyMongoError
 
-from common.runtime.failover_retry import ride_out
 from common.runtime.log_events import Event, emit
+from common.store.failover_retry import ride_out
 from dispatcher.wiring import Wiring
 
 

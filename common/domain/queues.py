@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from common.domain.errors import InvalidInput
-from common.runtime.settings import QUEUE_NAME
+from common.domain.models import QUEUE_NAME
 
 MAX_CONCURRENCY = 100_000
 # The rate keeps one timestamp per start inside its window in the queue's document.

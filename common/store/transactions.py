@@ -5,7 +5,7 @@ The logic is written once, as coroutines over `TxOps`, the few driver calls it m
 one session: `AsyncTxOps` runs them on an `AsyncClientSession`, `SyncTxOps` on a blocking
 `ClientSession` (an application's `MongoClient`, or a plain `def` task's). A blocking
 session's calls block and belong to its caller's thread, so `SyncTxOps`' coroutines never
-suspend and `common.operations.blocking.drive` runs them to the end right there, without a loop.
+suspend and `common.runtime.blocking.drive` runs them to the end right there, without a loop.
 Documents and filters come from `common.store.queries`, the one home of Brook's queries.
 """
 
@@ -29,8 +29,8 @@ from pymongo.synchronous.database import Database
 
 from common.domain.errors import InvalidSession
 from common.domain.models import Doc, Job, JobSpec
-from common.operations.blocking import drive
 from common.runtime.backoff import Backoff
+from common.runtime.blocking import drive
 from common.runtime.settings import Settings
 from common.store import queries
 from common.store.db import MAJORITY, database, is_transient, sync_database

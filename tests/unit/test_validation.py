@@ -15,7 +15,7 @@ from common.domain.errors import InvalidInput
 from common.domain.models import Job
 from common.domain.status import ALLOWED, RETRIES, TERMINAL, TRANSITIONS, JobStatus
 from common.domain.validation import check_document, validate_batch, validate_spec
-from common.operations.blocking import Coro, LoopThread, T, blocking, delegating
+from common.runtime.blocking import Coro, LoopThread, T, blocking, delegating
 from common.runtime.settings import Settings, parse_queues
 from common.runtime.supervision import spawn_logged
 from common.store.clock import ServerClock
