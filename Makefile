@@ -29,9 +29,12 @@ browser:
 		|| echo "WARNING: could not install chromium chromium-driver: the browser tests will fail" >&2; \
 	fi
 
-## Run the whole test suite against a real replica set.
+## Run the whole test suite against a real replica set, in TEST_WORKERS processes (pytest-xdist;
+## each has a replica set of its own, see tests/conftest.py). Most tests wait on processes and
+## MongoDB, not on the CPU: more workers than cores pay off. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 4
 test: $(STAMP) browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

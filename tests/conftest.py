@@ -7,6 +7,12 @@ Docker engine); otherwise the embedded three-node set (real `mongod` from the
 27317) under `.brook/test`, started with `enableTestCommands=1` so tests can use
 `configureFailPoint`. Tests that need a set of their own (to kill, freeze or fill it) take
 ports from TEST_PORT + 10 (`extra_port`): a worktree's tests stay within TEST_PORT..+99.
+
+Under pytest-xdist (`make test` runs `-n`), each worker is a test run of its own: worker N
+has its own embedded set on BROOK_TEST_MONGO_PORT + 100 * N under `.brook/test-PORT`, and its
+extra sets in the same block of a hundred ports. A test that fails commands, steps a primary
+down or freezes a member disturbs only the tests that run after it in the same worker, one
+at a time, as without xdist.
 """
 
 from __future__ import annotations
@@ -28,11 +34,18 @@ from common.store.db import database, make_client
 from common.store.jobs import JobStore
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_PORT = int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317"))
+# "gw0", "gw1", ... in a pytest-xdist worker; unset in a plain run.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_WORKER_INDEX = int(_WORKER.removeprefix("gw")) if _WORKER.startswith("gw") else 0
+TEST_PORT = int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317")) + 100 * _WORKER_INDEX
+# A worker's set lives under its port: its data (the replica set config names the members'
+# ports) is never started on other ports, whatever BROOK_TEST_MONGO_PORT an earlier run had.
+TEST_HOME = ROOT / ".brook" / (f"test-{TEST_PORT}" if _WORKER else "test")
 
-# A worktree's tests use the hundred ports from TEST_PORT: the shared set takes the first
-# three, and a test that starts a replica set (or `brook up`) of its own takes a slot of ten
-# from TEST_PORT + 10. Worktrees whose TEST_PORTs are at least 100 apart never collide.
+# A test run (or xdist worker) uses the hundred ports from TEST_PORT: the shared set takes
+# the first three, and a test that starts a replica set (or `brook up`) of its own takes a
+# slot of ten from TEST_PORT + 10. Worktrees whose BROOK_TEST_MONGO_PORTs are at least
+# 100 * (xdist workers) apart never collide.
 EXTRA_PORT_SLOTS = {
     "up": 0,
     "mongo_cli": 1,
@@ -100,9 +113,14 @@ def mongo() -> Iterator[Mongo]:
     if os.environ.get("BROOK_TEST_DOCKER") == "1":  # pragma: no cover
         yield from _docker_mongo()
         return
-    rs = ReplicaSet(home=ROOT / ".brook" / "test", base_port=TEST_PORT, test_commands=True)
+    rs = ReplicaSet(home=TEST_HOME, base_port=TEST_PORT, test_commands=True)
     was_running = rs.running()
-    rs.up()
+    try:
+        rs.up()
+    except BaseException:
+        if not was_running:
+            rs.down()  # no member of a set that never came up outlives the run
+        raise
     yield Mongo(uri=rs.uri, replset=rs)
     if not was_running and os.environ.get("BROOK_TEST_KEEP_MONGO") != "1":
         rs.down()

@@ -9,15 +9,8 @@ import sys
 import pytest
 
 from common.domain.errors import ConfigError
-from common.runtime.settings import load_settings
+from common.runtime.settings import Settings, load_settings, parse_queues
 from tests.conftest import ROOT
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith("BROOK_"):
-            monkeypatch.delenv(key)
 
 
 def test_defaults_follow_the_contract() -> None:
@@ -94,3 +87,13 @@ def test_an_unimportable_task_module_fails_at_start_naming_brook_tasks() -> None
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("brook: error: BROOK_TASKS: cannot import 'no.such.module'")
+
+
+def test_brook_queues_parses_names_and_slots() -> None:
+    assert parse_queues("default:8, emails:2") == {"default": 8, "emails": 2}
+    assert parse_queues(" ") is None
+    for bad in ("default", "a:0", "a:-1", "a b:1", "a:1,a:2"):
+        with pytest.raises(ValueError):
+            parse_queues(bad)
+    settings = Settings(queues="default:3,emails:2", concurrency=9)  # type: ignore[arg-type]
+    assert settings.worker_slots == 5 and Settings(concurrency=4).worker_slots == 4
