@@ -11,7 +11,7 @@ from common.domain.models import JobSpec
 from common.operations.client_core import ClientCore
 from common.store.jobs import JobStore
 from ingest.state import ApiState
-from ingest.validation import load_body, parse_batch, parse_submit
+from ingest.validation import judge, load_body, parse_batch, parse_submit
 
 # Dependencies are `async def`: FastAPI runs plain `def` ones in a thread pool.
 
@@ -80,15 +80,15 @@ async def _limited_body(request: Request, state: ApiState) -> bytes:
 
 async def submit_body(request: Request, state: State) -> JobSpec:
     """A valid `POST /jobs` body: `413` if too large, else `422` (`InvalidInput`)."""
-    return parse_submit(await _limited_body(request, state))
+    return await judge(parse_submit, await _limited_body(request, state))
 
 
 async def json_body(request: Request, state: State) -> object:
     """Any JSON body within the size limit: `413` if too large, `422` if not JSON; what it
     must hold is for the route to check."""
-    return load_body(await _limited_body(request, state))
+    return await judge(load_body, await _limited_body(request, state))
 
 
 async def batch_body(request: Request, state: State) -> list[JobSpec]:
     """A valid `POST /jobs/batch` body: `413` if too large, else `422` naming the bad spec."""
-    return parse_batch(await _limited_body(request, state))
+    return await judge(parse_batch, await _limited_body(request, state))

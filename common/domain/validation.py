@@ -134,42 +134,74 @@ class SubmitBatch(BaseModel):
     jobs: list[SubmitJob] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+# A path to a value: its parent's path and its key or index (built only for a message, so
+# walking a document costs time linear in its size however long its keys are).
+_Path = tuple["_Path | None", str | int]
+MESSAGE_KEY_CHARS = 60  # a key quoted in a message is cut to this (a key may be megabytes)
+
+
 def check_document(value: object, path: str = "payload", depth: int = 1) -> None:
     """MongoDB-safe JSON: no key starting with `$`, no NUL in keys, nesting at most 32,
     integers that fit in 64 bits (what BSON stores), finite numbers, only JSON types."""
+    _check(value, (None, path), depth)
+
+
+def _check(value: object, at: _Path, depth: int) -> None:
     if depth > MAX_DEPTH:
-        raise ValueError(f"{path}: nesting deeper than {MAX_DEPTH}")
+        raise ValueError(f"{_name(at)}: nesting deeper than {MAX_DEPTH}")
     if isinstance(value, Mapping):
         for key, item in value.items():
-            _check_key(key, path)
-            check_document(item, f"{path}.{key}", depth + 1)
+            _check_key(key, at)
+            _check(item, (at, key), depth + 1)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            check_document(item, f"{path}[{index}]", depth + 1)
+            _check(item, (at, index), depth + 1)
     else:
-        _check_scalar(value, path)
+        _check_scalar(value, at)
 
 
-def _check_key(key: object, path: str) -> None:
+def _short(key: object) -> str:
+    text = repr(key)
+    return text if len(text) <= MESSAGE_KEY_CHARS else text[: MESSAGE_KEY_CHARS - 3] + "..."
+
+
+def _name(at: _Path) -> str:
+    """`payload.a[0].b`, each key cut short."""
+    parts: list[str] = []
+    node: _Path | None = at
+    while node is not None:
+        parent, part = node
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        elif parent is None:
+            parts.append(part)
+        else:
+            text = part if len(part) <= MESSAGE_KEY_CHARS else part[: MESSAGE_KEY_CHARS - 3] + "..."
+            parts.append(f".{text}")
+        node = parent
+    return "".join(reversed(parts))
+
+
+def _check_key(key: object, at: _Path) -> None:
     if not isinstance(key, str):
-        raise ValueError(f"{path}: key {key!r} is not a string")
+        raise ValueError(f"{_name(at)}: key {_short(key)} is not a string")
     if key.startswith("$"):
-        raise ValueError(f"{path}: key {key!r} starts with '$'")
+        raise ValueError(f"{_name(at)}: key {_short(key)} starts with '$'")
     if "\x00" in key:
-        raise ValueError(f"{path}: key {key!r} contains a NUL character")
+        raise ValueError(f"{_name(at)}: key {_short(key)} contains a NUL character")
 
 
-def _check_scalar(value: object, path: str) -> None:
+def _check_scalar(value: object, at: _Path) -> None:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return
     if isinstance(value, int):
         if not INT64[0] <= value <= INT64[1]:
-            raise ValueError(f"{path}: integer does not fit in 64 bits")
+            raise ValueError(f"{_name(at)}: integer does not fit in 64 bits")
     elif isinstance(value, float):
         if not math.isfinite(value):
-            raise ValueError(f"{path}: {value} is not a JSON number")
+            raise ValueError(f"{_name(at)}: {value} is not a JSON number")
     else:
-        raise ValueError(f"{path}: a {type(value).__name__} is not a JSON value")
+        raise ValueError(f"{_name(at)}: a {type(value).__name__} is not a JSON value")
 
 
 def _errors(exc: ValidationError) -> list[dict[str, object]]:

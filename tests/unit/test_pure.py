@@ -135,3 +135,28 @@ async def test_the_server_clock_offset_moves_only_when_a_reading_rules_it_out() 
     assert await read(110.0, 110.200, 210.150) == first  # a slow reading that allows it
     moved = await read(120.0, 120.002, 220.010)  # the server clock stepped 10 ms ahead
     assert abs(moved - (220.010 - 120.002)) < 1e-6  # to the nearest value the reading allows
+
+
+def test_body_depth_is_linear_in_escapes_and_unterminated_strings() -> None:
+    # A regex over strings rescanned to the end from every quote: minutes for this body.
+    hostile = b'["' + b'\\"' * 300_000
+    assert body_depth(hostile) == 1
+    with pytest.raises(InvalidInput):
+        parse_submit(hostile)
+    assert body_depth(b'["\\\\", [["x"]]]') == 3  # an escaped backslash ends no string
+    assert body_depth(b'["\\\\\\"[", [["x"]]]') == 3
+    assert body_depth(b"[" * 70_000 + b"]" * 70_000) > 128  # counted across chunks
+    assert body_depth(b"[]" * 70_000 + b"[[[]]]") == 3
+
+
+def test_a_body_of_too_many_values_is_refused_before_parsing() -> None:
+    body = b'{"task": "noop", "payload": {"a": [' + b"1," * 100_000 + b"1]}}"
+    with pytest.raises(InvalidInput, match="more than 100000 values"):
+        parse_submit(body)
+    assert parse_submit(b'{"task": "noop", "payload": {"s": "' + b"," * 200_000 + b'"}}')
+
+
+def test_a_message_about_a_long_key_quotes_it_cut_short() -> None:
+    with pytest.raises(ValueError) as info:
+        check_document({"k" * 100_000: [{"$x": 1}]})
+    assert len(str(info.value)) < 200
