@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from brook.terminal import safe
 from common.domain.errors import BrookError
 from common.domain.status import TERMINAL, JobStatus
 from common.domain.validation import MAX_BATCH
@@ -28,7 +29,7 @@ JsonObject = dict[str, Any]  # a JSON object as the API sends it
 
 
 def die(message: str, code: int = 1) -> NoReturn:
-    print(f"brook: error: {message}", file=sys.stderr)
+    print(f"brook: error: {safe(message)}", file=sys.stderr)
     sys.exit(code)
 
 
@@ -61,11 +62,27 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
         lifespan="on",
         # Requests still waiting on MongoDB when the grace period ends are cancelled.
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+        # Connections (and requests) at once: beyond it uvicorn answers 503 at once.
+        limit_concurrency=settings.max_connections,
     )
+    _raise_open_files(settings.max_connections)
     server = Server(config)
     server.run()
     crashed = getattr(app.state, "crashed", False)  # a background task died: see its log
     return 0 if server.started and not crashed else 1
+
+
+def _raise_open_files(connections: int) -> None:
+    """Let the process hold its connections, MongoDB's and its own files: the soft limit
+    on open files up to what they need (at most the hard limit)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
 
 
 def cmd_dispatcher(settings: Settings, _: argparse.Namespace) -> int:
@@ -87,7 +104,9 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
     """
     from brook.replset import ReplicaSet
     from common.runtime.log import configure_logging
+    from common.runtime.settings import check_exposure
 
+    check_exposure(settings)  # before anything starts: the API would refuse anyway
     configure_logging(settings.log_level, role="up")
     # Handlers first: the children run in their own sessions, so Ctrl-C reaches only this
     # process, which then stops them in a safe order.
@@ -476,7 +495,7 @@ def cmd_watch(settings: Settings, args: argparse.Namespace) -> int:
 
     def on_event(kind: str, data: JsonObject) -> bool:
         if kind == "reset":
-            print(f"# reset: {data.get('reason')}", file=sys.stderr, flush=True)
+            print(safe(f"# reset: {data.get('reason')}"), file=sys.stderr, flush=True)
             return False
         print(json.dumps(data) if args.json else event_line(data), flush=True)
         return args.id is not None and str(data["status"]) in TERMINAL
@@ -508,8 +527,10 @@ def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
     page = _api(settings, "GET", "/jobs", params=params)
     for job in page["jobs"]:
         print(
-            f"{job['id']}  {job['status']:<9}  {job['task']:<12}  {job.get('queue', '-'):<10}  "
-            f"attempts={job['attempts']}/{job['max_attempts']}  created={job['created_at']}"
+            safe(
+                f"{job['id']}  {job['status']:<9}  {job['task']:<12}  {job.get('queue', '-'):<10}  "
+                f"attempts={job['attempts']}/{job['max_attempts']}  created={job['created_at']}"
+            )
         )
     if page.get("next"):
         print(f"# more: --after {page['next']}", file=sys.stderr)
@@ -534,9 +555,11 @@ def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
         print("# no schedules (a dispatcher declares them when it starts)", file=sys.stderr)
     for s in schedules:
         print(
-            f"{s['name']:<20}  {s['cron']:<16}  {s['tz']:<16}  {s['task']:<12}  "
-            f"{'paused' if s['paused'] else 'active':<6}  next={s['next_run'] or '-'}  "
-            f"last_job={s['last_job_id'] or '-'}"
+            safe(
+                f"{s['name']:<20}  {s['cron']:<16}  {s['tz']:<16}  {s['task']:<12}  "
+                f"{'paused' if s['paused'] else 'active':<6}  next={s['next_run'] or '-'}  "
+                f"last_job={s['last_job_id'] or '-'}"
+            )
         )
     return 0
 

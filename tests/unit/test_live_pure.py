@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from ingest.eventids import InvalidEventId, decode_id, encode_id
+from common.runtime.metrics import MAX_QUEUE_LABELS, queue_label
+from ingest.eventids import MAC_BYTES, EventIds, InvalidEventId
 from ingest.live import EventFilter, LiveEvent, Position, cluster_seconds, tally
 from ingest.livestats import STEP_S, LiveStats
+from ingest.metrics import fold_queues
 from ingest.openapi import document_errors
 from ingest.validation import InvalidInput, parse_submit
 
@@ -39,15 +42,41 @@ def update(wall_s: float, **fields: Any) -> dict[str, Any]:
     }
 
 
+IDS = EventIds(b"k" * 32)
+
+
 def test_event_ids_round_trip_and_refuse_what_the_api_did_not_hand_out() -> None:
     at = Position(token={"_data": TOKEN}, wall_ms=1_700_000_000_000)
     for final in (False, True):
-        decoded = decode_id(encode_id(at, final=final))
+        decoded = IDS.decode(IDS.encode(at, final=final))
         assert decoded.at == at and decoded.final is final
-    assert len(encode_id(at)) < 80  # short enough for a header and a log line
-    for junk in ("", "x" * 2000, "not base64!", "AAAA", encode_id(at)[:5]):
+    assert len(IDS.encode(at)) < 100  # short enough for a header and a log line
+    for junk in ("", "x" * 2000, "not base64!", "AAAA", IDS.encode(at)[:5]):
         with pytest.raises(InvalidEventId):
-            decode_id(junk)
+            IDS.decode(junk)
+
+
+def _forge(ids: EventIds, at: Position, flip: int) -> str:
+    raw = bytearray(base64.urlsafe_b64decode(ids.encode(at) + "=="))
+    raw[flip] ^= 0x01
+    return base64.urlsafe_b64encode(bytes(raw)).decode().rstrip("=")
+
+
+def test_an_event_id_altered_or_signed_by_another_deployment_is_refused() -> None:
+    at = Position(token={"_data": TOKEN}, wall_ms=1_700_000_000_000)
+    other = EventIds(b"o" * 32)
+    with pytest.raises(InvalidEventId):
+        IDS.decode(other.encode(at))
+    # Any byte changed (the wall time, the token, the MAC itself) breaks the MAC.
+    for flip in (3, 12, -MAC_BYTES, -1):
+        with pytest.raises(InvalidEventId):
+            IDS.decode(_forge(IDS, at, flip))
+
+
+def test_an_event_ids_wall_time_is_range_checked() -> None:
+    for wall_ms in (2**62, 0):  # far in the future (fromtimestamp would raise), before 2010
+        with pytest.raises(InvalidEventId, match="out of range"):
+            IDS.decode(IDS.encode(Position(token={"_data": TOKEN}, wall_ms=wall_ms)))
 
 
 def test_a_tokens_cluster_time_is_read_from_its_keystring() -> None:
@@ -101,9 +130,15 @@ def test_every_operation_documents_the_errors_it_can_answer() -> None:
         for path, item in schema["paths"].items()
         for method, op in item.items()
     }
-    assert codes[("/healthz", "get")] == {"200"}
-    assert codes[("/jobs", "post")] == {"200", "202", "401", "413", "422", "503"}
-    assert codes[("/jobs/{job_id}/cancel", "post")] == {"200", "401", "404", "409", "422", "503"}
+    # Any route may meet a foreign Host (400); a state change, a read-only token or another
+    # site's page (403) and a body that is not JSON (415).
+    assert codes[("/healthz", "get")] == {"200", "400"}
+    assert codes[("/jobs", "post")] == {
+        "200", "202", "400", "401", "403", "413", "415", "422", "503"
+    }
+    assert codes[("/jobs/{job_id}/cancel", "post")] == {
+        "200", "400", "401", "403", "404", "409", "415", "422", "503"
+    }
 
 
 @pytest.mark.parametrize(
@@ -123,3 +158,16 @@ def test_numbers_bson_or_json_cannot_hold_are_refused_at_the_edge(body: bytes) -
 def test_the_widest_64_bit_integers_are_accepted() -> None:
     body = b'{"task": "noop", "payload": {"lo": -9223372036854775808, "hi": 9223372036854775807}}'
     assert parse_submit(body).payload == {"lo": -(2**63), "hi": 2**63 - 1}
+
+
+def test_queue_labels_are_capped_and_the_rest_folded_into_other() -> None:
+    depth = {f"q{i:03}": {"pending": i} for i in range(200)}
+    depth["default"] = {"pending": 1}
+    folded = fold_queues(depth)
+    assert len(folded) == MAX_QUEUE_LABELS
+    assert "default" in folded and "q199" in folded and "q000" not in folded
+    assert sum(c["pending"] for c in folded.values()) == sum(c["pending"] for c in depth.values())
+    assert fold_queues({"default": {"pending": 1}}) == {"default": {"pending": 1}}
+    labels = {queue_label(f"dispatcher-q{i}") for i in range(200)}
+    assert len(labels) <= MAX_QUEUE_LABELS and "other" in labels
+    assert queue_label("default") == "default"
