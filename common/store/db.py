@@ -11,10 +11,17 @@ import os
 from datetime import UTC
 from typing import Any
 
+from bson.binary import Binary
 from bson.codec_options import CodecOptions
-from pymongo import AsyncMongoClient, MongoClient
+from pymongo import AsyncMongoClient, MongoClient, ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError, WTimeoutError
+from pymongo.errors import (
+    ConnectionFailure,
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+    WTimeoutError,
+)
 from pymongo.read_concern import ReadConcern
 from pymongo.synchronous.database import Database
 from pymongo.write_concern import WriteConcern
@@ -124,3 +131,26 @@ def is_transient(exc: BaseException) -> bool:
         return exc.code in _TRANSIENT_CODES or any(exc.has_error_label(lb) for lb in labels)
     return False
 
+
+
+META = "brook_meta"  # small documents of the deployment itself, one per `_id`
+
+
+async def deployment_secret(db: AsyncDatabase[Doc], name: str) -> bytes:
+    """A random secret named `name`, shared by every process of this deployment: made by
+    the first process that asks (32 random bytes), kept in MongoDB (majority written), the
+    same for every process after it, across restarts."""
+    meta = db[META]
+    for _ in range(2):  # two first askers at once: one inserts, the other finds it
+        try:
+            doc = await meta.find_one_and_update(
+                {"_id": name},
+                {"$setOnInsert": {"secret": Binary(os.urandom(32))}},
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        except DuplicateKeyError:
+            continue
+        if doc is not None:
+            return bytes(doc["secret"])
+    raise RuntimeError(f"no {name} secret in {META}")
