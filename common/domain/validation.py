@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import (
@@ -34,6 +34,10 @@ MAX_DEPTH = 32
 MAX_BATCH = 1000
 INT64 = (-(2**63), 2**63 - 1)
 DAY_S = 86400.0
+# How far ahead a job may be due (`run_at`, `delay`): a year. Further is refused, so no
+# date arithmetic on a job (backoff, a schedule's horizon) can overflow.
+MAX_HORIZON_S = 365 * DAY_S
+EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 
 ParentName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
@@ -49,7 +53,7 @@ class SubmitJob(BaseModel):
     queue: str = Field(default=DEFAULT_QUEUE, pattern=QUEUE_NAME)
     priority: StrictInt = Field(default=0, ge=-1_000_000, le=1_000_000)
     run_at: datetime | None = None
-    delay: float | None = Field(default=None, ge=0, le=365 * DAY_S, description="seconds")
+    delay: float | None = Field(default=None, ge=0, le=MAX_HORIZON_S, description="seconds")
     max_attempts: StrictInt = Field(default=3, ge=1, le=1000)
     timeout_s: float | None = Field(default=None, gt=0, le=7 * DAY_S)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
@@ -78,7 +82,15 @@ class SubmitJob(BaseModel):
             return None
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
-        return whole_ms(value.astimezone(UTC))
+        try:
+            value = whole_ms(value.astimezone(UTC))
+        except OverflowError:  # year 1 or 9999 moved by its offset past datetime's range
+            raise ValueError("is out of range") from None
+        if value < EARLIEST_RUN_AT:
+            raise ValueError("must not be before 1970")
+        if value > datetime.now(UTC) + timedelta(seconds=MAX_HORIZON_S):
+            raise ValueError("must be at most 365 days ahead")
+        return value
 
     @field_validator("payload")
     @classmethod

@@ -55,9 +55,9 @@ def test_nesting_of_32_is_accepted_and_33_rejected() -> None:
 
 
 def test_parse_submit_applies_defaults_and_normalises_run_at_to_utc() -> None:
-    job = parse_submit(b'{"task": "noop", "run_at": "2030-01-01T12:00:00.123456+02:00"}')
+    job = parse_submit(b'{"task": "noop", "run_at": "2026-01-01T12:00:00.123456+02:00"}')
     assert job.payload == {} and job.priority == 0 and job.max_attempts == 3
-    assert job.run_at is not None and job.run_at.isoformat() == "2030-01-01T10:00:00.123000+00:00"
+    assert job.run_at is not None and job.run_at.isoformat() == "2026-01-01T10:00:00.123000+00:00"
     with pytest.raises(InvalidInput):
         parse_submit(b'{"task": "noop", "max_attempts": "3"}')
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Collection
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from common.domain.errors import InvalidInput
 from common.domain.models import Job
+from common.domain.queues import validate_queue_update
 from common.domain.status import ALLOWED, RETRIES, TERMINAL, TRANSITIONS, JobStatus
 from common.domain.validation import check_document, validate_batch, validate_spec
 from common.operations.blocking import Coro, LoopThread, T, blocking, delegating
@@ -37,9 +38,9 @@ def test_a_spec_gets_the_contract_defaults() -> None:
 
 
 def test_run_at_is_normalised_to_utc_milliseconds_and_excludes_delay() -> None:
-    spec = validate_spec({"task": "noop", "run_at": "2030-01-01T12:00:00.123456+02:00"})
-    assert spec.run_at == datetime(2030, 1, 1, 10, 0, 0, 123000, tzinfo=UTC)
-    assert detail({"task": "noop", "run_at": "2030-01-01T00:00:00Z", "delay": 1}) == [
+    spec = validate_spec({"task": "noop", "run_at": "2026-01-01T12:00:00.123456+02:00"})
+    assert spec.run_at == datetime(2026, 1, 1, 10, 0, 0, 123000, tzinfo=UTC)
+    assert detail({"task": "noop", "run_at": "2026-01-01T00:00:00Z", "delay": 1}) == [
         {"loc": [], "msg": "Value error, give run_at or delay, not both", "type": "value_error"}
     ]
 
@@ -279,3 +280,27 @@ async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up(
     assert store.claims.count("emails") == 1  # a dry queue is not asked again without news
     claimer.stop()
     await loop
+
+
+@pytest.mark.parametrize(
+    ("run_at", "message"),
+    [
+        ("9999-12-31T23:59:59Z", "must be at most 365 days ahead"),
+        ("0001-01-01T00:00:00Z", "must not be before 1970"),
+        ("0001-01-01T00:00:00+14:00", "is out of range"),  # was an OverflowError (a 500)
+        ("9999-12-31T23:59:59-14:00", "is out of range"),
+    ],
+)
+def test_run_at_is_bounded_to_a_year_ahead(run_at: str, message: str) -> None:
+    [error] = detail({"task": "noop", "run_at": run_at})
+    assert error["loc"] == ["run_at"] and message in error["msg"]
+    soon = datetime.now(UTC).replace(microsecond=0) + timedelta(days=300)
+    assert validate_spec({"task": "noop", "run_at": soon.isoformat()}).run_at == soon
+
+
+@pytest.mark.parametrize("name", ["default\n", "a\nb", "default\n\n"])
+def test_a_queue_name_with_a_trailing_newline_is_refused_everywhere(name: str) -> None:
+    [error] = detail({"task": "noop", "queue": name})
+    assert error["loc"] == ["queue"]
+    with pytest.raises(InvalidInput):
+        validate_queue_update(name, {"paused": True})
