@@ -377,3 +377,14 @@ def test_brook_watch_shows_a_hostile_error_message_as_inert_text(
                        "--max-attempts", "1", "--wait")
     assert waited.returncode != 0
     assert "\x1b" not in waited.stderr and "\x07" not in waited.stderr
+
+
+def test_connections_beyond_the_cap_get_503_at_once(cluster: Cluster) -> None:
+    cluster.api(BROOK_MAX_CONNECTIONS="8", BROOK_SSE_MAX_CLIENTS="100")
+    url = cluster.api_url
+    with contextlib.ExitStack() as stack:
+        for _ in range(8):
+            client = stack.enter_context(httpx.Client(timeout=10))
+            assert stack.enter_context(client.stream("GET", f"{url}/events")).status_code == 200
+        assert httpx.get(f"{url}/jobs", timeout=10).status_code == 503
+    wait_until(lambda: httpx.get(f"{url}/jobs", timeout=10).status_code == 200, timeout=20)

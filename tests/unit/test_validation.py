@@ -304,3 +304,21 @@ def test_a_queue_name_with_a_trailing_newline_is_refused_everywhere(name: str) -
     assert error["loc"] == ["queue"]
     with pytest.raises(InvalidInput):
         validate_queue_update(name, {"paused": True})
+
+
+def test_a_state_change_is_logged_with_who_asked_for_it() -> None:
+    from structlog.testing import capture_logs
+
+    from common.operations.client_core import log_submitted
+    from common.runtime.log_events import requested_by
+    from common.store.jobs import Submitted
+
+    submitted = Submitted(job=job("j1", "default"), created=True)
+    with capture_logs() as logs:
+        log_submitted(submitted)  # outside the API: the Python client (or a task's ctx)
+        token = requested_by.set("read")
+        try:
+            log_submitted(submitted)
+        finally:
+            requested_by.reset(token)
+    assert [line["by"] for line in logs] == ["python-client", "read"]
