@@ -140,11 +140,11 @@ def test_an_open_api_may_bind_only_to_loopback_unless_allowed(
 def test_allowed_hosts_default_to_loopback_names_on_a_loopback_bind_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert load_settings().host_names == {"localhost", "127.0.0.1", "::1", "[::1]"}
+    assert load_settings().host_names == frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
     monkeypatch.setenv("BROOK_API_HOST", "0.0.0.0")
     monkeypatch.setenv("BROOK_API_TOKEN", "t")
     assert load_settings().host_names is None
     monkeypatch.setenv("BROOK_ALLOWED_HOSTS", "Brook.Example.com, 10.0.0.5")
-    assert load_settings().host_names == {"brook.example.com", "10.0.0.5"}
+    assert load_settings().host_names == frozenset({"brook.example.com", "10.0.0.5"})
     monkeypatch.setenv("BROOK_ALLOWED_HOSTS", "*")
     assert load_settings().host_names is None
