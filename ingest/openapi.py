@@ -139,6 +139,33 @@ def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+def hoist_defs(schema: dict[str, Any]) -> dict[str, Any]:
+    """Bodies declared by hand carry pydantic's own schema, whose nested models are in a
+    local `$defs` referred to as `#/$defs/Name`: in the whole document that points at
+    nothing (ReDoc refuses it), so they move to `components/schemas`."""
+    found: dict[str, Any] = {}
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            found.update(node.pop("$defs", {}))
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                node["$ref"] = "#/components/schemas/" + ref.removeprefix("#/$defs/")
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+        return node
+
+    walk(schema.get("paths", {}))
+    walk(found)
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name, definition in found.items():
+        schemas.setdefault(name, definition)
+    return schema
+
+
 def install_openapi(app: FastAPI, *, bearer: bool) -> None:
     """Generate the document once, with the errors and the auth documented."""
 
@@ -150,6 +177,7 @@ def install_openapi(app: FastAPI, *, bearer: bool) -> None:
                 description=app.description,
                 routes=app.routes,
             )
+            hoist_defs(schema)
             document_errors(schema)
             if bearer:
                 document_bearer(schema)

@@ -77,6 +77,7 @@ function openStream(path, { onEvent, onOpen, onDown, onEnd }) {
         const resp = await fetch(path, { headers, signal: control.signal });
         if (resp.status === 401) { askToken(true); return; }
         if (resp.status === 204 || resp.status === 404) { onEnd && onEnd(resp.status); return; }
+        if (resp.status === 400) lastId = null;  // an id this API no longer takes: start afresh
         if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
         onOpen && onOpen();
         await readEvents(resp.body, (event) => {

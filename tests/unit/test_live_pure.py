@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,7 +14,7 @@ from ingest.eventids import MAC_BYTES, EventIds, InvalidEventId
 from ingest.live import EventFilter, LiveEvent, Position, cluster_seconds, tally
 from ingest.livestats import STEP_S, LiveStats
 from ingest.metrics import fold_queues
-from ingest.openapi import document_errors
+from ingest.openapi import document_errors, hoist_defs
 from ingest.validation import InvalidInput, parse_submit
 
 TOKEN = "826B0D3468000000032B022C0100296E5A1004FD"
@@ -171,3 +172,28 @@ def test_queue_labels_are_capped_and_the_rest_folded_into_other() -> None:
     labels = {queue_label(f"dispatcher-q{i}") for i in range(200)}
     assert len(labels) <= MAX_QUEUE_LABELS and "other" in labels
     assert queue_label("default") == "default"
+
+
+def test_nested_models_of_hand_declared_bodies_are_components_of_the_document() -> None:
+    schema: dict[str, Any] = {
+        "paths": {
+            "/queues/{name}": {
+                "put": {
+                    "requestBody": {
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "properties": {"rate": {"$ref": "#/$defs/RateSpec"}},
+                                    "$defs": {"RateSpec": {"type": "object"}},
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    hoist_defs(schema)
+    text = json.dumps(schema)
+    assert "$defs" not in text and "#/components/schemas/RateSpec" in text
+    assert schema["components"]["schemas"]["RateSpec"] == {"type": "object"}
