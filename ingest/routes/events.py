@@ -109,11 +109,12 @@ async def _respond(
     """A stream, within this process's caps: `503` beyond `BROOK_SSE_MAX_CLIENTS` streams,
     or when a resume needs a catch-up and `BROOK_SSE_MAX_CATCH_UPS` are running."""
     hub = state.hub
+    ids = await state.ids.get()  # before the slot is taken: nothing may fail in between
     if since is not None and not hub.replays(since.at) and state.catch_ups.full:
         raise _busy("too many clients are catching up")
     if not state.streams.take():
         raise _busy("too many event streams are open")
-    feed = Feed(hub, state.store, flt, options, await state.ids.get(), state.catch_ups)
+    feed = Feed(hub, state.store, flt, options, ids, state.catch_ups)
     return _Stream(
         feed.events(since.at if since is not None else None),
         ping=state.settings.sse_ping_seconds,
