@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pymongo.asynchronous.database import AsyncDatabase
 
 from common.domain.models import Doc
-from common.store.db import deployment_secret
+from common.store.meta import deployment_secret
 from ingest.live import Position
 
 VERSION = 2  # 1: unsigned ids (from before), refused

@@ -1,4 +1,5 @@
-"""The DB factory: one `AsyncMongoClient` per process, created in that process.
+"""The DB factory: one `AsyncMongoClient` per process, created in that process; how
+Brook reads and writes (majority), which failures are transient, and index creation.
 
 Every Brook process (API, dispatcher, each worker that touches MongoDB) calls
 `make_client()` itself; a client is never handed to a child process.
@@ -8,20 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from datetime import UTC
 from typing import Any
 
-from bson.binary import Binary
 from bson.codec_options import CodecOptions
-from pymongo import AsyncMongoClient, MongoClient, ReturnDocument
+from pymongo import AsyncMongoClient, IndexModel, MongoClient
+from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import (
-    ConnectionFailure,
-    DuplicateKeyError,
-    OperationFailure,
-    PyMongoError,
-    WTimeoutError,
-)
+from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError, WTimeoutError
 from pymongo.read_concern import ReadConcern
 from pymongo.synchronous.database import Database
 from pymongo.write_concern import WriteConcern
@@ -132,25 +128,31 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+async def ensure_indexes(collection: AsyncCollection[Doc], models: Sequence[IndexModel]) -> None:
+    """Idempotent: an index that exists with the same spec is a no-op; one that exists
+    under the same name with another spec (an older Brook) is rebuilt."""
+    try:
+        await collection.create_indexes(list(models))
+    except OperationFailure as exc:
+        if exc.code not in (85, 86):  # IndexOptionsConflict, IndexKeySpecsConflict
+            raise
+        for model in models:
+            await _rebuild_index(collection, model)
 
-META = "brook_meta"  # small documents of the deployment itself, one per `_id`
 
-
-async def deployment_secret(db: AsyncDatabase[Doc], name: str) -> bytes:
-    """A random secret named `name`, shared by every process of this deployment: made by
-    the first process that asks (32 random bytes), kept in MongoDB (majority written), the
-    same for every process after it, across restarts."""
-    meta = db[META]
-    for _ in range(2):  # two first askers at once: one inserts, the other finds it
+async def _rebuild_index(collection: AsyncCollection[Doc], model: IndexModel) -> None:
+    # Several processes (API, dispatchers) may do this at once: a peer may drop or
+    # recreate the index between our steps, so tolerate both and try again.
+    for _ in range(5):
         try:
-            doc = await meta.find_one_and_update(
-                {"_id": name},
-                {"$setOnInsert": {"secret": Binary(os.urandom(32))}},
-                upsert=True,
-                return_document=ReturnDocument.AFTER,
-            )
-        except DuplicateKeyError:
-            continue
-        if doc is not None:
-            return bytes(doc["secret"])
-    raise RuntimeError(f"no {name} secret in {META}")
+            await collection.create_indexes([model])
+            return
+        except OperationFailure as exc:
+            if exc.code not in (85, 86):
+                raise
+        try:
+            await collection.drop_index(model.document["name"])
+        except OperationFailure as exc:
+            if exc.code != 27:  # IndexNotFound: a peer dropped it first
+                raise
+    await collection.create_indexes([model])
