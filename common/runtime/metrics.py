@@ -60,6 +60,24 @@ STREAM_HISTORY_LOST = Counter(
 )
 
 
+# Queue names come from clients: each a label value, so each a set of series. A process
+# gives its own label to the first MAX_QUEUE_LABELS queues it sees (the default one always);
+# the rest are counted together as `other`.
+MAX_QUEUE_LABELS = 50
+OTHER_QUEUES = "other"
+_labelled: set[str] = {DEFAULT_QUEUE}
+
+
+def queue_label(queue: str) -> str:
+    """The label value that counts jobs of `queue`: its name, or `other` past the cap."""
+    if queue in _labelled:
+        return queue
+    if len(_labelled) < MAX_QUEUE_LABELS:
+        _labelled.add(queue)
+        return queue
+    return OTHER_QUEUES
+
+
 class Queued(Protocol):
     @property
     def task(self) -> str: ...
@@ -73,7 +91,7 @@ def queue_of(job: Queued) -> str:
 
 
 def count_outcome(job: Queued, outcome: str) -> None:
-    JOBS.labels(task=job.task, queue=queue_of(job), outcome=outcome).inc()
+    JOBS.labels(task=job.task, queue=queue_label(queue_of(job)), outcome=outcome).inc()
 
 
 @dataclass

@@ -77,6 +77,7 @@ function openStream(path, { onEvent, onOpen, onDown, onEnd }) {
         const resp = await fetch(path, { headers, signal: control.signal });
         if (resp.status === 401) { askToken(true); return; }
         if (resp.status === 204 || resp.status === 404) { onEnd && onEnd(resp.status); return; }
+        if (resp.status === 400) lastId = null;  // an id this API no longer takes: start afresh
         if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
         onOpen && onOpen();
         await readEvents(resp.body, (event) => {
@@ -230,6 +231,7 @@ const overview = {
   running: new Map(),
   failures: new Map(),
   features: { retry: false, queues: false, queuePut: false, schedules: false, scheduleActions: false },
+  readOnly: false,  // a read-only token: no action is offered (the API would answer 403)
   stream: null,
   statsTimer: null,
   statsDue: false,
@@ -240,12 +242,14 @@ async function detectFeatures() {
   try {
     const paths = Object.entries((await getJson("/openapi.json")).paths || {});
     const has = (re, method) => paths.some(([path, item]) => re.test(path) && item[method]);
+    overview.readOnly = (await getJson("/stats")).access === "read";
+    const can = !overview.readOnly;
     overview.features = {
-      retry: has(/^\/jobs\/\{[^}]+\}\/retry$/, "post"),
+      retry: can && has(/^\/jobs\/\{[^}]+\}\/retry$/, "post"),
       queues: has(/^\/queues$/, "get"),
-      queuePut: has(/^\/queues\/\{[^}]+\}$/, "put"),
+      queuePut: can && has(/^\/queues\/\{[^}]+\}$/, "put"),
       schedules: has(/^\/schedules$/, "get"),
-      scheduleActions: has(/^\/schedules\/\{[^}]+\}\/pause$/, "post"),
+      scheduleActions: can && has(/^\/schedules\/\{[^}]+\}\/pause$/, "post"),
     };
   } catch (err) {
     if (err instanceof Unauthorized) throw err;
@@ -344,6 +348,7 @@ async function refreshStats() {
 }
 
 function cancelButton(job) {
+  if (overview.readOnly) return "";
   return el("button", {
     type: "button", class: "danger", "data-cancel": job.id,
     onclick: async (ev) => { ev.target.disabled = true; await post(`/jobs/${job.id}/cancel`); },
@@ -447,7 +452,7 @@ function renderJob(job) {
   const badge = $("#job-status");
   badge.textContent = job.status;
   badge.className = `badge ${job.status}`;
-  $("#job-cancel").hidden = TERMINAL.has(job.status);
+  $("#job-cancel").hidden = overview.readOnly || TERMINAL.has(job.status);
   $("#job-retry").hidden = !(overview.features.retry && (job.status === "failed" || job.status === "cancelled"));
   const progress = $("#job-progress");
   progress.hidden = !(job.progress || job.status === "running");

@@ -13,7 +13,7 @@ from pymongo.read_concern import ReadConcern
 
 from common.domain.models import JobSpec
 from common.store.jobs import JobStore
-from tests.e2e.conftest import Cluster, wait_terminal
+from tests.e2e.conftest import JSON, Cluster, wait_terminal
 from tests.support.metrics import value
 
 
@@ -99,7 +99,7 @@ async def test_bad_inputs_get_clear_errors_and_store_nothing(
         == 422
     )
     very_deep = b'{"task": "echo", "payload": ' + b"[" * 5000 + b"]" * 5000 + b"}"
-    assert http.post("/jobs", content=very_deep).status_code == 422
+    assert http.post("/jobs", content=very_deep, headers=JSON).status_code == 422
     big = {"task": "echo", "payload": {"blob": "x" * (1024 * 1024)}}
     resp = http.post("/jobs", json=big)
     assert resp.status_code == 413 and "larger than" in resp.json()["detail"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.validation import InvalidInput, body_depth, check_document, parse_batch, parse_submit
+from common.domain.errors import InvalidInput
+from common.domain.validation import check_document
+from ingest.validation import body_depth, parse_batch, parse_submit
 
 
 def test_body_depth_counts_brackets_outside_strings() -> None:
@@ -40,9 +42,9 @@ def test_nesting_of_32_is_accepted_and_33_rejected() -> None:
 
 
 def test_parse_submit_applies_defaults_and_normalises_run_at_to_utc() -> None:
-    job = parse_submit(b'{"task": "noop", "run_at": "2030-01-01T12:00:00.123456+02:00"}')
+    job = parse_submit(b'{"task": "noop", "run_at": "2026-01-01T12:00:00.123456+02:00"}')
     assert job.payload == {} and job.priority == 0 and job.max_attempts == 3
-    assert job.run_at is not None and job.run_at.isoformat() == "2030-01-01T10:00:00.123000+00:00"
+    assert job.run_at is not None and job.run_at.isoformat() == "2026-01-01T10:00:00.123000+00:00"
     with pytest.raises(InvalidInput):
         parse_submit(b'{"task": "noop", "max_attempts": "3"}')
 
@@ -75,3 +77,22 @@ def test_http_bodies_are_judged_by_the_same_validator() -> None:
     assert "payload.a" in str(info.value) and "nesting deeper than 32" in str(info.value)
     with pytest.raises(InvalidInput, match="body: nesting deeper than 32"):
         parse_submit(b"[" * 5000 + b"]" * 5000)
+
+
+def test_body_depth_is_linear_in_escapes_and_unterminated_strings() -> None:
+    # A regex over strings rescanned to the end from every quote: minutes for this body.
+    hostile = b'["' + b'\\"' * 300_000
+    assert body_depth(hostile) == 1
+    with pytest.raises(InvalidInput):
+        parse_submit(hostile)
+    assert body_depth(b'["\\\\", [["x"]]]') == 3  # an escaped backslash ends no string
+    assert body_depth(b'["\\\\\\"[", [["x"]]]') == 3
+    assert body_depth(b"[" * 70_000 + b"]" * 70_000) > 128  # counted across chunks
+    assert body_depth(b"[]" * 70_000 + b"[[[]]]") == 3
+
+
+def test_a_body_of_too_many_values_is_refused_before_parsing() -> None:
+    body = b'{"task": "noop", "payload": {"a": [' + b"1," * 100_000 + b"1]}}"
+    with pytest.raises(InvalidInput, match="more than 100000 values"):
+        parse_submit(body)
+    assert parse_submit(b'{"task": "noop", "payload": {"s": "' + b"," * 200_000 + b'"}}')

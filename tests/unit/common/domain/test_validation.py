@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from common.domain.errors import InvalidInput
+from common.domain.queues import validate_queue_update
 from common.domain.validation import check_document, validate_batch, validate_spec
 
 
@@ -24,9 +25,9 @@ def test_a_spec_gets_the_contract_defaults() -> None:
 
 
 def test_run_at_is_normalised_to_utc_milliseconds_and_excludes_delay() -> None:
-    spec = validate_spec({"task": "noop", "run_at": "2030-01-01T12:00:00.123456+02:00"})
-    assert spec.run_at == datetime(2030, 1, 1, 10, 0, 0, 123000, tzinfo=UTC)
-    assert detail({"task": "noop", "run_at": "2030-01-01T00:00:00Z", "delay": 1}) == [
+    spec = validate_spec({"task": "noop", "run_at": "2026-01-01T12:00:00.123456+02:00"})
+    assert spec.run_at == datetime(2026, 1, 1, 10, 0, 0, 123000, tzinfo=UTC)
+    assert detail({"task": "noop", "run_at": "2026-01-01T00:00:00Z", "delay": 1}) == [
         {"loc": [], "msg": "Value error, give run_at or delay, not both", "type": "value_error"}
     ]
 
@@ -89,3 +90,33 @@ def test_a_batch_names_the_index_of_each_bad_spec_and_holds_1_to_1000_specs() ->
     assert detail({"jobs": [], "more": 1}, batch=True)
     assert detail([1], batch=True) == "body must be a JSON object"
     assert len(validate_batch({"jobs": [{"task": "noop"}] * 1000})) == 1000
+
+
+def test_a_message_about_a_long_key_quotes_it_cut_short() -> None:
+    with pytest.raises(ValueError) as info:
+        check_document({"k" * 100_000: [{"$x": 1}]})
+    assert len(str(info.value)) < 200
+
+
+@pytest.mark.parametrize(
+    ("run_at", "message"),
+    [
+        ("9999-12-31T23:59:59Z", "must be at most 365 days ahead"),
+        ("0001-01-01T00:00:00Z", "must not be before 1970"),
+        ("0001-01-01T00:00:00+14:00", "is out of range"),  # was an OverflowError (a 500)
+        ("9999-12-31T23:59:59-14:00", "is out of range"),
+    ],
+)
+def test_run_at_is_bounded_to_a_year_ahead(run_at: str, message: str) -> None:
+    [error] = detail({"task": "noop", "run_at": run_at})
+    assert error["loc"] == ["run_at"] and message in error["msg"]
+    soon = datetime.now(UTC).replace(microsecond=0) + timedelta(days=300)
+    assert validate_spec({"task": "noop", "run_at": soon.isoformat()}).run_at == soon
+
+
+@pytest.mark.parametrize("name", ["default\n", "a\nb", "default\n\n"])
+def test_a_queue_name_with_a_trailing_newline_is_refused_everywhere(name: str) -> None:
+    [error] = detail({"task": "noop", "queue": name})
+    assert error["loc"] == ["queue"]
+    with pytest.raises(InvalidInput):
+        validate_queue_update(name, {"paused": True})

@@ -9,7 +9,13 @@ import sys
 import pytest
 
 from common.domain.errors import ConfigError
-from common.runtime.settings import Settings, load_settings, parse_queues
+from common.runtime.settings import (
+    Settings,
+    check_exposure,
+    is_loopback,
+    load_settings,
+    parse_queues,
+)
 from tests.conftest import ROOT
 
 
@@ -48,6 +54,10 @@ def test_values_are_read_from_brook_variables(monkeypatch: pytest.MonkeyPatch) -
         ("BROOK_MONGO_URI", "http://nope"),
         ("BROOK_DB", "bad name!"),
         ("BROOK_DEMO_TASKS", "maybe"),
+        ("BROOK_API_TOKEN", ""),
+        ("BROOK_API_TOKEN", " \t "),
+        ("BROOK_SSE_MAX_CLIENTS", "0"),
+        ("BROOK_RETENTION_MAX_SECONDS", "-1"),
     ],
 )
 def test_a_bad_value_raises_one_line_naming_the_variable(
@@ -97,3 +107,53 @@ def test_brook_queues_parses_names_and_slots() -> None:
             parse_queues(bad)
     settings = Settings(queues="default:3,emails:2", concurrency=9)  # type: ignore[arg-type]
     assert settings.worker_slots == 5 and Settings(concurrency=4).worker_slots == 4
+
+
+def test_a_read_token_needs_an_admin_token_and_must_differ_from_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BROOK_API_READ_TOKEN", "reader")
+    with pytest.raises(ConfigError, match="BROOK_API_READ_TOKEN needs BROOK_API_TOKEN"):
+        load_settings()
+    monkeypatch.setenv("BROOK_API_TOKEN", "reader")
+    with pytest.raises(ConfigError, match="must differ"):
+        load_settings()
+    monkeypatch.setenv("BROOK_API_TOKEN", " admin ")
+    s = load_settings()
+    assert s.api_token is not None and s.api_token.get_secret_value() == "admin"
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("::1", True), ("[::1]", True), ("localhost", True),
+     ("127.0.0.2", True), ("0.0.0.0", False), ("::", False), ("10.0.0.5", False),
+     ("brook.example.com", False)],
+)
+def test_an_open_api_may_bind_only_to_loopback_unless_allowed(
+    monkeypatch: pytest.MonkeyPatch, host: str, loopback: bool
+) -> None:
+    monkeypatch.setenv("BROOK_API_HOST", host)
+    assert is_loopback(host) is loopback
+    if loopback:
+        check_exposure(load_settings())
+    else:
+        with pytest.raises(ConfigError, match="BROOK_ALLOW_NO_TOKEN"):
+            check_exposure(load_settings())
+    monkeypatch.setenv("BROOK_ALLOW_NO_TOKEN", "1")
+    check_exposure(load_settings())
+    monkeypatch.delenv("BROOK_ALLOW_NO_TOKEN")
+    monkeypatch.setenv("BROOK_API_TOKEN", "t")
+    check_exposure(load_settings())
+
+
+def test_allowed_hosts_default_to_loopback_names_on_a_loopback_bind_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().host_names == frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+    monkeypatch.setenv("BROOK_API_HOST", "0.0.0.0")
+    monkeypatch.setenv("BROOK_API_TOKEN", "t")
+    assert load_settings().host_names is None
+    monkeypatch.setenv("BROOK_ALLOWED_HOSTS", "Brook.Example.com, 10.0.0.5")
+    assert load_settings().host_names == frozenset({"brook.example.com", "10.0.0.5"})
+    monkeypatch.setenv("BROOK_ALLOWED_HOSTS", "*")
+    assert load_settings().host_names is None
