@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint install bench clean down status browser
+.PHONY: up test lint install bench clean down status browser images
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ browser:
 ## Run the whole test suite against a real replica set.
 test: $(STAMP) browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
+
+## Local stand-ins for mongo:7 and python:3.11-slim (no Docker Hub needed); ends with two
+## lines for the environment: `env $$(make -s images | tail -n 2) docker-compose up`.
+images:
+	@PY=$(PY) docker/images/build.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
