@@ -75,7 +75,7 @@ def _docker_mongo() -> Iterator[Mongo]:  # pragma: no cover - needs a Docker eng
     container = (
         DockerContainer(os.environ.get("BROOK_MONGO_IMAGE") or "mongo:7")
         .with_command("--replSet rs0 --bind_ip_all --setParameter enableTestCommands=1")
-        .with_bind_ports(27017, ("127.0.0.1", host_port))  # type: ignore[arg-type]
+        .with_bind_ports(27017, ("127.0.0.1", host_port))  # type: ignore[arg-type, unused-ignore]
     )
     with container:
         wait_for_logs(container, "Waiting for connections", timeout=120)

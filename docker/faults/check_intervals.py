@@ -12,6 +12,7 @@ Standard library only, so it runs on any host.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections import defaultdict
@@ -80,7 +81,7 @@ def read(path: Path) -> Report:
     for job_id, runs in by_job.items():
         runs.sort(key=lambda a: a.start)
         report.attempts[job_id] = runs
-        for before, after in zip(runs, runs[1:], strict=False):
+        for before, after in itertools.pairwise(runs):
             if after.start <= before.until:
                 report.overlaps.append(
                     f"{job_id}: attempt {after.attempt} on {after.host} started at"

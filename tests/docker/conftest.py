@@ -190,10 +190,17 @@ class Project:
     def container(self, service: str, index: int = 1) -> str:
         out = run(
             [
-                "docker", "ps", "-a", "-q", "--no-trunc",
-                "--filter", f"label=com.docker.compose.project={self.name}",
-                "--filter", f"label=com.docker.compose.service={service}",
-                "--filter", f"label=com.docker.compose.container-number={index}",
+                "docker",
+                "ps",
+                "-a",
+                "-q",
+                "--no-trunc",
+                "--filter",
+                f"label=com.docker.compose.project={self.name}",
+                "--filter",
+                f"label=com.docker.compose.service={service}",
+                "--filter",
+                f"label=com.docker.compose.container-number={index}",
             ],
             timeout=60,
         ).stdout.split()
@@ -204,7 +211,9 @@ class Project:
     def network(self) -> str:
         return f"{self.name}_brook"
 
-    def events(self, service: str, index: int = 1, event: str | None = None) -> list[dict[str, Any]]:
+    def events(
+        self, service: str, index: int = 1, event: str | None = None
+    ) -> list[dict[str, Any]]:
         """The JSON log lines of one container (`docker logs`), optionally of one event."""
         proc = run(["docker", "logs", self.container(service, index)], timeout=60)
         lines: list[dict[str, Any]] = []

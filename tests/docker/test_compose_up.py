@@ -19,9 +19,7 @@ def test_compose_brings_up_the_replica_set_and_runs_a_job_submitted_over_http(
     for one_shot in ("keyfile", "mongo-init"):
         state = project.run("ps", "-a", one_shot)
         assert "Exit 0" in state or "exited (0)" in state.lower(), state
-    members = json.loads(
-        project.mongosh("mongo1", "JSON.stringify(db.hello().hosts)") or "[]"
-    )
+    members = json.loads(project.mongosh("mongo1", "JSON.stringify(db.hello().hosts)") or "[]")
     assert sorted(members) == ["mongo1:27017", "mongo2:27017", "mongo3:27017"]
     assert project.primary() in {"mongo1", "mongo2", "mongo3"}
 

@@ -16,7 +16,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -192,7 +191,9 @@ def settle_and_check(
 
 def running_on(project: Project, index: int, since: float) -> set[str]:
     """Jobs whose attempt started on dispatcher #`index` after `since` (by the log)."""
-    host = run(["docker", "inspect", "-f", "{{.Config.Hostname}}", project.container("dispatcher", index)]).stdout.strip()
+    host = run(
+        ["docker", "inspect", "-f", "{{.Config.Hostname}}", project.container("dispatcher", index)]
+    ).stdout.strip()
     path = project.tmp / "intervals" / "intervals.jsonl"
     if not path.exists():
         return set()
@@ -313,6 +314,8 @@ def test_the_api_paused_for_twenty_seconds_mid_burst(faulty: Project) -> None:
         faulty,
         stream,
         "api_paused",
-        {"fault": "docker pause of the api container for 20 s mid-burst",
-         "recovered_s": round(recovered, 1)},
+        {
+            "fault": "docker pause of the api container for 20 s mid-burst",
+            "recovered_s": round(recovered, 1),
+        },
     )

@@ -307,7 +307,9 @@ def test_api_listens_on_all_interfaces_publishes_8000_and_checks_healthz() -> No
     assert _environment(api).get("BROOK_API_HOST") == "0.0.0.0"
     ports = [str(p.get("target")) if isinstance(p, dict) else str(p) for p in api["ports"]]
     # Published on the host's loopback unless BROOK_API_PUBLISHED_HOST says otherwise.
-    assert ports == ["${BROOK_API_PUBLISHED_HOST:-127.0.0.1}:${BROOK_API_PUBLISHED_PORT:-8000}:8000"]
+    assert ports == [
+        "${BROOK_API_PUBLISHED_HOST:-127.0.0.1}:${BROOK_API_PUBLISHED_PORT:-8000}:8000"
+    ]
     test = api["healthcheck"]["test"]
     text = " ".join(test) if isinstance(test, list) else str(test)
     assert "/healthz" in text and "urllib" in text
