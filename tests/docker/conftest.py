@@ -247,9 +247,12 @@ class Project:
             check=False,
         ).stdout.strip()
 
-    def primary(self) -> str:
-        """The service name of the member that is PRIMARY now."""
+    def primary(self, *, besides: str = "") -> str:
+        """The service name of the member that is PRIMARY now ("" if none is), not
+        counting `besides`."""
         for service in ("mongo1", "mongo2", "mongo3"):
+            if service == besides:
+                continue
             answer = self.mongosh(service, "db.hello().isWritablePrimary")
             if answer == "true":
                 return service

@@ -6,8 +6,12 @@ import json
 import time
 
 import httpx
+import pytest
 
 from tests.docker.conftest import Project
+
+# The session's first test builds the app image (and the stand-ins, if not given) too.
+pytestmark = pytest.mark.timeout(1500)
 
 
 def test_compose_brings_up_the_replica_set_and_runs_a_job_submitted_over_http(
@@ -42,7 +46,8 @@ def test_compose_brings_up_the_replica_set_and_runs_a_job_submitted_over_http(
     for raw in project.run("logs", "--no-color", "api", "dispatcher").splitlines():
         prefix, sep, rest = raw.partition("| ")
         if sep and rest.startswith("{"):
-            service = "api" if prefix.strip().startswith("api") else "dispatcher"
+            # `api_1  | ` (1.29) or `api-1  | ` (v2): the project's name has no "dispatcher".
+            service = "dispatcher" if "dispatcher" in prefix else "api"
             logged[service].append(json.loads(rest))
     assert logged["api"] and logged["dispatcher"]
     for line in logged["api"] + logged["dispatcher"]:
