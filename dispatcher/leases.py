@@ -20,6 +20,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import pymongo
 from pymongo.errors import PyMongoError
 
 from common.domain.errors import LeaseLost
@@ -103,7 +104,11 @@ class LeaseKeeper:
             return
         sent = time.monotonic()
         try:
-            lost = await self.store.renew(self.owner, leases, self.settings.lease_seconds)
+            # Bounded: after a partition heals, a renewal sent on a connection that died
+            # with it would wait for TCP to give up (minutes) while every lease ran out and
+            # was fenced; the next beat tries again on a fresh connection.
+            with pymongo.timeout(self.settings.heartbeat_seconds):
+                lost = await self.store.renew(self.owner, leases, self.settings.lease_seconds)
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="renew", error=str(exc)[:200])
             return

@@ -67,18 +67,21 @@ def _docker_mongo() -> Iterator[Mongo]:  # pragma: no cover - needs a Docker eng
     # removes the container itself.
     os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
     from testcontainers.core.container import DockerContainer
-    from testcontainers.core.waiting_utils import wait_for_logs
+    from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         host_port = int(sock.getsockname()[1])
-    container = (
-        DockerContainer(os.environ.get("BROOK_MONGO_IMAGE") or "mongo:7")
-        .with_command("--replSet rs0 --bind_ip_all --setParameter enableTestCommands=1")
-        .with_bind_ports(27017, ("127.0.0.1", host_port))  # type: ignore[arg-type, unused-ignore]
+    container = DockerContainer(os.environ.get("BROOK_MONGO_IMAGE") or "mongo:7").with_command(
+        "--replSet rs0 --bind_ip_all --setParameter enableTestCommands=1"
+    )
+    # Published on the loopback only (docker-py takes an (address, port) pair here, which
+    # `with_bind_ports` would not pass on).
+    container.ports["27017/tcp"] = ("127.0.0.1", host_port)  # type: ignore[assignment, unused-ignore]
+    container.waiting_for(
+        LogMessageWaitStrategy("Waiting for connections").with_startup_timeout(120)
     )
     with container:
-        wait_for_logs(container, "Waiting for connections", timeout=120)
         uri = f"mongodb://127.0.0.1:{host_port}/?directConnection=true"
         direct: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=30000)
         try:

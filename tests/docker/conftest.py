@@ -21,7 +21,6 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,10 +264,3 @@ class Project:
             "networks": run(["docker", "network", "ls", "-q", "--filter", label]).stdout.split(),
             "volumes": run(["docker", "volume", "ls", "-q", "--filter", label]).stdout.split(),
         }
-
-
-@pytest.fixture
-def project(images: Images, tmp_path: Path) -> Iterator[Project]:
-    p = Project(images=images, tmp=tmp_path)
-    yield p
-    p.down()

@@ -1,16 +1,21 @@
-"""Faults only containers can make, each under a stream of jobs whose `interval` task logs
-when every attempt ran (docker/faults/): a dispatcher cut off from MongoDB, the primary cut
-off from everyone, the primary killed, the API frozen.
+"""`docker compose up` for real, from nothing to `down -v` leaving nothing, and the faults
+only containers can make in between.
 
-After each: every acknowledged submit is a job, every job completed exactly once, and no
-two attempts of one job ever ran at the same time. The figures of each run (jobs, faults,
-time to recover) are written to `.brook/docker-faults/<scenario>.json`.
+One project serves the whole module, in order (bringing one up costs about a minute):
+it comes up from nothing and runs a job submitted over HTTP; then four faults, each under a
+stream of jobs whose `interval` task logs when every attempt ran (docker/faults/): a
+dispatcher cut off from MongoDB, the primary cut off from everyone, the primary killed, the
+API frozen. After each: every acknowledged submit is a job, every job completed exactly
+once, and no two attempts of one job ever ran at the same time. The figures of each run
+(jobs, faults, time to recover) are written to `.brook/docker-faults/<scenario>.json`.
+Last, `down -v` leaves no container, network or volume.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import threading
 import time
 from collections import Counter
@@ -26,8 +31,8 @@ from tests.docker.conftest import FAULTS, ROOT, Images, Project, run
 
 LEASE_S = 5.0
 
-# The module's project comes up (about a minute) within its first test's time.
-pytestmark = pytest.mark.timeout(600)
+# The project comes up within the first test's time (and the app image is built then).
+pytestmark = pytest.mark.timeout(900)
 FIGURES = ROOT / ".brook" / "docker-faults"
 
 
@@ -36,6 +41,7 @@ def _checker() -> ModuleType:
     spec = importlib.util.spec_from_file_location("check_intervals", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -45,7 +51,8 @@ check_intervals = _checker()
 
 @pytest.fixture(scope="module")
 def faulty(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    """Three members, the API and two dispatchers with 4 slots each and a 5 s lease."""
+    """Three members, the API and two dispatchers with 4 slots each and a 5 s lease, the
+    `interval` task added (docker/compose.faults.yaml)."""
     tmp = tmp_path_factory.mktemp("faults")
     intervals = tmp / "intervals"
     intervals.mkdir()
@@ -62,7 +69,7 @@ def faulty(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     )
     try:
         took = p.up(dispatchers=2)
-        print(f"fault project up: {took:.1f}s")
+        print(f"compose up from nothing to ready: {took:.1f}s")
         yield p
     finally:
         p.down()
@@ -185,11 +192,86 @@ def settle_and_check(
         "completed_twice": 0,
         "overlaps": 0,
         "work_done_again": sum(1 for a in mine.values() if sum(x.ended for x in a) > 1),
+        "self_fenced": sum(
+            len(project.events("dispatcher", index, "lease.self_fenced")) for index in (1, 2)
+        ),
+        "leases_expired_requeued": sum(
+            len(project.events("dispatcher", index, "lease.expired")) for index in (1, 2)
+        ),
     }
     FIGURES.mkdir(parents=True, exist_ok=True)
     (FIGURES / f"{scenario}.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures))
     return figures
+
+
+def test_compose_comes_up_from_nothing_and_runs_a_job_submitted_over_http(
+    faulty: Project,
+) -> None:
+    project = faulty
+    # The one-shots ran and ended well: the keyfile, then rs.initiate and Brook's user.
+    for one_shot in ("keyfile", "mongo-init"):
+        state = project.run("ps", "-a", one_shot)
+        assert "Exit 0" in state or "exited (0)" in state.lower(), state
+    members = json.loads(project.mongosh("mongo1", "JSON.stringify(db.hello().hosts)") or "[]")
+    assert sorted(members) == ["mongo1:27017", "mongo2:27017", "mongo3:27017"]
+    assert project.primary() in {"mongo1", "mongo2", "mongo3"}
+
+    with project.http() as http:
+        # The token is required: the API is never open on the published port.
+        assert httpx.get(f"{project.url}/jobs", timeout=10).status_code == 401
+        assert httpx.get(f"{project.url}/healthz", timeout=10).status_code == 200
+        made = http.post("/jobs", json={"task": "echo", "payload": {"hello": "compose"}})
+        assert made.status_code == 202, made.text
+        job_id = made.json()["id"]
+        deadline = time.monotonic() + 60
+        while (job := http.get(f"/jobs/{job_id}").json())["status"] != "completed":
+            assert job["status"] in {"pending", "running"}, job
+            assert time.monotonic() < deadline, job
+            time.sleep(0.2)
+        assert job["result"] == {"hello": "compose"} and job["attempts"] == 1
+
+    # JSON logs come out of `docker compose logs`, one object a line, from both roles.
+    logged: dict[str, list[dict[str, object]]] = {"api": [], "dispatcher": []}
+    for raw in project.run("logs", "--no-color", "api", "dispatcher").splitlines():
+        prefix, sep, rest = raw.partition("| ")
+        if sep and rest.startswith("{"):
+            # `api_1  | ` (1.29) or `api-1  | ` (v2): the project's name has no "dispatcher".
+            service = "dispatcher" if "dispatcher" in prefix else "api"
+            logged[service].append(json.loads(rest))
+    assert logged["api"] and logged["dispatcher"]  # both dispatchers, interleaved
+    for line in logged["api"] + logged["dispatcher"]:
+        assert {"timestamp", "level", "event"} <= line.keys(), line
+    completed = [e for e in logged["dispatcher"] if e["event"] == "job.completed"]
+    assert [e["job_id"] for e in completed] == [job_id]
+    # Brook connects as its own user, which may read the oplog for insert hints...
+    assert any(e["event"] == "hints.opened" for e in logged["dispatcher"])
+    # ... and nothing of root's, nor any password, shows in what it logs.
+    text = project.run("logs", "--no-color", "api", "dispatcher")
+    for secret in ("MONGO_ROOT_PASSWORD", "MONGO_BROOK_PASSWORD", "BROOK_API_TOKEN"):
+        assert project.env[secret] not in text, secret
+
+    # Brook's user has the rights it needs on its database and nothing beyond.
+    password = project.env["MONGO_BROOK_PASSWORD"]
+    answers = project.mongosh(
+        "mongo1",
+        f"const c = connect('mongodb://brook:{password}@localhost:27017/admin');"
+        "const tries = {"
+        " brook: () => c.getSiblingDB('brook').probe.insertOne({}).acknowledged,"
+        " other: () => c.getSiblingDB('other').probe.insertOne({}).acknowledged,"
+        " users: () => c.getSiblingDB('admin').system.users.countDocuments({}),"
+        " config: () => c.adminCommand({replSetGetConfig: 1}).ok };"
+        "const out = {};"
+        "for (const [k, f] of Object.entries(tries)) {"
+        " try { out[k] = f() } catch (e) { out[k] = e.codeName } }"
+        "print(JSON.stringify(out))",
+    )
+    assert json.loads(answers.splitlines()[-1]) == {
+        "brook": True,
+        "other": "Unauthorized",
+        "users": "Unauthorized",
+        "config": "Unauthorized",
+    }, answers
 
 
 def running_on(project: Project, index: int, since: float) -> set[str]:
@@ -238,7 +320,7 @@ def test_a_dispatcher_cut_off_for_three_leases_stops_its_jobs_before_another_run
             "fault": f"dispatcher 1 disconnected from the compose network {3 * LEASE_S:.0f}s"
             f" (3x its {LEASE_S:.0f}s lease), 8 s jobs",
             "partition_s": round(healed - cut, 1),
-            "self_fenced": len(fenced),
+            "self_fenced_during_partition": len(fenced),
             "recovered_s": round(recovered, 1),
         },
     )
@@ -250,10 +332,10 @@ def _burst(faulty: Project, name: str) -> Stream:
 
 
 def test_the_primary_cut_off_from_everyone_steps_down_and_writes_go_on(faulty: Project) -> None:
+    wait_primary(faulty)
     stream = _burst(faulty, "partition-primary")
     time.sleep(2)
-    old = faulty.primary()
-    assert old, "no primary"
+    old = wait_primary(faulty)
     container = faulty.container(old)
     cut = time.monotonic()
     run(["docker", "network", "disconnect", faulty.network, container])
@@ -285,11 +367,21 @@ def test_the_primary_cut_off_from_everyone_steps_down_and_writes_go_on(faulty: P
     )
 
 
+def wait_primary(project: Project, timeout: float = 60) -> str:
+    """The primary, once there is one (after a fault the set may still be electing, or the
+    member with the higher priority taking over again)."""
+    deadline = time.monotonic() + timeout
+    while not (primary := project.primary()):
+        assert time.monotonic() < deadline, "no primary"
+        time.sleep(0.5)
+    return primary
+
+
 def test_the_primary_killed_mid_burst(faulty: Project) -> None:
+    wait_primary(faulty)
     stream = _burst(faulty, "kill-primary")
     time.sleep(2)
-    old = faulty.primary()
-    assert old, "no primary"
+    old = wait_primary(faulty)
     killed = time.monotonic()
     run(["docker", "kill", faulty.container(old)])
     try:
@@ -322,3 +414,9 @@ def test_the_api_paused_for_twenty_seconds_mid_burst(faulty: Project) -> None:
             "recovered_s": round(recovered, 1),
         },
     )
+
+
+def test_compose_down_v_leaves_no_container_network_or_volume(faulty: Project) -> None:
+    assert faulty.leftovers()["containers"], "nothing was up"
+    faulty.down()
+    assert faulty.leftovers() == {"containers": [], "networks": [], "volumes": []}
