@@ -73,7 +73,9 @@ def _docker_mongo() -> Iterator[Mongo]:  # pragma: no cover - needs a Docker eng
         sock.bind(("127.0.0.1", 0))
         host_port = int(sock.getsockname()[1])
     container = DockerContainer(os.environ.get("BROOK_MONGO_IMAGE") or "mongo:7").with_command(
+        # As the embedded set: test commands, and a TTL monitor that runs every second.
         "--replSet rs0 --bind_ip_all --setParameter enableTestCommands=1"
+        " --setParameter ttlMonitorSleepSecs=1"
     )
     # Published on the loopback only (docker-py takes an (address, port) pair here, which
     # `with_bind_ports` would not pass on).
