@@ -192,10 +192,11 @@ def settle_and_check(
         "completed_twice": 0,
         "overlaps": 0,
         "work_done_again": sum(1 for a in mine.values() if sum(x.ended for x in a) > 1),
-        "self_fenced": sum(
+        # These two count from the project's start, over every scenario so far.
+        "self_fenced_so_far": sum(
             len(project.events("dispatcher", index, "lease.self_fenced")) for index in (1, 2)
         ),
-        "leases_expired_requeued": sum(
+        "leases_expired_requeued_so_far": sum(
             len(project.events("dispatcher", index, "lease.expired")) for index in (1, 2)
         ),
     }
