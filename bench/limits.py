@@ -30,7 +30,8 @@ from bench.stats import JobTimes, max_overlap
 from common.domain.models import JobSpec
 from common.runtime.settings import Settings
 from common.store.db import database, make_client
-from common.store.jobs import CLAIM_SORT, JobStore, claim_filter, claim_index
+from common.store.jobs import JobStore
+from common.store.queries import CLAIM_SORT, claim_filter, claim_index
 from common.store.queues import QueueStore
 
 BACKLOG = 5000  # jobs waiting in a limited queue, ahead of the unlimited ones

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from executor.context import TaskContext
-from executor.registry import task
+from brook import TaskContext, task
 
 
 @task("bench_effect")

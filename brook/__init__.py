@@ -1,29 +1,55 @@
-"""Brook: an event-driven job engine on MongoDB. The Python API::
+"""Brook: an event-driven job engine on MongoDB. One import for everything public::
 
-    from brook import Client, AsyncClient
+    from brook import task, schedule, TaskContext, Retry   # in a task module
+    from brook import Client, AsyncClient                  # in an application
+
+Importing `brook` opens no connection and starts nothing: a `Client` connects when it
+is created, and a task module only registers its tasks. `executor`, `dispatcher`,
+`ingest` and `common` are internal packages; `brook` sits above them and none of them
+imports it, so a task module that imports `brook` is loaded without a cycle by the API,
+a dispatcher and each worker process.
 """
 
 from brook.client import AsyncClient, Client
 from common.domain.errors import (
     BrookError,
+    ConfigError,
+    EmbeddedMongoError,
     InvalidInput,
     InvalidSession,
     JobConflict,
     JobNotFound,
+    LeaseLost,
+    Retry,
+    ScheduleNotFound,
+    UnknownTask,
     WaitTimeout,
 )
 from common.domain.models import Job
 from common.domain.status import JobStatus
+from executor.context import SyncTaskContext, TaskContext
+from executor.registry import task
+from executor.schedules import schedule
 
 __all__ = [
     "AsyncClient",
     "BrookError",
     "Client",
+    "ConfigError",
+    "EmbeddedMongoError",
     "InvalidInput",
     "InvalidSession",
     "Job",
     "JobConflict",
     "JobNotFound",
     "JobStatus",
+    "LeaseLost",
+    "Retry",
+    "ScheduleNotFound",
+    "SyncTaskContext",
+    "TaskContext",
+    "UnknownTask",
     "WaitTimeout",
+    "schedule",
+    "task",
 ]

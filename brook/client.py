@@ -29,9 +29,9 @@ from pymongo import AsyncMongoClient, MongoClient
 
 from common.domain.errors import InvalidSession
 from common.domain.models import Doc
-from common.operations.blocking import Coro, LoopThread, T, blocking, blocking_or_in_session
 from common.operations.client_core import BlockingSessions, ClientCore, Submitting
 from common.operations.task_directory import TaskDirectory
+from common.runtime.blocking import Coro, LoopThread, T, blocking, blocking_or_in_session
 from common.runtime.settings import Settings, load_settings
 from common.store.db import database, make_client, sync_database
 from common.store.jobs import JobStore
@@ -79,7 +79,8 @@ class AsyncClient(ClientCore):
 
     def _open(self, settings: Settings, mongo: AsyncMongoClient[Doc], *, owned: bool) -> None:
         store = JobStore(database(mongo, settings), retention_s=settings.retention_seconds)
-        super().__init__(store, TaskDirectory(store, registered, open_while_none_live=True))
+        directory = TaskDirectory(store.presence, registered, open_while_none_live=True)
+        super().__init__(store, directory)
         self.settings = settings
         self._mongo = mongo
         self._owned = owned

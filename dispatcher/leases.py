@@ -34,11 +34,9 @@ from common.runtime.metrics import (
     LEASES_SELF_FENCED,
     count_outcome,
 )
-from common.runtime.settings import Settings
-from common.store.jobs import ExpiredLease, JobStore
-from dispatcher.claimer import ServerClock
+from common.store.jobs import ExpiredLease
 from dispatcher.dependents import Dependents
-from dispatcher.held_jobs import Holdings
+from dispatcher.wiring import Wiring
 
 Kill = Callable[[str, KillReason], bool]
 
@@ -56,21 +54,13 @@ STOP_MARGIN_S = 0.15
 
 class LeaseKeeper:
     def __init__(
-        self,
-        settings: Settings,
-        store: JobStore,
-        owner: str,
-        holdings: Holdings,
-        clock: ServerClock,
-        kill: Kill,
-        swept: Callable[[], None],
-        dependents: Dependents,
+        self, wiring: Wiring, kill: Kill, swept: Callable[[], None], dependents: Dependents
     ) -> None:
-        self.settings = settings
-        self.store = store
-        self.owner = owner
-        self.holdings = holdings
-        self.clock = clock
+        self.settings = wiring.settings
+        self.store = wiring.store
+        self.owner = wiring.owner
+        self.holdings = wiring.holdings
+        self.clock = wiring.clock
         self.kill = kill
         self.swept = swept
         self.dependents = dependents

@@ -40,10 +40,8 @@ from common.domain.models import Job
 from common.domain.queues import RATE_START_MARGIN_S, BlockReason, QueueDoc, QueueLimits
 from common.runtime.backoff import Backoff
 from common.runtime.log_events import Event, emit
-from common.runtime.settings import Settings
-from common.runtime.supervision import Spawn
-from common.store.jobs import JobStore
 from common.store.queues import CONFIG_FIELDS, Pruned, QueueStore, Taken
+from dispatcher.wiring import Wiring
 
 # How long a claim may take after writing its slots: after `claim_by`, no claim can use
 # them, and a prune may free them. The claim is the very next round trip; a late one
@@ -53,7 +51,7 @@ MAX_RATE_BACKOFF_S = 1.0
 
 
 class Clock(Protocol):
-    """The server's clock as seen from here (`dispatcher.claimer.ServerClock`)."""
+    """The server's clock as seen from here (`common.store.clock.ServerClock`)."""
 
     def now(self) -> float: ...
 
@@ -146,23 +144,14 @@ class Gates:
 
 
 class Limits:
-    def __init__(
-        self,
-        settings: Settings,
-        queues: QueueStore,
-        store: JobStore,
-        owner: str,
-        clock: Clock,
-        spawn: Spawn,
-        held_jobs: Callable[[], list[Job]],
-    ) -> None:
-        self.settings = settings
+    def __init__(self, wiring: Wiring, queues: QueueStore) -> None:
+        self.settings = wiring.settings
         self.queues = queues
-        self.store = store
-        self.owner = owner
-        self.spawn = spawn
-        self.clock = clock
-        self.held_jobs = held_jobs
+        self.store = wiring.store
+        self.owner = wiring.owner
+        self.spawn = wiring.spawn
+        self.clock: Clock = wiring.clock
+        self.held_jobs: Callable[[], list[Job]] = wiring.holdings.jobs
         self.view: dict[str, QueueLimits] = {}
         self._limited: frozenset[str] = frozenset()
         self.held: dict[str, Held] = {}
@@ -176,7 +165,7 @@ class Limits:
         self._pending_queues: set[str] = set()
         self._seen_since: set[str] = set()
         self._pending_stale = True
-        self.gates = Gates(clock, lambda queue: self.on_open(queue))
+        self.gates = Gates(self.clock, lambda queue: self.on_open(queue))
         # Set by the claimer: a queue may be claimed again (None: any queue may).
         self.on_open: Callable[[str | None], None] = lambda _queue: None
         self.loaded = asyncio.Event()

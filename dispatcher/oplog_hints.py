@@ -32,6 +32,7 @@ from common.runtime.backoff import Backoff
 from common.runtime.log_events import Event, emit
 from common.store.db import is_transient
 from common.store.jobs import JobStore
+from common.store.pipelines import oplog_insert_as_change
 
 # Errors that will not go away by asking again: no access to `local`, no oplog to tail
 # (a standalone server, a `mongos`). 13 Unauthorized, 20 IllegalOperation, 2 BadValue
@@ -125,11 +126,7 @@ class InsertHints:
             while cursor.alive:
                 async for entry in cursor:
                     backoff.reset()
-                    job = entry["o"]
-                    self.on_change(
-                        {"operationType": "insert", "documentKey": {"_id": job["_id"]},
-                         "fullDocument": job}
-                    )
+                    self.on_change(oplog_insert_as_change(entry))
         finally:
             self.announced.stop()
             await cursor.close()

@@ -22,12 +22,12 @@ from common.domain.models import Job
 from common.domain.status import JobStatus
 from common.protocol.runner import RELEASES, Outcome
 from common.runtime.backoff import backoff_delay
-from common.runtime.failover_retry import ride_out
 from common.runtime.group_commit import GroupCommit
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import JOB_DURATION, count_outcome
 from common.runtime.settings import Settings
 from common.runtime.supervision import Spawn
+from common.store.failover_retry import ride_out
 from common.store.jobs import JobStore, Lease, RunTimes
 from dispatcher.dependents import Dependents
 

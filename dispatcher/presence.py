@@ -14,31 +14,22 @@ from collections.abc import Mapping
 
 from pymongo.errors import PyMongoError
 
-from common.runtime.failover_retry import ride_out
 from common.runtime.log_events import Event, emit
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
+from common.store.failover_retry import ride_out
+from dispatcher.wiring import Wiring
 
 
 class Presence:
-    def __init__(
-        self,
-        settings: Settings,
-        store: JobStore,
-        owner: str,
-        name: str,
-        tasks: frozenset[str],
-        queues: Mapping[str, int] | None,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.owner = owner
-        self.name = name
-        self.tasks = tasks
-        self.queues = queues
+    def __init__(self, wiring: Wiring) -> None:
+        self.settings = wiring.settings
+        self.store = wiring.store
+        self.owner = wiring.owner
+        self.name = wiring.name
+        self.tasks = wiring.tasks
+        self.queues: Mapping[str, int] | None = wiring.settings.queues
 
     async def _announce(self) -> None:
-        await self.store.announce(
+        await self.store.presence.announce(
             self.owner,
             name=self.name,
             tasks=self.tasks,
@@ -54,7 +45,7 @@ class Presence:
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             try:
-                if not await self.store.seen(self.owner):
+                if not await self.store.presence.seen(self.owner):
                     await self._announce()  # removed meanwhile (by hand, or long frozen)
             except PyMongoError as exc:
                 emit(Event.MONGO_UNAVAILABLE, level="warning", op="presence", error=str(exc)[:200])
@@ -63,4 +54,4 @@ class Presence:
         """At shutdown, best effort (the caller bounds it in time): otherwise the document
         simply stops being live."""
         with contextlib.suppress(PyMongoError):
-            await self.store.retire(self.owner)
+            await self.store.presence.retire(self.owner)

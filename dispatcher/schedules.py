@@ -27,11 +27,11 @@ from typing import TypeVar
 
 from common.domain.models import JobSpec
 from common.domain.schedules import Schedule, ScheduleState
-from common.runtime.failover_retry import ride_out
 from common.runtime.log_events import Event, emit, job_fields
+from common.store.clock import ServerClock
+from common.store.failover_retry import ride_out
 from common.store.jobs import JobStore
 from common.store.schedules import ScheduleStore
-from dispatcher.claimer import ServerClock
 
 MAX_SLEEP_S = 60.0
 

@@ -18,8 +18,8 @@ from pymongo.errors import PyMongoError
 
 from common.runtime.log_events import Event, emit
 from common.runtime.supervision import Spawn
+from common.store.clock import ServerClock
 from common.store.jobs import JobStore, Lease
-from dispatcher.claimer import ServerClock
 
 MARK_AFTER_S = 0.5
 

@@ -9,8 +9,6 @@ coalesced to at most one a second.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -21,45 +19,13 @@ from common.runtime.log_events import Event, emit
 from common.runtime.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
 from common.store.db import is_history_lost
 from common.store.jobs import JobStore
+from common.store.pipelines import (
+    DISPATCHER_PIPELINE,
+    DISPATCHER_PIPELINE_VERSION,
+    INVALIDATING,
+)
 
 STREAM = "dispatcher"  # the `stream` label of this change stream in metrics
-
-# Events after which the stream is over: reopen fresh and sweep.
-INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")
-
-PIPELINE: list[dict[str, Any]] = [
-    {
-        "$match": {
-            "$or": [
-                {"operationType": "insert", "fullDocument.status": "pending"},
-                {
-                    "operationType": "update",
-                    "updateDescription.updatedFields.status": "pending",
-                },
-                {
-                    "operationType": "update",
-                    "updateDescription.updatedFields.cancel_requested": True,
-                },
-                {"operationType": {"$in": list(INVALIDATING)}},
-            ]
-        }
-    },
-    {
-        "$project": {
-            "operationType": 1,
-            "documentKey": 1,
-            "fullDocument.run_at": 1,
-            "fullDocument.task": 1,
-            "fullDocument.queue": 1,
-            "fullDocument.priority": 1,
-            "updateDescription.updatedFields.run_at": 1,
-            "updateDescription.updatedFields.status": 1,
-            "updateDescription.updatedFields.cancel_requested": 1,
-        }
-    },
-]
-
-PIPELINE_VERSION = hashlib.sha1(json.dumps(PIPELINE, sort_keys=True).encode()).hexdigest()[:12]
 
 OnChange = Callable[[Mapping[str, Any]], None]
 OnReset = Callable[[], Awaitable[None]]
@@ -98,7 +64,7 @@ class TokenSaver:
         if token is None or token == self._saved:
             return
         try:
-            await self.store.save_token(self.name, PIPELINE_VERSION, token)
+            await self.store.tokens.save(self.name, DISPATCHER_PIPELINE_VERSION, token)
             self._saved = token
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="save_token", error=str(exc)[:200])
@@ -152,13 +118,13 @@ class StreamFollower:
         """Open the stream (resuming after `token`) and follow it; return the token to
         resume from next, None after an invalidation."""
         async with await self.store.changes(
-            PIPELINE, resume_after=token, max_await_ms=self.max_await_ms
+            DISPATCHER_PIPELINE, resume_after=token, max_await_ms=self.max_await_ms
         ) as stream:
             if token is not None:
                 STREAM_RESUMES.labels(stream=STREAM).inc()
             emit(
                 Event.STREAM_RESUMED if token is not None else Event.STREAM_OPENED,
-                version=PIPELINE_VERSION,
+                version=DISPATCHER_PIPELINE_VERSION,
             )
             self.opened.set()
             backoff.reset()
@@ -178,7 +144,7 @@ class StreamFollower:
     async def _load_token(self) -> Mapping[str, Any] | None:
         while True:
             try:
-                return await self.store.load_token(self.name, PIPELINE_VERSION)
+                return await self.store.tokens.load(self.name, DISPATCHER_PIPELINE_VERSION)
             except PyMongoError as exc:
                 emit(
                     Event.MONGO_UNAVAILABLE, level="warning", op="load_token", error=str(exc)[:200]
@@ -187,6 +153,6 @@ class StreamFollower:
 
     async def _drop_token(self) -> None:
         try:
-            await self.store.drop_token(self.name)
+            await self.store.tokens.drop(self.name)
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="drop_token", error=str(exc)[:200])

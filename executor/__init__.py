@@ -1,6 +1,10 @@
-"""Worker processes, the task registry and cron schedules. Task modules need only this::
+"""Worker processes, the task registry and cron schedules (internal).
 
-from executor import Retry, SyncTaskContext, TaskContext, schedule, task
+Task modules import the public names from `brook`, which re-exports these::
+
+    from brook import Retry, SyncTaskContext, TaskContext, schedule, task
+
+`executor` never imports `brook` (it is the floor below), so those names are defined here.
 """
 
 from common.domain.errors import Retry

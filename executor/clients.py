@@ -41,7 +41,7 @@ def process_core(settings: Settings) -> ClientCore:
     if _core is None:
         db = database(process_client(settings), settings)
         store = JobStore(db, retention_s=settings.retention_seconds)
-        directory = TaskDirectory(store, registered, open_while_none_live=True)
+        directory = TaskDirectory(store.presence, registered, open_while_none_live=True)
         _core = ClientCore(store, directory, on_staged=note_staged)
     return _core
 

@@ -22,8 +22,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
-from common.operations.blocking import Coro, T, blocking_or_in_session, delegating, run_on
 from common.operations.client_core import ClientCore, Submitting
+from common.runtime.blocking import Coro, T, blocking_or_in_session, delegating, run_on
 from common.runtime.log import get_logger
 from common.runtime.settings import Settings
 from common.store.db import database, sync_database

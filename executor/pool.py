@@ -33,7 +33,7 @@ from typing import Any
 import aiomultiprocess
 import aiomultiprocess.core
 
-from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Slot, TxOpened
+from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, TxOpened, WorkerSlot
 from common.runtime.backoff import exponential
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.settings import Settings
@@ -71,7 +71,7 @@ class _Worker:
         return pid
 
 
-class PoolSlot(Slot):
+class PoolSlot(WorkerSlot):
     """A reserved idle worker; hand it a job with `WorkerPool.run`, or give it back."""
 
     def __init__(self, worker: _Worker) -> None:
@@ -178,12 +178,12 @@ class WorkerPool:
                 return PoolSlot(w)
         return None
 
-    def unreserve(self, slot: Slot) -> None:
+    def unreserve(self, slot: WorkerSlot) -> None:
         _worker_of(slot).reserved = False
 
     # -- running ---------------------------------------------------------------------------
 
-    async def run(self, slot: Slot, job: RunJob, timeout: float | None) -> Outcome:
+    async def run(self, slot: WorkerSlot, job: RunJob, timeout: float | None) -> Outcome:
         worker = _worker_of(slot)
         worker.job = job
         worker.tx_session = None
@@ -364,7 +364,7 @@ def _death_outcome(worker: _Worker, code: int | None) -> Outcome:
     )
 
 
-def _worker_of(slot: Slot) -> _Worker:
+def _worker_of(slot: WorkerSlot) -> _Worker:
     assert isinstance(slot, PoolSlot), f"not a slot of this pool: {slot!r}"
     return slot.worker
 

@@ -82,7 +82,7 @@ class ProgressReporter:
 
     def hold(self) -> None:
         """While the attempt's own transaction is open nothing else may write its job (see
-        `common.store.jobs.transaction_opened`): keep reports here. The newest goes with the
+        `common.store.queries.transaction_opened`): keep reports here. The newest goes with the
         completion (`take_last`), or up the pipe if the transaction ends without it
         (`release`)."""
         with self._lock:

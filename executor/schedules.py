@@ -1,6 +1,6 @@
 """Cron schedules, declared in task modules next to their tasks::
 
-    from executor import schedule, task
+    from brook import schedule, task
 
     @task("report")
     def report(payload): ...

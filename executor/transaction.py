@@ -26,9 +26,9 @@ from pymongo.synchronous.client_session import ClientSession
 
 from common.domain.errors import LeaseLost
 from common.domain.models import Doc
-from common.operations.blocking import drive
 from common.operations.client_core import log_submitted
 from common.protocol.runner import RunJob, TxOpened
+from common.runtime.blocking import drive
 from common.runtime.settings import Settings
 from common.store.jobs import Lease, Submitted
 from common.store.transactions import (

@@ -38,12 +38,18 @@ from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
 from common.domain.models import DEFAULT_QUEUE, Doc, Job
-from common.domain.status import TERMINAL
 from common.runtime.backoff import Backoff
 from common.runtime.log_events import Event, emit
 from common.runtime.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
 from common.store.db import is_history_lost, is_transient
 from common.store.jobs import JobStore, buffered
+from common.store.pipelines import (
+    INVALIDATING,
+    LEAN_PIPELINE,
+    LIVE_PIPELINE,
+    TERMINAL_VALUES,
+    catch_up_pipeline,
+)
 from ingest.encoding import job_text
 from ingest.metrics import SSE_DROPPED
 
@@ -57,77 +63,6 @@ LEAN_AWAIT_MS = 100  # an idle lean stream notices a new client within about thi
 # while a read per start or end cost a busy set 10-20% of its drain rate (a wake-up and a
 # round trip per change). A client arriving cuts the wait short.
 LEAN_PACE_S = 1.0
-INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")
-TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
-
-# Every insert and replacement, and every update that changes more than the lease or the
-# clock (a lease renewal is not news to anyone watching).
-_QUIET_FIELDS = ["lease_expires_at", "updated_at"]
-LIVE_PIPELINE: list[dict[str, Any]] = [
-    {
-        "$match": {
-            "$or": [
-                {"operationType": {"$in": ["insert", "replace", *INVALIDATING]}},
-                {
-                    "operationType": "update",
-                    "$expr": {
-                        "$gt": [
-                            {
-                                "$size": {
-                                    "$setDifference": [
-                                        {
-                                            "$map": {
-                                                "input": {
-                                                    "$objectToArray": (
-                                                        "$updateDescription.updatedFields"
-                                                    )
-                                                },
-                                                "in": "$$this.k",
-                                            }
-                                        },
-                                        _QUIET_FIELDS,
-                                    ]
-                                }
-                            },
-                            0,
-                        ]
-                    },
-                },
-            ]
-        }
-    }
-]
-
-
-# Without clients: a change that starts a job (sets `started_at`) or ends it, and only what
-# `Tally` reads of it. The server filters and projects before computing any post-image.
-LEAN_PIPELINE: list[dict[str, Any]] = [
-    {
-        "$match": {
-            "$or": [
-                {"operationType": {"$in": list(INVALIDATING)}},
-                {
-                    "operationType": "update",
-                    "updateDescription.updatedFields.status": {"$in": sorted(TERMINAL_VALUES)},
-                },
-                {
-                    "operationType": "update",
-                    "updateDescription.updatedFields.started_at": {"$type": "date"},
-                },
-            ]
-        }
-    },
-    {
-        "$project": {
-            "operationType": 1,
-            "wallTime": 1,
-            "documentKey": 1,
-            "updateDescription.updatedFields.status": 1,
-            "updateDescription.updatedFields.started_at": 1,
-            "fullDocument.run_at": 1,
-        }
-    },
-]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -559,9 +494,7 @@ async def catch_up(
 ) -> AsyncIterator[LiveEvent | Reset]:
     """The events after `since` up to `sub.start`, from a change stream of this client's own
     that ends with the catch-up; a `Reset` if the oplog no longer reaches back to `since`."""
-    pipeline = list(LIVE_PIPELINE)
-    if sub.filter.job_id is not None:
-        pipeline.append({"$match": {"documentKey._id": sub.filter.job_id}})
+    pipeline = catch_up_pipeline(sub.filter.job_id)
     end = sub.start.key
     try:
         async with await store.changes(

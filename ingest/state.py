@@ -62,7 +62,7 @@ async def open_state(
     )
     store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
     # The API accepts its own tasks, and those a live dispatcher runs.
-    directory = TaskDirectory(store, lambda: known_tasks, open_while_none_live=False)
+    directory = TaskDirectory(store.presence, lambda: known_tasks, open_while_none_live=False)
     depth = DepthCache(store, settings.metrics_cache_seconds)
     submits: GroupCommit[JobSpec, Submitted] = GroupCommit(
         lambda specs: _submit_batch(store, specs)

@@ -11,6 +11,8 @@ from common.domain.status import JobStatus
 Doc = dict[str, Any]
 
 DEFAULT_QUEUE = "default"
+# What a queue may be called (in job specs, `BROOK_QUEUES` and queue limits alike).
+QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
 def whole_ms(value: datetime) -> datetime:

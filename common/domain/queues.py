@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from common.domain.errors import InvalidInput
-from common.runtime.settings import QUEUE_NAME
+from common.domain.models import QUEUE_NAME
 
 MAX_CONCURRENCY = 100_000
 # The rate keeps one timestamp per start inside its window in the queue's document.
@@ -164,7 +164,7 @@ def validate_queue_update(name: str, body: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Slot:
+class QueueSlot:
     """One slot of a limited queue, held for one job.
 
     A claim writes its slots first, each naming its job and the claim's `tag` (the job gets
@@ -183,7 +183,7 @@ class Slot:
     adopted: bool = False
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> Slot:
+    def from_doc(cls, doc: Mapping[str, Any]) -> QueueSlot:
         attempt = doc.get("attempt")
         return cls(
             job=str(doc["job"]),
@@ -211,14 +211,14 @@ class Slot:
 class QueueDoc:
     name: str
     limits: QueueLimits
-    slots: tuple[Slot, ...] = ()
+    slots: tuple[QueueSlot, ...] = ()
     starts: tuple[datetime, ...] = ()
     used: int = 0  # slots counted against the concurrency
     now: datetime | None = None  # the server's clock when read, when asked for
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> QueueDoc:
-        slots = tuple(Slot.from_doc(s) for s in doc.get("slots") or ())
+        slots = tuple(QueueSlot.from_doc(s) for s in doc.get("slots") or ())
         return cls(
             name=str(doc["_id"]),
             limits=QueueLimits.from_doc(doc),
@@ -261,7 +261,7 @@ class QueueDoc:
 
 def slot_usage(
     doc: QueueDoc, jobs: Mapping[str, Mapping[str, Any]], now: datetime
-) -> tuple[int, list[Slot]]:
+) -> tuple[int, list[QueueSlot]]:
     """The slots in use by the jobs' stored state at `now`, and those that are over."""
     dead = [s for s in doc.slots if not s.in_use(jobs.get(s.job), now)]
     return len(doc.slots) - len(dead), dead

@@ -25,10 +25,9 @@ from pydantic import (
 )
 
 from common.domain.errors import ErrorDetail, InvalidInput
-from common.domain.models import DEFAULT_QUEUE, JobSpec, whole_ms
+from common.domain.models import DEFAULT_QUEUE, QUEUE_NAME, JobSpec, whole_ms
 from common.domain.schedules import TICK_KEY_PREFIX
 from common.domain.workflows import MAX_PARENTS, check_graph
-from common.runtime.settings import QUEUE_NAME
 
 MAX_DEPTH = 32
 MAX_BATCH = 1000

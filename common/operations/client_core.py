@@ -1,7 +1,7 @@
 """`ClientCore`: every operation a client offers, written once (async).
 
 `brook.AsyncClient` is this core on its own `AsyncMongoClient`; `brook.Client` runs the same
-coroutines on a private event-loop thread (`common.operations.blocking`); a task's `ctx.submit` uses
+coroutines on a private event-loop thread (`common.runtime.blocking`); a task's `ctx.submit` uses
 the core of its worker process; the HTTP API submits and retries through it too. So every
 surface validates, checks task names, writes and logs the same way.
 
@@ -433,7 +433,7 @@ class ClientCore(Submitting):
 class BlockingSessions(Submitting):
     """`submit` and `submit_many` with a blocking session (a `ClientSession` of an
     application's `MongoClient`, or of a plain `def` task's): the very code of the async
-    session path, run on the caller's thread by `common.operations.blocking.drive`, every
+    session path, run on the caller's thread by `common.runtime.blocking.drive`, every
     driver call blocking. Calls without a session never come here (`blocking_or_in_session`)."""
 
     def __init__(

@@ -16,7 +16,7 @@ from typing import Protocol
 from common.domain.errors import InvalidInput
 from common.domain.models import JobSpec
 from common.domain.validation import unknown_task_detail
-from common.store.jobs import LiveDispatcher
+from common.store.presence import LiveDispatcher
 
 # A name found among the live dispatchers' tasks is trusted this long without a new look;
 # a name not found is looked up again, at most this often.
@@ -25,7 +25,8 @@ LOOK_AGAIN_S = 0.5
 
 
 class LiveSource(Protocol):
-    """Where the live dispatchers are read: `JobStore`, or `SyncJobs` on a blocking client."""
+    """Where the live dispatchers are read: `PresenceStore`, or `SyncJobs` on a blocking
+    client."""
 
     async def live_dispatchers(self) -> list[LiveDispatcher]: ...
 

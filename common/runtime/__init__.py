@@ -1,2 +1,2 @@
 """Process plumbing: settings, logging and its event names, metrics, supervised tasks,
-backoff, group commit, riding out a failover."""
+backoff, group commit, and running async code to its end on a blocking caller's thread."""

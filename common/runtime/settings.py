@@ -11,9 +11,9 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from common.domain.errors import ConfigError
+from common.domain.models import QUEUE_NAME
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _QUEUE_NAME = re.compile(QUEUE_NAME)
 WEEK_S = 7 * 86400.0
 # Claims ahead of the workers, at most (BROOK_PREFETCH unset): enough for claims of many

@@ -1,4 +1,5 @@
-"""The DB factory: one `AsyncMongoClient` per process, created in that process.
+"""The DB factory: one `AsyncMongoClient` per process, created in that process; how
+Brook reads and writes (majority), which failures are transient, and index creation.
 
 Every Brook process (API, dispatcher, each worker that touches MongoDB) calls
 `make_client()` itself; a client is never handed to a child process.
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from datetime import UTC
 from typing import Any
 
 from bson.codec_options import CodecOptions
-from pymongo import AsyncMongoClient, MongoClient
+from pymongo import AsyncMongoClient, IndexModel, MongoClient
+from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError, WTimeoutError
 from pymongo.read_concern import ReadConcern
@@ -124,3 +127,32 @@ def is_transient(exc: BaseException) -> bool:
         return exc.code in _TRANSIENT_CODES or any(exc.has_error_label(lb) for lb in labels)
     return False
 
+
+async def ensure_indexes(collection: AsyncCollection[Doc], models: Sequence[IndexModel]) -> None:
+    """Idempotent: an index that exists with the same spec is a no-op; one that exists
+    under the same name with another spec (an older Brook) is rebuilt."""
+    try:
+        await collection.create_indexes(list(models))
+    except OperationFailure as exc:
+        if exc.code not in (85, 86):  # IndexOptionsConflict, IndexKeySpecsConflict
+            raise
+        for model in models:
+            await _rebuild_index(collection, model)
+
+
+async def _rebuild_index(collection: AsyncCollection[Doc], model: IndexModel) -> None:
+    # Several processes (API, dispatchers) may do this at once: a peer may drop or
+    # recreate the index between our steps, so tolerate both and try again.
+    for _ in range(5):
+        try:
+            await collection.create_indexes([model])
+            return
+        except OperationFailure as exc:
+            if exc.code not in (85, 86):
+                raise
+        try:
+            await collection.drop_index(model.document["name"])
+        except OperationFailure as exc:
+            if exc.code != 27:  # IndexNotFound: a peer dropped it first
+                raise
+    await collection.create_indexes([model])

@@ -43,17 +43,14 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.read_concern import ReadConcern
 
 from common.domain.models import Doc
-from common.domain.queues import RATE_START_MARGIN_S, QueueDoc, Slot, slot_usage
-from common.store.jobs import JOBS
+from common.domain.queues import RATE_START_MARGIN_S, QueueDoc, QueueSlot, slot_usage
+from common.store.fields import NOW, lit
+from common.store.jobs.base import JOBS
+from common.store.pipelines import QUEUE_CHANGES_PIPELINE
 
 QUEUES = "brook_queues"
-NOW = "$$NOW"
 CONFIG_FIELDS = ("concurrency", "rate", "paused")
 _DEFAULTS: dict[str, Any] = {"concurrency": None, "rate": None, "paused": False}
-
-
-def _lit(value: Any) -> dict[str, Any]:
-    return {"$literal": value}
 
 
 def _list(field: str) -> dict[str, Any]:
@@ -136,7 +133,7 @@ class Taken:
     """What `take` got: the slots it wrote (the first jobs asked for), or none and the
     queue as it stood (to tell why)."""
 
-    slots: list[Slot]
+    slots: list[QueueSlot]
     queue: QueueDoc | None  # None: the queue has no document (no limits)
 
     @property
@@ -150,7 +147,7 @@ class Taken:
 class Pruned:
     """The slots `prune` freed: of attempts that are over, or claims that never landed."""
 
-    slots: list[Slot]
+    slots: list[QueueSlot]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,24 +212,7 @@ class QueueStore:
     async def changes(self, *, max_await_ms: int) -> AsyncChangeStream[Doc]:
         """A change stream of the queue documents (open it with `async with`): each event
         names the queue and the top-level fields it changed (`keys`), nothing more."""
-        updated = {"$ifNull": ["$updateDescription.updatedFields", {}]}
-        return await self.queues.watch(
-            [
-                {
-                    "$project": {
-                        "operationType": 1,
-                        "documentKey": 1,
-                        "keys": {
-                            "$map": {
-                                "input": {"$objectToArray": updated},
-                                "in": {"$arrayElemAt": [{"$split": ["$$this.k", "."]}, 0]},
-                            }
-                        },
-                    }
-                }
-            ],
-            max_await_time_ms=max_await_ms,
-        )
+        return await self.queues.watch(QUEUE_CHANGES_PIPELINE, max_await_time_ms=max_await_ms)
 
     # -- a claim's slots -----------------------------------------------------------------------
 
@@ -258,7 +238,7 @@ class QueueStore:
         # Jobs another claim already holds slots for are left to it: racing dispatchers find
         # the same best jobs, and each takes slots for different ones.
         named = {"$in": ["$$this.job", {"$ifNull": ["$slots.job", []]}]}
-        free = {"$filter": {"input": _lit(new), "cond": {"$not": [named]}}}
+        free = {"$filter": {"input": lit(new), "cond": {"$not": [named]}}}
         with_deadline = {
             "$map": {
                 "input": free,
@@ -293,8 +273,8 @@ class QueueStore:
         if not lost and not started:
             return False
         mine = {"$eq": ["$$this.tag", tag]}
-        gone = {"$and": [mine, {"$in": ["$$this.job", _lit(list(lost))]}]}
-        settled = {"$and": [mine, {"$in": ["$$this.job", _lit(list(started))]}]}
+        gone = {"$and": [mine, {"$in": ["$$this.job", lit(list(lost))]}]}
+        settled = {"$and": [mine, {"$in": ["$$this.job", lit(list(started))]}]}
         slots = {
             "$map": {
                 "input": {"$filter": {"input": _list("slots"), "cond": {"$not": [gone]}}},
@@ -322,7 +302,7 @@ class QueueStore:
                                     "cond": {"$gt": ["$$this", since]},
                                 }
                             },
-                            _lit(list(started.values())),
+                            lit(list(started.values())),
                         ]
                     },
                 ]
@@ -355,7 +335,7 @@ class QueueStore:
             return 0
         known = {"$ifNull": ["$slots.job", []]}
         fresh = {
-            "$filter": {"input": _lit(new), "cond": {"$not": [{"$in": ["$$this.job", known]}]}}
+            "$filter": {"input": lit(new), "cond": {"$not": [{"$in": ["$$this.job", known]}]}}
         }
         res = await self.queues.update_one(
             {"_id": name}, [{"$set": {"slots": {"$concatArrays": [_list("slots"), fresh]}}}]

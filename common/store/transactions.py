@@ -5,8 +5,8 @@ The logic is written once, as coroutines over `TxOps`, the few driver calls it m
 one session: `AsyncTxOps` runs them on an `AsyncClientSession`, `SyncTxOps` on a blocking
 `ClientSession` (an application's `MongoClient`, or a plain `def` task's). A blocking
 session's calls block and belong to its caller's thread, so `SyncTxOps`' coroutines never
-suspend and `common.operations.blocking.drive` runs them to the end right there, without a loop.
-Documents and filters come from `common.store.jobs`, the one home of Brook's queries.
+suspend and `common.runtime.blocking.drive` runs them to the end right there, without a loop.
+Documents and filters come from `common.store.queries`, the one home of Brook's queries.
 """
 
 from __future__ import annotations
@@ -29,26 +29,16 @@ from pymongo.synchronous.database import Database
 
 from common.domain.errors import InvalidSession
 from common.domain.models import Doc, Job, JobSpec
-from common.operations.blocking import drive
 from common.runtime.backoff import Backoff
+from common.runtime.blocking import drive
 from common.runtime.settings import Settings
+from common.store import queries
 from common.store.db import MAJORITY, database, is_transient, sync_database
-from common.store.jobs import (
-    DISPATCHERS,
-    INDEXES,
-    JOBS,
-    Lease,
-    LiveDispatcher,
-    Submitted,
-    completed_in_transaction,
-    key_window_over,
-    live_query,
-    new_job_upsert,
-    release_key,
-    running_fence,
-    transaction_closed,
-    transaction_opened,
-)
+from common.store.jobs.base import JOBS
+from common.store.jobs.indexes import INDEXES
+from common.store.presence import DISPATCHERS, LiveDispatcher, live_filter
+from common.store.queries import Update, new_job_upsert
+from common.store.records import Lease, Submitted
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -103,9 +93,9 @@ class TxOps(Protocol):
 
     async def find(self, query: Mapping[str, Any]) -> list[Doc]: ...
 
-    async def update_one(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int: ...
+    async def update_one(self, query: Mapping[str, Any], pipeline: Update) -> int: ...
 
-    async def update_outside(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int:
+    async def update_outside(self, query: Mapping[str, Any], pipeline: Update) -> int:
         """An update through the session's client but outside the transaction (majority)."""
 
     async def upsert_many(self, requests: list[UpdateOne]) -> None: ...
@@ -130,10 +120,10 @@ class AsyncTxOps:
     async def find(self, query: Mapping[str, Any]) -> list[Doc]:
         return await self.jobs.find(query, session=self.session).to_list()
 
-    async def update_one(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int:
+    async def update_one(self, query: Mapping[str, Any], pipeline: Update) -> int:
         return (await self.jobs.update_one(query, pipeline, session=self.session)).matched_count
 
-    async def update_outside(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int:
+    async def update_outside(self, query: Mapping[str, Any], pipeline: Update) -> int:
         return (await self.jobs.update_one(query, pipeline)).matched_count
 
     async def upsert_many(self, requests: list[UpdateOne]) -> None:
@@ -166,10 +156,10 @@ class SyncTxOps:
     async def find(self, query: Mapping[str, Any]) -> list[Doc]:
         return self.jobs.find(query, session=self.session).to_list()
 
-    async def update_one(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int:
+    async def update_one(self, query: Mapping[str, Any], pipeline: Update) -> int:
         return self.jobs.update_one(query, pipeline, session=self.session).matched_count
 
-    async def update_outside(self, query: Mapping[str, Any], pipeline: list[Doc]) -> int:
+    async def update_outside(self, query: Mapping[str, Any], pipeline: Update) -> int:
         return self.jobs.update_one(query, pipeline).matched_count
 
     async def upsert_many(self, requests: list[UpdateOne]) -> None:
@@ -232,7 +222,7 @@ class SyncJobs:
         return SyncTxOps(self.jobs, session)
 
     async def live_dispatchers(self) -> list[LiveDispatcher]:
-        return [LiveDispatcher.from_doc(d) for d in self.db[DISPATCHERS].find(live_query())]
+        return [LiveDispatcher.from_doc(d) for d in self.db[DISPATCHERS].find(live_filter())]
 
     async def ensure_indexes(self) -> None:
         """Once per client. A conflicting older spec is left to Brook's own processes, which
@@ -266,8 +256,9 @@ async def stage_jobs(ops: TxOps, specs: Sequence[JobSpec]) -> list[Submitted]:
     if keys:
         for doc in await ops.find({"idempotency_key": {"$in": keys}}):
             key = doc["idempotency_key"]
+            released = queries.key_released(doc["_id"], key)
             if doc.get("unique_until") is not None and await ops.update_one(
-                key_window_over(doc["_id"], key), release_key(key)
+                released.filter, released.update
             ):
                 continue
             held[key] = Job.from_doc(doc)
@@ -339,14 +330,15 @@ async def begin_transaction(
 ) -> bool:
     """Before a task's transaction starts (its snapshot must come after this): the fenced
     write that renews the lease for the whole transaction and records its session
-    (`common.store.jobs.transaction_opened`). False: the lease is already lost."""
-    opened = transaction_opened(lease, session_id, lease_seconds)
-    return await ops.update_outside(running_fence(lease, owner), opened) == 1
+    (`common.store.queries.transaction_opened`). False: the lease is already lost."""
+    opened = queries.transaction_opened(lease, owner, session_id, lease_seconds)
+    return await ops.update_outside(opened.filter, opened.update) == 1
 
 
 async def end_transaction(ops: TxOps, lease: Lease, owner: str, lease_seconds: float) -> None:
     """The task's transaction was aborted and the task goes on: heartbeats renew it again."""
-    await ops.update_outside(running_fence(lease, owner), transaction_closed(lease_seconds))
+    closed = queries.transaction_closed(lease, owner, lease_seconds)
+    await ops.update_outside(closed.filter, closed.update)
 
 
 async def complete_in_transaction(
@@ -363,10 +355,8 @@ async def complete_in_transaction(
     and commit the two together. A fence that matches nothing (the lease was lost) aborts:
     the attempt's writes vanish with its result."""
     try:
-        matched = await ops.update_one(
-            running_fence(lease, owner),
-            completed_in_transaction(lease, result, retention_s, progress),
-        )
+        completed = queries.completed_in_transaction(lease, owner, result, retention_s, progress)
+        matched = await ops.update_one(completed.filter, completed.update)
     except PyMongoError as exc:
         await ops.abort()
         if is_transient(exc):

@@ -8,10 +8,9 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import JSONResponse
 
 from common.domain.errors import JobConflict, JobNotFound
-from common.domain.models import JobSpec
+from common.domain.models import QUEUE_NAME, JobSpec
 from common.domain.status import JobStatus
 from common.domain.validation import MAX_BATCH, SubmitJob
-from common.runtime.settings import QUEUE_NAME
 from ingest.deps import Core, Store, batch_body, submit_body
 from ingest.encoding import job_response, json_response
 

@@ -4,12 +4,10 @@ routing by task and queue, follow-ups from tasks, retry, retention and the CLI."
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +18,7 @@ from common.domain.models import JobSpec
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore
 from executor import registry
-from tests.conftest import ROOT, brook_env
+from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster, wait_terminal
 from tests.support.procs import wait_until
 
@@ -275,27 +273,3 @@ def test_the_cli_submits_many_retries_and_lists_queues(cluster: Cluster, http: h
     assert rows["bulk"][2] == "2500" and rows["default"][2] == "1"  # waiting, pending, ...
     bad = brook(cluster, "submit", "noop", "--count", "3", "--wait")
     assert bad.returncode == 2 and "--count" in bad.stderr
-
-
-def _readme_snippet() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Python API") :]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match is not None
-    return match.group(1)
-
-
-def test_the_readme_python_snippet_submits_and_waits(cluster: Cluster, tmp_path: Path) -> None:
-    disp = cluster.dispatcher()
-    script = tmp_path / "snippet.py"
-    script.write_text(_readme_snippet())
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        env=brook_env(cluster.settings),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr + "\ndispatcher:\n" + disp.raw_log()[-4000:]
-    assert out.stdout.strip().splitlines()[-1] == "completed {'x': 1}"

@@ -237,7 +237,7 @@ async def test_a_restarted_dispatcher_resumes_from_its_token_and_misses_nothing(
     await store.submit(JobSpec(task="noop", payload={}))
     first.wait_for_event("job.completed")
     assert first.stop() == 0
-    saved = await store.state.find_one({})
+    saved = await store.tokens.state.find_one({})
     assert saved is not None and saved["token"]
     ids = [(await store.submit(JobSpec(task="noop", payload={}))).job.id for _ in range(20)]
     # The saved token marks exactly where the first dispatcher stopped: resuming from it

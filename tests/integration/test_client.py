@@ -18,7 +18,9 @@ from common.domain.status import ALLOWED, RETRIES, TRANSITIONS, JobStatus
 from common.operations.task_directory import TaskDirectory
 from common.runtime.settings import Settings
 from common.store.db import database, make_client
-from common.store.jobs import CLAIM_SORT, HISTORY_CAP, JobStore, Lease, claim_filter, claim_index
+from common.store.fields import HISTORY_CAP
+from common.store.jobs import JobStore, Lease
+from common.store.queries import CLAIM_SORT, claim_filter, claim_index
 from tests.support.commands import CommandCounter
 
 OWNER = "test-owner"
@@ -419,27 +421,27 @@ async def test_counts_by_queue_come_from_one_aggregation(store: JobStore) -> Non
 
 
 async def test_live_dispatchers_are_those_seen_within_a_few_leases(store: JobStore) -> None:
-    await store.announce("d1", name="one", tasks={"a", "b"}, queues=None, lease_seconds=30)
-    await store.announce("d2", name="two", tasks={"c"}, queues={"emails": 2}, lease_seconds=0.1)
+    await store.presence.announce("d1", name="one", tasks={"a", "b"}, queues=None, lease_seconds=30)
+    await store.presence.announce("d2", name="two", tasks={"c"}, queues={"emails": 2}, lease_seconds=0.1)
     await asyncio.sleep(0.5)  # d2 missed 3 leases of 0.1 s
-    live = await store.live_dispatchers()
+    live = await store.presence.live_dispatchers()
     assert [(d.owner, d.tasks, d.queues) for d in live] == [("d1", frozenset({"a", "b"}), None)]
-    assert await store.seen("d2")
-    assert {d.owner for d in await store.live_dispatchers()} == {"d1", "d2"}
-    await store.retire("d1")
-    assert not await store.seen("d1")
+    assert await store.presence.seen("d2")
+    assert {d.owner for d in await store.presence.live_dispatchers()} == {"d1", "d2"}
+    await store.presence.retire("d1")
+    assert not await store.presence.seen("d1")
 
 
 async def test_python_accepts_any_task_until_a_dispatcher_is_live_then_checks_its_tasks(
     store: JobStore,
 ) -> None:
-    directory = TaskDirectory(store, lambda: {"mine"}, open_while_none_live=True)
+    directory = TaskDirectory(store.presence, lambda: {"mine"}, open_while_none_live=True)
     assert await directory.unknown({"mine", "anything"}) == {}
-    await store.announce("d1", name="one", tasks={"remote"}, queues=None, lease_seconds=30)
-    directory = TaskDirectory(store, lambda: {"mine"}, open_while_none_live=True)
+    await store.presence.announce("d1", name="one", tasks={"remote"}, queues=None, lease_seconds=30)
+    directory = TaskDirectory(store.presence, lambda: {"mine"}, open_while_none_live=True)
     assert await directory.unknown({"mine", "remote"}) == {}
     with pytest.raises(InvalidInput, match="unknown task 'nope'; known tasks: mine, remote"):
         await directory.check([spec("nope")], batch=False)
-    api = TaskDirectory(store, lambda: {"mine"}, open_while_none_live=False)
-    await store.retire("d1")
+    api = TaskDirectory(store.presence, lambda: {"mine"}, open_while_none_live=False)
+    await store.presence.retire("d1")
     assert set(await api.unknown({"remote"})) == {"remote"}  # the API never accepts blindly

@@ -12,7 +12,8 @@ from brook import AsyncClient, InvalidInput
 from common.domain.models import JobSpec
 from common.domain.queues import RATE_START_MARGIN_S
 from common.runtime.settings import Settings
-from common.store.jobs import CLAIM_SORT, JobStore, Lease, claim_filter, claim_index
+from common.store.jobs import JobStore, Lease
+from common.store.queries import CLAIM_SORT, claim_filter, claim_index
 from common.store.queues import QueueStore
 
 OWNER = "d1"

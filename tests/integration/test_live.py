@@ -16,9 +16,10 @@ from common.domain.models import JobSpec
 from common.runtime.settings import Settings
 from common.store.db import database, make_client
 from common.store.jobs import JobStore, Lease
+from common.store.pipelines import LIVE_PIPELINE
 from ingest.eventids import decode_id
 from ingest.feeds import Feed, FeedOptions
-from ingest.live import LIVE_PIPELINE, EventFilter, Hub, Position, Subscription, Tally
+from ingest.live import EventFilter, Hub, Position, Subscription, Tally
 from ingest.metrics import DepthCache
 
 OWNER = "test-owner"

@@ -11,13 +11,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from common.domain.models import JobSpec
-from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Slot
+from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, WorkerSlot
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore
 from dispatcher.dispatcher import Dispatcher
 
 
-class _Slot(Slot):
+class _Slot(WorkerSlot):
     def __init__(self, n: int) -> None:
         self.n = n
 
@@ -45,18 +45,18 @@ class HeldRunner:
     def free_slots(self) -> int:
         return self.slots - len(self.busy | self.reserved)
 
-    def reserve(self) -> Slot | None:
+    def reserve(self) -> WorkerSlot | None:
         for n in range(self.slots):
             if n not in self.busy and n not in self.reserved:
                 self.reserved.add(n)
                 return _Slot(n)
         return None
 
-    def unreserve(self, slot: Slot) -> None:
+    def unreserve(self, slot: WorkerSlot) -> None:
         assert isinstance(slot, _Slot)
         self.reserved.discard(slot.n)
 
-    async def run(self, slot: Slot, job: RunJob, timeout: float | None) -> Outcome:
+    async def run(self, slot: WorkerSlot, job: RunJob, timeout: float | None) -> Outcome:
         assert isinstance(slot, _Slot)
         self.reserved.discard(slot.n)
         self.busy.add(slot.n)

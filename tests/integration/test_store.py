@@ -14,7 +14,8 @@ from common.domain.errors import JobConflict, JobNotFound, LeaseLost
 from common.domain.models import Job, JobSpec
 from common.domain.status import TRANSITIONS, JobStatus
 from common.operations.dependents import settle
-from common.store.jobs import CLAIM_FILTER, CLAIM_SORT, JobStore, Lease, RunTimes
+from common.store.jobs import JobStore, Lease, RunTimes
+from common.store.queries import CLAIM_FILTER, CLAIM_SORT
 
 OWNER = "test-owner"
 T = TypeVar("T")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from executor.registry import task
+from brook import task
 
 
 @task("alpha")

@@ -6,9 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from common.domain.errors import Retry
-from executor.context import SyncTaskContext, TaskContext
-from executor.registry import task
+from brook import Retry, SyncTaskContext, TaskContext, task
 
 
 @task("record")

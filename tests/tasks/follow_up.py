@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from executor import SyncTaskContext, TaskContext, task
+from brook import SyncTaskContext, TaskContext, task
 
 
 @task("spawn_async")

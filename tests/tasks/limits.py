@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from executor.context import TaskContext
-from executor.registry import task
+from brook import TaskContext, task
 
 
 @task("slow_first")

@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from executor import TaskContext, task
+from brook import TaskContext, task
 
 
 def _step_seconds(payload: dict[str, Any], ctx: TaskContext) -> float:

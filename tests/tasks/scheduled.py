@@ -3,7 +3,7 @@ each catch-up policy. Seconds are the sixth field."""
 
 from __future__ import annotations
 
-from executor import schedule
+from brook import schedule
 
 schedule("tick-latest", "* * * * * *", task="echo", payload={"policy": "latest"})
 schedule("tick-none", "* * * * * *", task="echo", payload={"policy": "none"}, catch_up="none")

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from executor import schedule
+from brook import schedule
 
 schedule("orphan", "*/5 * * * *", task="no-such-task")

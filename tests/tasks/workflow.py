@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from executor import SyncTaskContext, TaskContext, task
+from brook import SyncTaskContext, TaskContext, task
 
 
 @task("step")

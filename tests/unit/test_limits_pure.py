@@ -13,7 +13,7 @@ import pytest
 
 from brook.cli import parse_concurrency, parse_rate
 from common.domain.errors import InvalidInput
-from common.domain.queues import QueueDoc, Slot, slot_usage, validate_queue_update
+from common.domain.queues import QueueDoc, QueueSlot, slot_usage, validate_queue_update
 from dispatcher.limits import Gates
 from tests.support.limits import Attempt, attempts, max_overlap, max_starts_in_window
 
@@ -91,9 +91,9 @@ def test_the_rate_window_counts_starts_and_claims_in_flight_and_says_when_it_fre
 
 
 def test_a_slot_is_in_use_while_its_claim_may_land_or_its_job_runs_under_it() -> None:
-    tagged = Slot(job="j", tag="t")
-    adopted = Slot(job="j", tag="x", attempt=2, adopted=True)
-    in_flight = Slot(job="j", tag="t", claim_by=at(12))
+    tagged = QueueSlot(job="j", tag="t")
+    adopted = QueueSlot(job="j", tag="x", attempt=2, adopted=True)
+    in_flight = QueueSlot(job="j", tag="t", claim_by=at(12))
     running = {"status": "running", "attempts": 2, "claim_tag": "t"}
     assert tagged.held_by(running) and adopted.held_by(running)
     assert not tagged.held_by({**running, "claim_tag": "other"})  # a later claim's

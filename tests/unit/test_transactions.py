@@ -12,8 +12,8 @@ import pytest
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from common.domain.errors import InvalidSession
-from common.operations.blocking import blocking_or_in_session, drive
 from common.protocol.runner import ProgressReport, RunJob
+from common.runtime.blocking import blocking_or_in_session, drive
 from common.store.transactions import _key_taken, check_session
 from executor.progress import ProgressReporter
 

@@ -15,12 +15,14 @@ from common.domain.errors import InvalidInput
 from common.domain.models import Job
 from common.domain.status import ALLOWED, RETRIES, TERMINAL, TRANSITIONS, JobStatus
 from common.domain.validation import check_document, validate_batch, validate_spec
-from common.operations.blocking import Coro, LoopThread, T, blocking, delegating
+from common.runtime.blocking import Coro, LoopThread, T, blocking, delegating
 from common.runtime.settings import Settings, parse_queues
 from common.runtime.supervision import spawn_logged
-from dispatcher.claimer import Claimer, ServerClock
+from common.store.clock import ServerClock
+from dispatcher.claimer import Claimer
 from dispatcher.held_jobs import Holdings
 from dispatcher.limits import Limits
+from dispatcher.wiring import Wiring
 from ingest.validation import parse_batch, parse_submit
 
 
@@ -263,10 +265,18 @@ async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up(
 
     settings = Settings(queues="default:1,emails:2")  # type: ignore[arg-type]
     clock = ServerClock(store)  # type: ignore[arg-type]
-    no_limits = Limits(settings, None, store, "me", clock, spawn_logged, holdings.jobs)  # type: ignore[arg-type]
-    claimer = Claimer(
-        settings, store, "me", holdings, clock, start, frozenset({"noop"}), no_limits  # type: ignore[arg-type]
+    wiring = Wiring(
+        settings=settings,
+        store=store,  # type: ignore[arg-type]
+        owner="me",
+        name="me",
+        tasks=frozenset({"noop"}),
+        holdings=holdings,
+        clock=clock,
+        spawn=spawn_logged,
     )
+    no_limits = Limits(wiring, None)  # type: ignore[arg-type]
+    claimer = Claimer(wiring, start, no_limits)
     loop = asyncio.create_task(claimer.run())
     claimer.signal()
     await asyncio.sleep(0.05)

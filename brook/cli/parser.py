@@ -1,0 +1,188 @@
+"""The `brook` command line: its arguments, and `main`, which runs the chosen command with
+the settings and turns Brook's errors into exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from brook.cli.api_commands import (
+    UNSET,
+    cmd_cancel,
+    cmd_ls,
+    cmd_queue_ls,
+    cmd_queue_set,
+    cmd_retry,
+    cmd_schedules,
+    cmd_status,
+    cmd_submit,
+    cmd_watch,
+)
+from brook.cli.output import JsonObject, die
+from brook.cli.serve import cmd_api, cmd_dispatcher, cmd_mongo
+from brook.cli.up import cmd_up
+from common.domain.errors import BrookError
+from common.domain.status import JobStatus
+from common.runtime.settings import load_settings
+
+
+def parse_concurrency(text: str) -> int | None:
+    """`--concurrency N`, or `none` to clear the limit."""
+    if text.strip().lower() == "none":
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number >= 1, or none")
+    return int(text)
+
+
+def parse_rate(text: str) -> JsonObject | None:
+    """`--rate N/S` (N starts per S seconds: `20/2`, `100/60s`), or `none` to clear it."""
+    if text.strip().lower() == "none":
+        return None
+    limit, sep, per = text.strip().partition("/")
+    per = per.removesuffix("s")
+    try:
+        if not sep or not limit.isdigit():
+            raise ValueError
+        return {"limit": int(limit), "per_seconds": float(per)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write N/S, e.g. 20/2 (20 per 2 s), or none"
+        ) from None
+
+
+def _add_queue_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`brook queue ls|set|pause|resume`."""
+    q = sub.add_parser("queue", help="the queues")
+    qs = q.add_subparsers(dest="queue_command", required=True)
+    qs.add_parser(
+        "ls", help="each queue: its jobs by status, limits and slots in use"
+    ).set_defaults(fn=cmd_queue_ls)
+    qset = qs.add_parser("set", help="set a queue's cluster-wide limits")
+    qset.add_argument("name", metavar="NAME")
+    qset.add_argument(
+        "--concurrency",
+        type=parse_concurrency,
+        default=UNSET,
+        metavar="N",
+        help="running jobs at most, cluster-wide (none: no limit)",
+    )
+    qset.add_argument(
+        "--rate",
+        type=parse_rate,
+        default=UNSET,
+        metavar="N/S",
+        help="starts per window of S seconds at most, e.g. 20/2 (none: no limit)",
+    )
+    qset.set_defaults(fn=cmd_queue_set, action="set")
+    for action, text in (("pause", "start nothing new"), ("resume", "start jobs again")):
+        qp = qs.add_parser(action, help=f"{text} in a queue, cluster-wide")
+        qp.add_argument("name", metavar="NAME")
+        qp.set_defaults(fn=cmd_queue_set, action=action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="brook", description="Event-driven job engine on MongoDB.")
+    sub = p.add_subparsers(dest="command", required=True)
+    _role_commands(sub)
+    _submit_command(sub)
+    _job_commands(sub)
+    return p
+
+
+def _role_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub.add_parser("up", help="replica set + API + dispatcher in the foreground").set_defaults(
+        fn=cmd_up
+    )
+    sub.add_parser("api", help="run the HTTP API").set_defaults(fn=cmd_api)
+    sub.add_parser("dispatcher", help="run a dispatcher and its workers").set_defaults(
+        fn=cmd_dispatcher
+    )
+    m = sub.add_parser("mongo", help="the embedded local replica set")
+    m.add_argument("action", choices=["up", "down", "status"])
+    m.set_defaults(fn=cmd_mongo)
+
+
+def _submit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    s = sub.add_parser("submit", help="submit a job")
+    s.add_argument("task")
+    s.add_argument("--payload", default="{}", help="JSON object")
+    s.add_argument("--queue", default="default")
+    s.add_argument("--priority", type=int, default=0)
+    s.add_argument("--max-attempts", dest="max_attempts", type=int, default=3)
+    s.add_argument("--run-at", dest="run_at", help="ISO-8601 datetime")
+    s.add_argument("--timeout", dest="timeout_s", type=float)
+    s.add_argument("--idempotency-key", dest="idempotency_key")
+    s.add_argument(
+        "--depends-on",
+        dest="depends_on",
+        action="append",
+        metavar="ID",
+        help="a parent job: this one waits until it completed (repeat for several)",
+    )
+    s.add_argument(
+        "--run-on-parent-failure",
+        dest="run_on_parent_failure",
+        action="store_true",
+        help="with --depends-on: run once every parent ended, even if one failed",
+    )
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait and print the result (status and progress on stderr: a bar on a terminal)",
+    )
+    s.add_argument("--wait-timeout", dest="wait_timeout", type=float, default=300.0)
+    s.add_argument(
+        "--count", type=int, default=1, help="submit N copies through the batch endpoint"
+    )
+    s.set_defaults(fn=cmd_submit)
+
+
+def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    st = sub.add_parser("status", help="show a job")
+    st.add_argument("id")
+    st.set_defaults(fn=cmd_status)
+    ls = sub.add_parser("ls", help="list jobs, newest first")
+    ls.add_argument("--status", choices=sorted(s.value for s in JobStatus))
+    ls.add_argument("--task")
+    ls.add_argument("--queue")
+    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--after", metavar="ID", help="the page after this job (the `# more:` hint)")
+    ls.set_defaults(fn=cmd_ls)
+    w = sub.add_parser("watch", help="stream job events as they happen (one job, or all)")
+    w.add_argument("id", nargs="?", help="one job: its events until it ends")
+    w.add_argument("--status", choices=sorted(s.value for s in JobStatus))
+    w.add_argument("--task")
+    w.add_argument("--queue")
+    w.add_argument("--json", action="store_true", help="print each job as one JSON line")
+    w.set_defaults(fn=cmd_watch)
+    c = sub.add_parser("cancel", help="cancel a job")
+    c.add_argument("id")
+    c.set_defaults(fn=cmd_cancel)
+    sc = sub.add_parser("schedules", help="list cron schedules, or pause / resume one")
+    sc.add_argument("action", nargs="?", choices=["ls", "pause", "resume"], default="ls")
+    sc.add_argument("name", nargs="?", metavar="NAME")
+    sc.set_defaults(fn=cmd_schedules)
+    r = sub.add_parser("retry", help="retry a failed or cancelled job")
+    r.add_argument("id")
+    r.set_defaults(fn=cmd_retry)
+    _add_queue_commands(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings()
+        code: int = args.fn(settings, args)
+    except BrookError as exc:
+        die(str(exc), 2)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # Read by `head` or the like, which stopped reading: not an error of ours. Point
+        # stdout at /dev/null so that the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    return code

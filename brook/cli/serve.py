@@ -1,0 +1,74 @@
+"""`brook api`, `brook dispatcher` and `brook mongo`: a role, or the embedded replica set,
+run by this process (`brook up` starts the roles as children of its own)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from typing import Any
+
+from common.runtime.settings import Settings
+
+
+def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
+    import uvicorn
+
+    from common.runtime.log import configure_logging
+    from executor.registry import load_tasks
+    from ingest.app import create_app
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit:  # a second SIGTERM / Ctrl-C: stop now, whatever is pending
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                os._exit(130)
+            super().handle_exit(sig, frame)
+
+    configure_logging(settings.log_level, role="api")
+    app = create_app(settings, set(load_tasks(settings)))
+    config = uvicorn.Config(
+        app,
+        host=settings.api_host,
+        port=settings.api_port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        # Requests still waiting on MongoDB when the grace period ends are cancelled.
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+    )
+    server = Server(config)
+    server.run()
+    crashed = getattr(app.state, "crashed", False)  # a background task died: see its log
+    return 0 if server.started and not crashed else 1
+
+
+def cmd_dispatcher(settings: Settings, _: argparse.Namespace) -> int:
+    from executor.forking import start_server
+
+    start_server()  # it imports the worker's modules while this process imports its own
+    from brook.roles import run_dispatcher
+
+    return run_dispatcher(settings)
+
+
+def cmd_mongo(settings: Settings, args: argparse.Namespace) -> int:
+    from brook.replset import ReplicaSet
+
+    rs = ReplicaSet(home=settings.home, base_port=settings.mongo_port)
+    if args.action == "up":
+        print(rs.up())
+        return 0
+    if args.action == "down":
+        rs.down()
+        print("stopped")
+        return 0
+    if not rs.running():
+        print(f"not running ({rs.uri})")
+        return 1
+    print(rs.uri)
+    for host, state in rs.member_states():
+        print(f"{host} {state}")
+    return 0

@@ -1,0 +1,81 @@
+"""`JobStore`: the only code that touches the jobs collection, in one module per concern.
+
+Every method is one named operation, and every status change one conditional write built
+by `common.store.queries` (its filter names the expected status and, for a running job,
+its owner and attempt): the database decides, and a write that matches nothing means the
+caller lost a race. Times that matter for leases and due dates come from the server's
+clock (`$$NOW`, or `ServerClock` where no write can read it).
+
+The concerns, each a class over the same collection (`JobsCollection`):
+`submits` (JobSubmits, with `workflows`: JobWorkflows), `claims` (JobClaims), `attempts`
+(JobAttempts: leases, progress, starts, expired leases), `outcomes` (JobOutcomes),
+`commands` (JobCommands: cancel, retry), `reads` (JobReads) and `changes` (JobChanges).
+A `JobStore` is all of them over one database, with handles on the two small collections
+every Brook process uses beside it: `presence` (`brook_dispatchers`) and `tokens`
+(`brook_state`), and the process's one `clock`.
+"""
+
+from __future__ import annotations
+
+from pymongo.asynchronous.database import AsyncDatabase
+
+from common.domain.models import Doc
+from common.runtime.settings import WEEK_S
+from common.store.clock import ServerClock
+from common.store.db import ensure_indexes
+from common.store.jobs.attempts import JobAttempts
+from common.store.jobs.base import JOBS, JobsCollection
+from common.store.jobs.changes import JobChanges, buffered
+from common.store.jobs.claims import JobClaims
+from common.store.jobs.commands import JobCommands
+from common.store.jobs.indexes import INDEXES
+from common.store.jobs.outcomes import JobOutcomes
+from common.store.jobs.reads import JobReads
+from common.store.jobs.submits import JobSubmits
+from common.store.presence import PresenceStore
+from common.store.records import (
+    Completions,
+    EndedParent,
+    ExpiredLease,
+    Lease,
+    RunTimes,
+    Settled,
+    Submitted,
+)
+from common.store.state import TokenStore
+
+__all__ = [
+    "INDEXES",
+    "JOBS",
+    "Completions",
+    "EndedParent",
+    "ExpiredLease",
+    "JobStore",
+    "JobsCollection",
+    "Lease",
+    "RunTimes",
+    "Settled",
+    "Submitted",
+    "buffered",
+]
+
+
+class JobStore(JobSubmits, JobClaims, JobAttempts, JobOutcomes, JobCommands, JobReads, JobChanges):
+    """The jobs collection's operations, one class per concern, over one database."""
+
+    def __init__(
+        self,
+        db: AsyncDatabase[Doc],
+        *,
+        retention_s: float = WEEK_S,
+        clock: ServerClock | None = None,
+    ) -> None:
+        super().__init__(db, retention_s=retention_s, clock=clock)
+        self.presence = PresenceStore(db)
+        self.tokens = TokenStore(db)
+
+    async def ensure_indexes(self) -> None:
+        """Idempotent: an index that exists with the same spec is a no-op; one that exists
+        under the same name with another spec (an older Brook) is rebuilt."""
+        await ensure_indexes(self.jobs, INDEXES)
+        await self.presence.ensure_indexes()

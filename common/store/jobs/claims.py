@@ -1,0 +1,155 @@
+"""Claiming jobs of the jobs collection: the best due pending job, or a batch, leased to a
+dispatcher with a new attempt number (the fencing token); a limited queue's candidates and
+their claim under the slots it took (`common.store.queues`); the next due time."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+from pymongo import ASCENDING, ReturnDocument
+
+from common.domain.models import Job
+from common.store import queries
+from common.store.fields import P, R, as_claimed
+from common.store.jobs.base import JobsCollection
+from common.store.queries import CLAIM_SORT, claim_filter, claim_index
+
+
+class JobClaims(JobsCollection):
+    """Claims: pending → running, and where to look for due work."""
+
+    async def claim(
+        self,
+        owner: str,
+        lease_seconds: float,
+        *,
+        tasks: Collection[str] | None = None,
+        queue: str | None = None,
+        exclude: Collection[str] = (),
+        among: Collection[str] | None = None,
+    ) -> Job | None:
+        """Lease the best due pending job (of these tasks, in this queue) to `owner`;
+        `attempts` + 1 is the new fencing token."""
+        write = queries.claimed(
+            owner, lease_seconds, tasks=tasks, queue=queue, exclude=exclude, among=among
+        )
+        doc = await self.jobs.find_one_and_update(
+            write.filter,
+            write.update,
+            sort=CLAIM_SORT,
+            hint=claim_index(tasks, queue, among),
+            return_document=ReturnDocument.AFTER,
+        )
+        return Job.from_doc(doc) if doc is not None else None
+
+    async def claim_many(
+        self,
+        owner: str,
+        lease_seconds: float,
+        limit: int,
+        *,
+        tasks: Collection[str] | None = None,
+        queue: str | None = None,
+        exclude: Collection[str] = (),
+        among: Collection[str] | None = None,
+    ) -> tuple[list[Job], bool]:
+        """Lease up to `limit` of the best due pending jobs with one write; also say whether
+        fewer than `limit` were due (the queue ran dry, as opposed to losing races).
+
+        Concurrent `findOneAndUpdate`s all race for the same first job (write conflicts the
+        server retries); this picks the candidates, claims those still pending in a single
+        `update_many` tagged with a fresh token, and reads back exactly what it won. Another
+        dispatcher may win some of them; it never claims one twice.
+        """
+        candidates = await self.jobs.find(
+            claim_filter(tasks, queue, exclude, among),
+            sort=CLAIM_SORT,
+            limit=limit,
+            hint=claim_index(tasks, queue, among),
+        ).to_list()
+        if not candidates:
+            return [], True
+        ids = [d["_id"] for d in candidates]
+        tag = secrets.token_hex(8)
+        # Each candidate at the attempt number it was read with: one claimed and handed
+        # back meanwhile is not taken here, so a full match means every job is as read.
+        write = queries.claimed_as_read(candidates, owner, lease_seconds, tag)
+        res = await self.jobs.update_many(write.filter, write.update)
+        dry = len(candidates) < limit
+        if res.modified_count == len(ids):
+            # Won them all (the usual case): every candidate was pending when the update
+            # matched it, so its claim took attempt + 1; no read-back needed.
+            return [as_claimed(d, owner) for d in candidates], dry
+        won = await self.jobs.find(
+            {"_id": {"$in": ids}, "claim_tag": tag, "owner": owner, "status": R}
+        ).to_list()
+        won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
+        return [Job.from_doc(d) for d in won], dry
+
+    async def next_due(
+        self,
+        *,
+        tasks: Collection[str] | None = None,
+        queues: Collection[str] | None = None,
+        exclude: Collection[str] = (),
+        after: datetime | None = None,
+    ) -> datetime | None:
+        """The earliest `run_at` among pending jobs of these tasks and queues (the
+        dispatcher's timer; None: any), but not in `exclude` (queues that cannot start a
+        job now: paused, or waiting for a slot or their rate window) and, with `after`, not
+        before it (so a backlog already due in those queues is not even scanned)."""
+        query: dict[str, Any] = {"status": P}
+        if tasks is not None:
+            query["task"] = {"$in": sorted(tasks)}
+        if queues is not None:
+            query["queue"] = {"$in": sorted(set(queues) - set(exclude))}
+        elif exclude:
+            query["queue"] = {"$nin": sorted(exclude)}
+        if after is not None:
+            query["run_at"] = {"$gt": after}
+        doc = await self.jobs.find_one(
+            query, projection={"run_at": 1}, sort=[("run_at", ASCENDING)]
+        )
+        return doc["run_at"] if doc is not None else None
+
+    async def pending_queues(self) -> set[str]:
+        """The queues that hold pending jobs (one distinct scan of `claim_by_queue`)."""
+        return {str(q) for q in await self.jobs.distinct("queue", {"status": P})}
+
+    async def candidates(
+        self, limit: int, *, tasks: Collection[str] | None, queue: str
+    ) -> list[str]:
+        """The ids of the best due pending jobs of these tasks in `queue`, at most `limit`:
+        what a claim in a limited queue takes its slots for."""
+        docs = await self.jobs.find(
+            claim_filter(tasks, queue),
+            projection={"_id": 1},
+            sort=CLAIM_SORT,
+            limit=limit,
+            hint=claim_index(tasks, queue),
+        ).to_list()
+        return [str(d["_id"]) for d in docs]
+
+    async def claim_tagged(
+        self, owner: str, lease_seconds: float, ids: Sequence[str], tag: str, before: datetime
+    ) -> list[Job]:
+        """Lease those of these jobs still due and pending, each marked with the claim's `tag`
+        (its slots carry it too), but only while the server's clock is before `before` (the
+        slots' `claim_by`): after it the slots may have been freed, and no claim may use them."""
+        if not ids:
+            return []
+        write = queries.claimed_tagged(ids, owner, lease_seconds, tag, before)
+        if len(ids) == 1:  # one round trip, and a retryable write
+            doc = await self.jobs.find_one_and_update(
+                write.filter, write.update, return_document=ReturnDocument.AFTER
+            )
+            return [Job.from_doc(doc)] if doc is not None else []
+        await self.jobs.update_many(write.filter, write.update)
+        won = await self.jobs.find(
+            {"_id": {"$in": list(ids)}, "claim_tag": tag, "owner": owner, "status": R}
+        ).to_list()
+        won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
+        return [Job.from_doc(d) for d in won]

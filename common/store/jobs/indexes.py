@@ -1,0 +1,81 @@
+"""The jobs collection's indexes (`ensure_indexes` creates them, rebuilding an older spec)."""
+
+from __future__ import annotations
+
+from pymongo import ASCENDING, DESCENDING, IndexModel
+
+from common.store.fields import P, R, W
+from common.store.queries import CLAIM_SORT
+
+_PENDING = {"status": P}
+
+INDEXES = [
+    # The queue indexes are partial: they hold only pending (or running) jobs, so they stay
+    # small however many finished jobs the collection keeps, and a finished job costs them
+    # nothing. Claims read them in claim order (best priority, then earliest due), so a
+    # claim is an index scan that stops at the first match and never sorts in memory.
+    # The general claim order; queue and task ride in the key so that a routed claim that
+    # cannot use the two below (too many tasks to merge) filters on index keys alone.
+    IndexModel(
+        [("status", ASCENDING), *CLAIM_SORT, ("queue", ASCENDING), ("task", ASCENDING)],
+        name="claim_order",
+        partialFilterExpression=_PENDING,
+    ),
+    # A dispatcher serving every queue: one scan per task it runs, merged in claim order;
+    # jobs of tasks it does not run (however many) cost it nothing.
+    IndexModel(
+        [("status", ASCENDING), ("task", ASCENDING), *CLAIM_SORT, ("queue", ASCENDING)],
+        name="claim_by_task",
+        partialFilterExpression=_PENDING,
+    ),
+    # A dispatcher claiming for one of its queues: one scan per task, in that queue only.
+    IndexModel(
+        [("status", ASCENDING), ("queue", ASCENDING), ("task", ASCENDING), *CLAIM_SORT],
+        name="claim_by_queue",
+        partialFilterExpression=_PENDING,
+    ),
+    # Next due time among the tasks a dispatcher runs (the dispatcher's timer).
+    IndexModel(
+        [("status", ASCENDING), ("task", ASCENDING), ("run_at", ASCENDING), ("queue", ASCENDING)],
+        name="due",
+        partialFilterExpression=_PENDING,
+    ),
+    # Watchdog: running jobs whose lease expired.
+    IndexModel(
+        [("status", ASCENDING), ("lease_expires_at", ASCENDING)],
+        name="lease_expiry",
+        partialFilterExpression={"status": R},
+    ),
+    # Workflows: the waiting children of a parent (the partial index holds only waiting
+    # jobs, so it costs the rest nothing) ...
+    IndexModel(
+        [("parents_left", ASCENDING)],
+        name="waiting_on",
+        partialFilterExpression={"status": W},
+    ),
+    # ... and the parents whose children are not settled yet (the sweep's backstop).
+    IndexModel(
+        [("status", ASCENDING)],
+        name="dependents_unsettled",
+        partialFilterExpression={"unsettled": {"$exists": True}},
+    ),
+    # Listing, newest first, by status, task or queue.
+    IndexModel([("status", ASCENDING), ("_id", DESCENDING)], name="list_status"),
+    IndexModel([("task", ASCENDING), ("_id", DESCENDING)], name="list_task"),
+    IndexModel([("queue", ASCENDING), ("_id", DESCENDING)], name="list_queue"),
+    # An idempotency key is reserved while its job exists (or until its unique window ends).
+    IndexModel(
+        [("idempotency_key", ASCENDING)],
+        name="idempotency_key_unique",
+        unique=True,
+        partialFilterExpression={"idempotency_key": {"$type": "string"}},
+    ),
+    # Retention: a finished job gets `expire_at` (its finish + its retention) at its terminal
+    # write, and MongoDB's TTL monitor deletes it then. Active jobs have no `expire_at`.
+    IndexModel(
+        [("expire_at", ASCENDING)],
+        name="retention",
+        expireAfterSeconds=0,
+        partialFilterExpression={"expire_at": {"$exists": True}},
+    ),
+]

@@ -1,0 +1,210 @@
+"""Every change-stream pipeline Brook opens, and the oplog tail filter, in one place.
+
+The jobs collection's streams: the dispatcher's wake-ups (`DISPATCHER_PIPELINE`), the
+API's live events (`LIVE_PIPELINE`, `LEAN_PIPELINE`, `catch_up_pipeline`) and one job's
+status changes (`job_status_pipeline`); the `brook_queues` collection's stream
+(`QUEUE_CHANGES_PIPELINE`); and the filter of the primary's oplog that the dispatcher tails
+for new pending jobs (`new_pending_oplog`). Pure: the stores open the streams.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from common.domain.status import TERMINAL
+
+# Change-stream events after which a stream is over: reopen fresh (and sweep).
+INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")
+TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
+
+# -- the dispatcher: a wake-up for new or requeued work and for cancel requests --------------
+
+DISPATCHER_PIPELINE: list[dict[str, Any]] = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": "insert", "fullDocument.status": "pending"},
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.status": "pending",
+                },
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.cancel_requested": True,
+                },
+                {"operationType": {"$in": list(INVALIDATING)}},
+            ]
+        }
+    },
+    {
+        "$project": {
+            "operationType": 1,
+            "documentKey": 1,
+            "fullDocument.run_at": 1,
+            "fullDocument.task": 1,
+            "fullDocument.queue": 1,
+            "fullDocument.priority": 1,
+            "updateDescription.updatedFields.run_at": 1,
+            "updateDescription.updatedFields.status": 1,
+            "updateDescription.updatedFields.cancel_requested": 1,
+        }
+    },
+]
+
+# Saved resume tokens carry it: a token of another pipeline is never resumed from.
+DISPATCHER_PIPELINE_VERSION = hashlib.sha1(
+    json.dumps(DISPATCHER_PIPELINE, sort_keys=True).encode()
+).hexdigest()[:12]
+
+# -- the API's live events -------------------------------------------------------------------
+
+# Every insert and replacement, and every update that changes more than the lease or the
+# clock (a lease renewal is not news to anyone watching).
+_QUIET_FIELDS = ["lease_expires_at", "updated_at"]
+LIVE_PIPELINE: list[dict[str, Any]] = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": {"$in": ["insert", "replace", *INVALIDATING]}},
+                {
+                    "operationType": "update",
+                    "$expr": {
+                        "$gt": [
+                            {
+                                "$size": {
+                                    "$setDifference": [
+                                        {
+                                            "$map": {
+                                                "input": {
+                                                    "$objectToArray": (
+                                                        "$updateDescription.updatedFields"
+                                                    )
+                                                },
+                                                "in": "$$this.k",
+                                            }
+                                        },
+                                        _QUIET_FIELDS,
+                                    ]
+                                }
+                            },
+                            0,
+                        ]
+                    },
+                },
+            ]
+        }
+    }
+]
+
+
+# Without clients: a change that starts a job (sets `started_at`) or ends it, and only what
+# `Tally` reads of it. The server filters and projects before computing any post-image.
+LEAN_PIPELINE: list[dict[str, Any]] = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": {"$in": list(INVALIDATING)}},
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.status": {"$in": sorted(TERMINAL_VALUES)},
+                },
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.started_at": {"$type": "date"},
+                },
+            ]
+        }
+    },
+    {
+        "$project": {
+            "operationType": 1,
+            "wallTime": 1,
+            "documentKey": 1,
+            "updateDescription.updatedFields.status": 1,
+            "updateDescription.updatedFields.started_at": 1,
+            "fullDocument.run_at": 1,
+        }
+    },
+]
+
+
+def catch_up_pipeline(job_id: str | None) -> list[dict[str, Any]]:
+    """`LIVE_PIPELINE`, for one job's changes only when `job_id` is given (a client's own
+    catch-up stream)."""
+    pipeline = list(LIVE_PIPELINE)
+    if job_id is not None:
+        pipeline.append({"$match": {"documentKey._id": job_id}})
+    return pipeline
+
+
+# -- one job (a client waiting for its result) -----------------------------------------------
+
+
+def job_status_pipeline(job_id: str) -> list[dict[str, Any]]:
+    """One job's status changes and its deletion: wake-ups only (the job is read again)."""
+    changed = "updateDescription.updatedFields.status"
+    return [
+        {
+            "$match": {
+                "documentKey._id": job_id,
+                "$or": [
+                    {"operationType": "update", changed: {"$exists": True}},
+                    {"operationType": {"$in": ["replace", "delete", *INVALIDATING]}},
+                ],
+            }
+        },
+        {"$project": {"operationType": 1, "documentKey": 1}},
+    ]
+
+
+# -- the queue documents (`brook_queues`) ----------------------------------------------------
+
+_UPDATED = {"$ifNull": ["$updateDescription.updatedFields", {}]}
+# Each event names the queue and the top-level fields it changed (`keys`), nothing more.
+QUEUE_CHANGES_PIPELINE: list[dict[str, Any]] = [
+    {
+        "$project": {
+            "operationType": 1,
+            "documentKey": 1,
+            "keys": {
+                "$map": {
+                    "input": {"$objectToArray": _UPDATED},
+                    "in": {"$arrayElemAt": [{"$split": ["$$this.k", "."]}, 0]},
+                }
+            },
+        }
+    }
+]
+
+
+# -- the primary's oplog: new pending jobs, a replication round before the stream ------------
+
+# What an oplog entry of a new job carries to the dispatcher.
+NEW_PENDING_FIELDS: dict[str, int] = {
+    "ts": 1,
+    **{f"o.{k}": 1 for k in ("_id", "task", "queue", "run_at", "priority")},
+}
+
+
+def new_pending_oplog(namespace: str, tasks: Collection[str], after: Any | None) -> dict[str, Any]:
+    """The oplog entries of pending jobs of `tasks` inserted into `namespace` (`db.jobs`)
+    after the timestamp `after` (None: from the start of what the cursor reads)."""
+    query: dict[str, Any] = {
+        "ns": namespace,
+        "op": "i",
+        "o.status": "pending",
+        "o.task": {"$in": sorted(tasks)},
+    }
+    if after is not None:
+        query["ts"] = {"$gt": after}
+    return query
+
+
+def oplog_insert_as_change(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """An oplog entry of `new_pending_oplog` in the shape of the dispatcher stream's insert
+    event, so one handler takes both."""
+    job = entry["o"]
+    return {"operationType": "insert", "documentKey": {"_id": job["_id"]}, "fullDocument": job}

@@ -1,0 +1,29 @@
+"""What the parts of one dispatcher share, built once by `Dispatcher`: the parts with long
+argument lists (the claimer, the queue limits, the lease keeper, presence) take it whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from common.runtime.settings import Settings
+from common.runtime.supervision import Spawn
+from common.store.jobs import JobStore
+from dispatcher.held_jobs import Holdings
+
+if TYPE_CHECKING:
+    from common.store.clock import ServerClock
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wiring:
+    settings: Settings
+    store: JobStore
+    # `name:pid:random`, unique per process run: a restarted dispatcher never matches its
+    # old leases.
+    owner: str
+    name: str  # `BROOK_DISPATCHER_NAME`, or the host name
+    tasks: frozenset[str]  # the task names its workers run: it claims only those
+    holdings: Holdings  # the jobs it holds, waiting for a worker or running
+    clock: ServerClock
+    spawn: Spawn  # a supervised task: a crash stops the dispatcher

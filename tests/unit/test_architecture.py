@@ -1,0 +1,64 @@
+"""The import rule of docs/architecture.md, read from the code: the roles (`ingest`,
+`dispatcher`, `executor`) depend on `common` and never on each other, nothing below `brook`
+imports it, and `common`'s rooms stand on floors: `domain` at the bottom, then `runtime`,
+`store`, `operations`; `protocol` needs only `domain`. An import that points up a floor (or a
+room that imports a role) fails here, naming the file and the import."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# What each room of `common` may import from `common` (besides itself).
+COMMON_FLOORS = {
+    "domain": set(),
+    "runtime": {"domain"},
+    "store": {"domain", "runtime"},
+    "operations": {"domain", "runtime", "store"},
+    "protocol": {"domain"},
+}
+ROLES = {"ingest", "dispatcher", "executor"}
+
+
+def imports_of(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return names
+
+
+def sources(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def test_the_rooms_of_common_import_only_the_floors_below_them() -> None:
+    wrong = []
+    for room, allowed in COMMON_FLOORS.items():
+        for path in sources(f"common/{room}"):
+            for name in imports_of(path):
+                top, _, rest = name.partition(".")
+                upward = top == "common" and rest and rest.split(".")[0] not in {room, *allowed}
+                if top in ROLES or top == "brook" or upward:
+                    wrong.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not wrong, wrong
+
+
+def test_every_room_of_common_is_on_a_floor() -> None:
+    rooms = {p.parent.name for p in (ROOT / "common").glob("*/__init__.py")}
+    assert rooms == set(COMMON_FLOORS)
+
+
+def test_the_roles_never_import_each_other() -> None:
+    wrong = []
+    for role in ROLES:
+        for path in sources(role):
+            for name in imports_of(path):
+                top = name.split(".")[0]
+                if top in ROLES - {role} or top == "brook":
+                    wrong.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not wrong, wrong

@@ -1,0 +1,209 @@
+"""Brook's named write builders (`common.store.queries`), read without a database: each
+fences on the status it expects (and a running attempt's owner and attempt number), and
+every status it writes is an allowed transition of `common.domain.status`."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from common.domain.models import JobSpec
+from common.domain.status import ALLOWED, TERMINAL, JobStatus
+from common.store import queries
+from common.store.pipelines import (
+    DISPATCHER_PIPELINE,
+    INVALIDATING,
+    LEAN_PIPELINE,
+    LIVE_PIPELINE,
+    job_status_pipeline,
+)
+from common.store.queries import Write
+from common.store.records import EndedParent, ExpiredLease, Lease, RunTimes
+
+OWNER = "dispatcher-1"
+LEASE = Lease(job_id="j1", attempt=3)
+KNOWING = Lease(job_id="j2", attempt=4, has_dependents=True)
+EXPIRED = ExpiredLease(job_id="j1", attempt=3, task="noop", owner=OWNER)
+AT = datetime(2026, 1, 1, tzinfo=UTC)
+RAN = RunTimes(started_at=AT, finished_at=AT)
+ERROR = {"type": "ValueError", "message": "bad"}
+ENDED = [
+    EndedParent(job_id="p1", status=JobStatus.COMPLETED, token="t1"),
+    EndedParent(job_id="p2", status=JobStatus.FAILED, token="t2"),
+]
+STATUSES = {s.value for s in JobStatus}
+
+
+def _running(write: Write, lease: Lease = LEASE, owner: str = OWNER) -> None:
+    """The fence of every write of a running attempt."""
+    assert write.filter["_id"] == lease.job_id
+    assert write.filter["attempts"] == lease.attempt
+    assert write.filter["owner"] == owner
+    assert write.filter["status"] == JobStatus.RUNNING.value
+
+
+# Every builder: (the write, the statuses it may find, the statuses it may write).
+R, P, W = JobStatus.RUNNING, JobStatus.PENDING, JobStatus.WAITING
+C, F, D = JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.COMPLETED
+CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
+    "submitted": (queries.submitted("j1", JobSpec(task="noop", payload={})), set(), {P}),
+    "key_released": (queries.key_released("j1", "k"), set(), set()),
+    "claimed": (queries.claimed(OWNER, 30, tasks={"noop"}), {P}, {R}),
+    "claimed_as_read": (
+        queries.claimed_as_read([{"_id": "j1", "attempts": 2}], OWNER, 30, "tag"),
+        {P},
+        {R},
+    ),
+    "claimed_tagged": (queries.claimed_tagged(["j1", "j2"], OWNER, 30, "tag", AT), {P}, {R}),
+    "lease_renewed": (queries.lease_renewed(OWNER, [LEASE, KNOWING], 30), {R}, set()),
+    "progress_reported": (queries.progress_reported(LEASE, OWNER, 0.5, "half"), {R}, set()),
+    "started": (queries.started(LEASE, OWNER, AT), {R}, set()),
+    "transaction_opened": (queries.transaction_opened(LEASE, OWNER, {"id": 1}, 30), {R}, set()),
+    "transaction_closed": (queries.transaction_closed(LEASE, OWNER, 30), {R}, set()),
+    "completed": (queries.completed(LEASE, OWNER, {"ok": 1}, 60, RAN), {R}, {D}),
+    "completions_by_id": (
+        queries.completions_by_id(OWNER, [(LEASE, 1), (KNOWING, 2)], 60, {}),
+        {R},
+        {D},
+    ),
+    "completed_in_transaction": (
+        queries.completed_in_transaction(LEASE, OWNER, 1, 60, {"fraction": 1.0}),
+        {R},
+        {D},
+    ),
+    "attempt_failed": (queries.attempt_failed(LEASE, OWNER, ERROR, 1.0, 60), {R}, {P, F, C}),
+    "requeued_expired": (queries.requeued_expired(EXPIRED, 1.0, 60), {R}, {P, F, C}),
+    "cancelled_running": (queries.cancelled_running(LEASE, OWNER, 60, RAN), {R}, {C}),
+    "released": (queries.released(LEASE, OWNER, 60), {R}, {P, C}),
+    "cancelled": (queries.cancelled("j1", 60), {W, P}, {C}),
+    "cancel_requested": (queries.cancel_requested("j1"), {R}, set()),
+    "retried": (queries.retried("j1"), {F, C}, {P}),
+    "dependents_attached": (queries.dependents_attached(["p1"], "tok"), set(), set()),
+    "parents_adopted": (queries.parents_adopted({"new": "old"}), {W}, set()),
+    "settled": (queries.settled(["c1"], ENDED, "tag", 60), {W}, {P, C, W}),
+    "marked_settled": (queries.marked_settled(ENDED[0], 60), set(TERMINAL), set()),
+}
+
+
+def _literals(expr: Any) -> Iterator[str]:
+    """The status names an expression can evaluate to (its string literals that name one;
+    field paths such as `$status` are not literals)."""
+    if isinstance(expr, str):
+        if expr in STATUSES:
+            yield expr
+    elif isinstance(expr, dict):
+        for value in expr.values():
+            yield from _literals(value)
+    elif isinstance(expr, list):
+        for value in expr:
+            yield from _literals(value)
+
+
+def written(write: Write) -> set[JobStatus]:
+    """The statuses a write may set (`status` in any `$set` of its update)."""
+    stages = write.update if isinstance(write.update, list) else [write.update]
+    out: set[JobStatus] = set()
+    for stage in stages:
+        fields = stage.get("$set", {})
+        if "status" in fields:
+            out |= {JobStatus(s) for s in _literals(fields["status"])}
+    return out
+
+
+def expected(write: Write) -> set[JobStatus]:
+    """The statuses a write's filter lets it find (none named: any)."""
+    status = write.filter.get("status")
+    if status is None:
+        return set()
+    if isinstance(status, str):
+        return {JobStatus(status)}
+    return {JobStatus(s) for s in status["$in"]}
+
+
+def test_every_named_write_builder_is_read_here() -> None:
+    builders = {
+        name
+        for name, fn in inspect.getmembers(queries, inspect.isfunction)
+        if fn.__module__ == queries.__name__
+        and not name.startswith("_")
+        and inspect.signature(fn).return_annotation in ("Write", Write)
+    }
+    assert builders == set(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_write_fences_on_the_status_it_expects(name: str) -> None:
+    write, finds, _ = CASES[name]
+    assert expected(write) == finds
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_write_sets_only_statuses_it_may_move_to(name: str) -> None:
+    write, finds, sets = CASES[name]
+    assert written(write) == sets
+    for src in finds:
+        for dst in sets - {src}:
+            assert (src, dst) in ALLOWED, f"{name}: {src} -> {dst}"
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(n for n, (_, finds, _) in CASES.items() if finds == {JobStatus.RUNNING}),
+)
+def test_every_write_of_a_running_attempt_names_its_owner_and_attempt(name: str) -> None:
+    write = CASES[name][0]
+    if name == "lease_renewed":
+        assert write.filter["owner"] == OWNER and write.filter["status"] == "running"
+        assert [(c["_id"], c["attempts"]) for c in write.filter["$or"]] == [("j1", 3), ("j2", 4)]
+    elif name == "completions_by_id":
+        assert write.filter["owner"] == OWNER and write.filter["status"] == "running"
+        assert write.filter["_id"] == {"$in": ["j1", "j2"]}
+        assert "$attempts" in str(write.filter["$expr"])  # attempts 3 and 4, one per job
+    elif name == "requeued_expired":
+        _running(write, LEASE, EXPIRED.owner)
+        assert write.filter["$expr"] == {"$lt": ["$lease_expires_at", "$$NOW"]}
+    elif name == "cancel_requested":
+        assert write.filter == {"_id": "j1", "status": "running"}  # a caller's, not the holder's
+    else:
+        _running(write)
+
+
+def test_a_completion_that_does_not_know_of_dependents_is_fenced_on_there_being_none() -> None:
+    assert queries.completed(LEASE, OWNER, 1, 60).filter["has_dependents"] == {"$ne": True}
+    assert "has_dependents" not in queries.completed(KNOWING, OWNER, 1, 60).filter
+    one = queries.completions_by_id(OWNER, [(LEASE, 1)], 60, {})
+    assert one.filter == {
+        "_id": {"$in": ["j1"]},
+        "owner": OWNER,
+        "status": "running",
+        "attempts": 3,
+        "has_dependents": {"$ne": True},
+    }
+
+
+def test_progress_starts_and_heartbeats_pass_an_attempts_own_transaction_by() -> None:
+    for write in (
+        queries.progress_reported(LEASE, OWNER, 0.1, None),
+        queries.started(LEASE, OWNER, AT),
+    ):
+        assert write.filter["tx.attempt"] == {"$ne": LEASE.attempt}
+    renewed = queries.lease_renewed(OWNER, [LEASE], 30)
+    assert renewed.filter["$or"] == [{"_id": "j1", "attempts": 3, "tx.attempt": {"$ne": 3}}]
+
+
+def test_user_data_goes_in_as_literals_never_as_expressions() -> None:
+    write = queries.completed(LEASE, OWNER, {"$where": "$status"}, 60)
+    assert isinstance(write.update, list)
+    assert write.update[0]["$set"]["result"] == {"$literal": {"$where": "$status"}}
+    claimed = queries.claimed(OWNER, 30)
+    assert isinstance(claimed.update, list)
+    assert claimed.update[0]["$set"]["owner"] == {"$literal": OWNER}
+
+
+def test_every_stream_of_the_jobs_collection_ends_on_an_invalidating_event() -> None:
+    for pipeline in (DISPATCHER_PIPELINE, LIVE_PIPELINE, LEAN_PIPELINE, job_status_pipeline("j")):
+        assert all(op in str(pipeline[0]["$match"]) for op in INVALIDATING)

@@ -1,0 +1,21 @@
+"""The embedded replica set's bookkeeping, without starting a `mongod`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from brook.replset import ReplicaSet
+
+
+def test_a_pid_file_naming_a_live_process_that_is_not_the_member_counts_as_not_running(
+    tmp_path: Path,
+) -> None:
+    # A member SIGKILLed long ago left its pid file; the kernel gave the pid to someone else
+    # (here: this very test process). That process is neither counted nor ever signalled.
+    rs = ReplicaSet(home=tmp_path, base_port=1)
+    rs.node_dir(0).mkdir(parents=True)
+    rs.pidfile(0).write_text(str(os.getpid()))
+    assert rs.pid(0) is None
+    assert not rs.running()
+    rs.down()  # must not signal this process (it would die of SIGTERM here)
