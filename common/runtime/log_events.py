@@ -28,6 +28,7 @@ class Event(StrEnum):
     TRANSACTION_ENDED = "transaction.ended"  # a dead or killed worker's open one, by its dispatcher
     LEASE_EXPIRED = "lease.expired"
     LEASE_LOST = "lease.lost"
+    LEASE_SELF_FENCED = "lease.self_fenced"  # not renewed in time: worker stopped before it ends
     WORKER_STARTED = "worker.started"
     WORKER_CRASHED = "worker.crashed"
     WORKER_KILLED = "worker.killed"

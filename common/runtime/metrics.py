@@ -47,6 +47,11 @@ LEASE_RENEWALS = Counter("brook_lease_renewals", "Leases renewed by the heartbea
 LEASES_LOST = Counter(
     "brook_leases_lost", "Leases this dispatcher found it no longer held (it froze or was late)."
 )
+LEASES_SELF_FENCED = Counter(
+    "brook_leases_self_fenced",
+    "Leases this dispatcher could not renew (MongoDB unreachable), whose workers it stopped"
+    " before they could run out on the server's clock.",
+)
 LEASES_EXPIRED = Counter(
     "brook_leases_expired", "Expired leases (of any dispatcher) the watchdog requeued."
 )

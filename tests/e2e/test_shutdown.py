@@ -35,8 +35,9 @@ from common.domain.models import Doc, JobSpec
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore
 from tests.conftest import extra_port
-from tests.e2e.conftest import Cluster
+from tests.e2e.conftest import Cluster, free_port
 from tests.support.failpoints import hold_commands, wait_until_hit
+from tests.support.metrics import value
 from tests.support.procs import BrookProcess, pid_alive, wait_until
 
 GRACE_S = 2.0
@@ -203,23 +204,28 @@ async def test_a_dispatcher_cut_off_longer_than_its_lease_stops_the_task_before_
     cluster: Cluster, store: JobStore, outage: Mongo1
 ) -> None:
     """No attempt runs on where another dispatcher may already run the job: a lease that
-    could not be renewed has its worker stopped before it runs out (5 s here), and the job
-    runs again, once, after MongoDB is back."""
-    disp = cluster.dispatcher()
+    could not be renewed has its worker stopped before it runs out (5 s here) by the
+    dispatcher's own clock (self-fencing, logged and counted), and the job runs again,
+    once, after MongoDB is back."""
+    port = free_port()
+    disp = cluster.dispatcher(BROOK_METRICS_PORT=str(port))
     job_id = await running(store, disp, "sleep", seconds=6)
     outage.freeze()
     frozen_at = time.monotonic()
-    lost = disp.wait_for_event(
-        "lease.lost", timeout=15, where=lambda e: e.get("job_id") == job_id
+    fenced = disp.wait_for_event(
+        "lease.self_fenced", timeout=15, where=lambda e: e.get("job_id") == job_id
     )
     waited = time.monotonic() - frozen_at
-    assert "not renewed in time" in lost["reason"]
+    assert "not renewed in time" in fenced["reason"] and fenced["attempt"] == 1
     killed = disp.wait_for_event(
         "worker.killed", timeout=5, where=lambda e: e.get("job_id") == job_id
     )
     assert killed["reason"] == "lease_lost"
     assert_gone([int(killed["pid"])])
     assert waited < 5.0, f"stopped {waited:.1f}s after the freeze, past the lease"
+    assert not disp.events("lease.lost")  # fenced itself; nothing told it the lease was gone
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert value(metrics, "brook_leases_self_fenced_total") == 1
     await back(outage, store)
     # Requeued at expiry by the watchdog, run again, completed once.
     deadline = time.monotonic() + 40
