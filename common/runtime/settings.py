@@ -35,7 +35,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BROOK_", frozen=True, extra="ignore")
 
-    mongo_uri: str | None = None
+    # Never in a repr: a URI may carry a password (`redacted()` is what others may see).
+    mongo_uri: str | None = Field(default=None, repr=False)
     db: str = Field(default="brook", min_length=1, max_length=60, pattern=r"^[A-Za-z0-9_-]+$")
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=0, le=65535)
@@ -150,6 +151,11 @@ class Settings(BaseSettings):
                 raise ValueError("must start with mongodb:// or mongodb+srv://")
         return value
 
+    def redacted(self) -> Settings:
+        """These settings with the password of `mongo_uri` replaced by `***`: what a task's
+        `ctx.settings`, a log line or the CLI may show."""
+        return self.model_copy(update={"mongo_uri": redact_uri(self.mongo_uri)})
+
     @property
     def host_names(self) -> frozenset[str] | None:
         """The `Host` names the API answers to; None: any."""
@@ -225,3 +231,16 @@ def load_settings(**overrides: Any) -> Settings:
             raise ConfigError(str(first["msg"]).removeprefix("Value error, ")) from None
         field = str(first["loc"][0])
         raise ConfigError(f"BROOK_{field.upper()}: {first['msg']}") from None
+
+
+def redact_uri(uri: str | None) -> str | None:
+    """`mongodb://user:secret@host/...` → `mongodb://user:***@host/...`; a URI without a
+    password is returned as it is."""
+    if uri is None:
+        return None
+    scheme, sep, rest = uri.partition("://")
+    userinfo, at, hosts = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return uri
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{hosts}"

@@ -157,3 +157,22 @@ def test_allowed_hosts_default_to_loopback_names_on_a_loopback_bind_only(
     assert load_settings().host_names == frozenset({"brook.example.com", "10.0.0.5"})
     monkeypatch.setenv("BROOK_ALLOWED_HOSTS", "*")
     assert load_settings().host_names is None
+
+
+def test_the_mongodb_password_is_never_shown() -> None:
+    from common.runtime.settings import redact_uri
+
+    uri = "mongodb://brook:s3cret@m1:27017,m2:27017/?replicaSet=rs0&authSource=admin"
+    settings = Settings(mongo_uri=uri)
+    assert settings.redacted().mongo_uri == (
+        "mongodb://brook:***@m1:27017,m2:27017/?replicaSet=rs0&authSource=admin"
+    )
+    assert "s3cret" not in repr(settings) and "s3cret" not in str(settings)
+    assert settings.mongo_uri == uri  # the process's own clients still connect with it
+    assert redact_uri("mongodb://127.0.0.1:27017/?replicaSet=brook") == (
+        "mongodb://127.0.0.1:27017/?replicaSet=brook"
+    )
+    assert redact_uri("mongodb+srv://only-user@cluster.example/") == (
+        "mongodb+srv://only-user@cluster.example/"
+    )
+    assert redact_uri("mongodb://u:p@ss:w@rd@h/") == "mongodb://u:***@h/"
