@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     # `concurrency`.
     queues: Annotated[dict[str, int] | None, NoDecode] = None
     retention_seconds: float = Field(default=WEEK_S, ge=0.0, le=100 * 365 * 86400.0)
+    # How long a signal (`client.signal`, `POST /signals/{key}`) is kept: a wait that starts
+    # within it returns the signal at once.
+    signal_retention_seconds: float = Field(default=WEEK_S, ge=1.0, le=100 * 365 * 86400.0)
     # The most jobs claimed ahead of the workers, per dispatcher (per queue with `queues`);
     # None: the slots, at least DEFAULT_PREFETCH.
     prefetch: int | None = Field(default=None, ge=0, le=4096)
