@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -20,7 +20,7 @@ from brook import AsyncClient, Job
 from common.domain.models import Doc, JobSpec
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore
-from tests.e2e.conftest import Cluster
+from tests.e2e.conftest import Cluster, free_port
 from tests.e2e.test_cli import brook
 from tests.support.procs import BrookProcess, wait_until
 from tests.support.sse import read_events
@@ -88,7 +88,8 @@ def assert_five_steps_replayed(job: Job, rows: dict[int, list[int]]) -> None:
 async def test_a_worker_sigkilled_inside_step_four_replays_steps_one_to_three_without_running_them(
     cluster: Cluster, store: JobStore
 ) -> None:
-    disp = cluster.dispatcher(**DURABLE)
+    port = free_port()
+    disp = cluster.dispatcher(**DURABLE, BROOK_METRICS_PORT=str(port))
     job_id = await submit(store, "five_steps", {"hold_in": 4, "hold": 60})
     pid = holding(disp, job_id)
     os.kill(pid, signal.SIGKILL)
@@ -97,6 +98,9 @@ async def test_a_worker_sigkilled_inside_step_four_replays_steps_one_to_three_wi
     assert [h.get("error") for h in job.history if h.get("error")] == ["WorkerCrashed"]
     replays = [e["step"] for e in disp.events("step.replayed") if e.get("job_id") == job_id]
     assert replays == ["step-1", "step-2", "step-3"]
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert 'brook_steps_total{task="five_steps",how="run"} 5.0' in metrics
+    assert 'brook_steps_total{task="five_steps",how="replayed"} 3.0' in metrics
 
 
 async def test_a_dispatcher_sigkilled_inside_step_four_leaves_steps_one_to_three_done(
@@ -337,7 +341,11 @@ async def test_a_step_down_during_a_transactional_steps_commit_leaves_rows_and_c
     try:
         job_id = await submit(store, "tx_steps", {"rows": 3}, max_attempts=5)
         direct.admin.command(
-            "waitForFailPoint", "failCommand", timesEntered=armed["count"] + 3, maxTimeMS=30000
+            # The fail point counts the commits it holds, not the ones it skips.
+            "waitForFailPoint",
+            "failCommand",
+            timesEntered=armed["count"] + 1,
+            maxTimeMS=30000,
         )
         with contextlib.suppress(PyMongoError):  # the stepping-down primary hangs up
             direct.admin.command("replSetStepDown", 10, secondaryCatchUpPeriodSecs=5)
@@ -375,7 +383,9 @@ def test_a_jobs_event_stream_carries_its_steps_its_sleep_and_its_wake(
 ) -> None:
     cluster.api(**DURABLE)
     cluster.dispatcher(**DURABLE)
-    job_id = http.post("/jobs", json={"task": "sleeper", "payload": {"seconds": 2}}).json()["id"]
+    soon = (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat()  # read from its start
+    body = {"task": "sleeper", "payload": {"seconds": 2}, "run_at": soon}
+    job_id = http.post("/jobs", json=body).json()["id"]
     events = read_events(f"{cluster.api_url}/jobs/{job_id}/events", timeout=30)
     seen = [
         (e.status, [s["name"] for s in e.data["steps"]], (e.data["waiting_for"] or {}).get("kind"))
@@ -388,3 +398,32 @@ def test_a_jobs_event_stream_carries_its_steps_its_sleep_and_its_wake(
     assert any(status == "running" and kind is None for status, _, kind in seen[asleep:])  # woke
     assert seen[-1] == ("completed", ["before", "sleep#1", "after"], None)
     assert all("result" not in s for e in events for s in e.data["steps"])
+
+
+async def test_a_sleeping_job_frees_its_queues_slot_and_its_dependents_wait_for_its_end(
+    cluster: Cluster, store: JobStore, http: httpx.Client
+) -> None:
+    cluster.api(**DURABLE)
+    cluster.dispatcher(**DURABLE)
+    limited = http.put("/queues/slow", json={"concurrency": 1})
+    assert limited.status_code == 200, limited.text
+    made = http.post(
+        "/jobs/batch",
+        json={
+            "jobs": [
+                {"task": "sleeper", "payload": {"seconds": 3}, "queue": "slow", "ref": "p"},
+                {"task": "echo", "payload": {"child": True}, "depends_on": ["p"]},
+            ]
+        },
+    ).json()["jobs"]
+    parent, child = made[0]["id"], made[1]["id"]
+    await suspended(store, parent)
+    # The queue's one slot is free while the parent sleeps: another job of it runs now.
+    other = await submit(store, "record", {"seconds": 0.1}, queue="slow")
+    assert (await finished(store, other, timeout=20)).status == "completed"
+    assert (await store.get(parent)).status == "pending"
+    assert (await store.get(child)).status == "waiting"  # its parent has not completed
+    done = await finished(store, parent)
+    assert done.status == "completed"
+    kid = await finished(store, child)
+    assert kid.status == "completed" and kid.result == {"child": True}
