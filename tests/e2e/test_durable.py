@@ -116,6 +116,44 @@ async def test_a_dispatcher_sigkilled_inside_step_four_leaves_steps_one_to_three
     assert any(e["job_id"] == job_id for e in b.events("lease.expired"))
 
 
+async def test_a_zombie_dispatcher_frozen_past_its_lease_records_no_checkpoint(
+    cluster: Cluster, store: JobStore
+) -> None:
+    a = cluster.dispatcher(**DURABLE)
+    job_id = await submit(store, "five_steps", {"hold_in": 3, "hold": 3})
+    holding(a, job_id)  # attempt 1 is inside step 3
+    os.killpg(a.pid, signal.SIGSTOP)  # the dispatcher and its worker: frozen
+    try:
+        b = cluster.dispatcher(**DURABLE)
+        b.wait_for_event("lease.expired", timeout=30, where=lambda e: e["job_id"] == job_id)
+        job = await finished(store, job_id)
+    finally:
+        os.killpg(a.pid, signal.SIGCONT)
+    # On waking, a's worker finishes step 3 of attempt 1 and asks a to record it; a's fence
+    # (attempt 1, owner a) matches nothing, or a kills the worker first for its lost lease.
+    wait_until(
+        lambda: [
+            e
+            for e in a.events("lease.lost") + a.events("step.discarded")
+            if e.get("job_id") == job_id
+        ],
+        timeout=15,
+    )
+    await asyncio.sleep(1.0)
+    assert not [
+        e for e in a.events("step.recorded") if e["job_id"] == job_id and e["step"] == "step-3"
+    ]
+    job = await store.get(job_id)
+    assert job.status == "completed" and job.attempts == 2
+    assert [(s["name"], s["attempt"]) for s in job.steps] == [
+        ("step-1", 1),
+        ("step-2", 1),
+        ("step-3", 2),
+        ("step-4", 2),
+        ("step-5", 2),
+    ]
+
+
 async def test_plain_def_steps_replay_and_a_failing_step_is_named_in_the_history(
     cluster: Cluster, store: JobStore
 ) -> None:
