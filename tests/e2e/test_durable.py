@@ -211,6 +211,21 @@ async def test_a_sleeping_job_frees_its_only_worker_for_three_others_then_wakes_
     assert job.result["after"] - job.result["before"] >= 4.9
 
 
+async def test_a_sleep_outlives_the_dispatcher_that_suspended_it(
+    cluster: Cluster, store: JobStore
+) -> None:
+    a = cluster.dispatcher(**DURABLE)
+    sleeper = await submit(store, "sleeper", {"seconds": 4})
+    asleep = await suspended(store, sleeper)
+    a.kill()  # SIGKILL while the job sleeps: it holds no lease, nothing to expire
+    cluster.dispatcher(**DURABLE)
+    job = await finished(store, sleeper)
+    assert job.status == "completed" and job.attempts == 2
+    assert asleep.waiting_for is not None
+    woke = [h for h in job.history if h["status"] == "running"][-1]["at"]
+    assert woke >= asleep.waiting_for["until"]
+
+
 async def test_a_plain_def_task_sleeps_durably_too(cluster: Cluster, store: JobStore) -> None:
     cluster.dispatcher(**DURABLE)
     job_id = await submit(store, "sync_sleeper", {"seconds": 2})
