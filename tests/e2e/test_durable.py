@@ -99,8 +99,8 @@ async def test_a_worker_sigkilled_inside_step_four_replays_steps_one_to_three_wi
     replays = [e["step"] for e in disp.events("step.replayed") if e.get("job_id") == job_id]
     assert replays == ["step-1", "step-2", "step-3"]
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    assert 'brook_steps_total{task="five_steps",how="run"} 5.0' in metrics
-    assert 'brook_steps_total{task="five_steps",how="replayed"} 3.0' in metrics
+    assert 'brook_steps_total{how="run",task="five_steps"} 5.0' in metrics
+    assert 'brook_steps_total{how="replayed",task="five_steps"} 3.0' in metrics
 
 
 async def test_a_dispatcher_sigkilled_inside_step_four_leaves_steps_one_to_three_done(
