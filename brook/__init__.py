@@ -27,6 +27,7 @@ from common.domain.errors import (
 )
 from common.domain.models import Job
 from common.domain.status import JobStatus
+from common.domain.steps import DuplicateStep, SignalTimeout, StepError
 from executor.context import SyncTaskContext, TaskContext
 from executor.registry import task
 from executor.schedules import schedule
@@ -36,6 +37,7 @@ __all__ = [
     "BrookError",
     "Client",
     "ConfigError",
+    "DuplicateStep",
     "EmbeddedMongoError",
     "InvalidInput",
     "InvalidSession",
@@ -46,6 +48,8 @@ __all__ = [
     "LeaseLost",
     "Retry",
     "ScheduleNotFound",
+    "SignalTimeout",
+    "StepError",
     "SyncTaskContext",
     "TaskContext",
     "UnknownTask",

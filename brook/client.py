@@ -80,7 +80,7 @@ class AsyncClient(ClientCore):
     def _open(self, settings: Settings, mongo: AsyncMongoClient[Doc], *, owned: bool) -> None:
         store = JobStore(database(mongo, settings), retention_s=settings.retention_seconds)
         directory = TaskDirectory(store.presence, registered, open_while_none_live=True)
-        super().__init__(store, directory)
+        super().__init__(store, directory, signal_retention_s=settings.signal_retention_seconds)
         self.settings = settings
         self._mongo = mongo
         self._owned = owned
@@ -183,6 +183,7 @@ class Client:
     retry = blocking(ClientCore.retry)
     wait = blocking(ClientCore.wait)
     parent_results = blocking(ClientCore.parent_results)
+    signal = blocking(ClientCore.signal)
 
     def close(self) -> None:
         try:

@@ -53,6 +53,7 @@ async def serve_dispatcher(
     dispatcher = Dispatcher(settings, store, pool, tasks, schedules)
     pool.on_free = dispatcher.wake
     pool.on_progress = dispatcher.on_progress
+    pool.on_step = dispatcher.on_step
     metrics = serve_metrics(settings)
     try:
         await dispatcher.run(stop)  # it starts the pool alongside its own start-up

@@ -11,6 +11,9 @@
              settler died, claim what no event announced (`leases.py`, `dependents.py`)
   schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
   presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
+A running task's durable steps come up its worker's pipe and are checkpointed here, fenced
+(`steps.py`); a task that sleeps or waits for a signal ends its run, and its job goes back
+to pending until its wake time (or a signal).
 A claimed job waits in `Holdings` until a worker is free (at once, when one is); then it
 runs as a supervised task that ends with one fenced write (`outcomes.py`), after its last
 progress report (`progress.py`) has landed; a job with dependents then has them settled in
@@ -31,12 +34,21 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from common.domain.models import Job
 from common.domain.schedules import Schedule
-from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, WorkerSlot
+from common.protocol.runner import (
+    KillReason,
+    Outcome,
+    ProgressReport,
+    RunJob,
+    Runner,
+    StepAck,
+    StepRecord,
+    WorkerSlot,
+)
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import JOB_WAIT
 from common.runtime.settings import Settings
@@ -56,6 +68,7 @@ from dispatcher.presence import Presence
 from dispatcher.progress import ProgressKeeper
 from dispatcher.schedules import ScheduleRunner
 from dispatcher.start_times import StartMarks
+from dispatcher.steps import StepKeeper
 from dispatcher.stream import StreamFollower, TokenSaver
 from dispatcher.wiring import Wiring
 
@@ -104,8 +117,11 @@ class Dispatcher:
         self.dependents = Dependents(settings, store, self.supervisor.spawn)
         self.leases = LeaseKeeper(wiring, self._stop, self.claimer.sweep_done, self.dependents)
         self.starts = StartMarks(store, self.owner, clock, self.supervisor.spawn)
+        self.steps = StepKeeper(
+            store, self.owner, clock, settings.lease_seconds, self.supervisor.spawn
+        )
         self.outcomes = Outcomes(
-            settings, store, self.owner, self.supervisor.spawn, self.dependents
+            settings, store, self.owner, self.supervisor.spawn, self.dependents, self.steps
         )
         self.tokens = TokenSaver(store, self.name)
         self.stream = StreamFollower(
@@ -230,6 +246,10 @@ class Dispatcher:
         """A running task reported progress (called by the runner)."""
         self.progress.report(report)
 
+    def on_step(self, step: StepRecord, reply: Callable[[StepAck], None]) -> None:
+        """A running task finished a step (called by the runner): checkpoint it, fenced."""
+        self.steps.record(step, reply)
+
     # -- events ----------------------------------------------------------------------------
 
     def _on_change(self, change: Mapping[str, Any]) -> None:
@@ -329,6 +349,9 @@ class Dispatcher:
             task=job.task,
             payload=job.payload,
             owner=self.owner,
+            steps=job.step_results(),
+            steps_bytes=job.steps_bytes,
+            server_offset=self.clock.offset,
         )
         sent = time.monotonic()
         mark = self.starts.arm(lease, sent)

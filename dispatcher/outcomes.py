@@ -30,6 +30,7 @@ from common.runtime.supervision import Spawn
 from common.store.failover_retry import ride_out
 from common.store.jobs import JobStore, Lease, RunTimes
 from dispatcher.dependents import Dependents
+from dispatcher.steps import StepKeeper
 
 VerdictKind = Literal["applied", "lost", "refused", "deadline"]
 
@@ -65,6 +66,8 @@ def _outcome(verdict: Verdict, outcome: Outcome) -> str:
     if done is None or done.status == JobStatus.COMPLETED:
         return "completed"
     if done.status == JobStatus.PENDING:
+        if outcome.kind == "suspended":
+            return "suspended"
         return "released" if outcome.kind in RELEASES else "retried"
     return done.status.value  # failed, cancelled
 
@@ -77,14 +80,16 @@ class Outcomes:
         owner: str,
         spawn: Spawn,
         dependents: Dependents,
+        steps: StepKeeper | None = None,
     ) -> None:
         self.settings = settings
+        self.steps = steps
         self.store = store
         self.owner = owner
         self.dependents = dependents
         self._cutoff = math.inf
-        self._completions: GroupCommit[tuple[Lease, Any, RunTimes | None], Verdict] = (
-            GroupCommit(self._complete_many, spawn=spawn, linger_s=COMPLETION_LINGER_S)
+        self._completions: GroupCommit[tuple[Lease, Any, RunTimes | None], Verdict] = GroupCommit(
+            self._complete_many, spawn=spawn, linger_s=COMPLETION_LINGER_S
         )
 
     def cut_off(self, at: float) -> None:
@@ -107,6 +112,8 @@ class Outcomes:
         really started and ended (None for a job stopped before its task started)."""
         fields = job_fields(job) | {"duration_ms": round(elapsed * 1000, 2)}
         JOB_DURATION.labels(task=job.task).observe(elapsed)
+        if self.steps is not None:
+            self.steps.count(job, outcome.steps_replayed, outcome.steps_committed)
         if outcome.committed:
             return self._committed(job, fields)
         if outcome.tx_session is not None:
@@ -220,6 +227,8 @@ class Outcomes:
     ) -> Job:
         if outcome.kind == "cancelled":
             return await self.store.cancel_running(lease, self.owner, ran=ran)
+        if outcome.kind == "suspended" and outcome.suspend is not None and self.steps is not None:
+            return await self.steps.suspend(job, lease, outcome.suspend)
         if outcome.kind in RELEASES:
             return await self.store.release(lease, self.owner)
         delay = outcome.retry_delay
@@ -301,6 +310,17 @@ class Outcomes:
             emit(Event.JOB_COMPLETED, **fields)
         elif done.status == JobStatus.CANCELLED:
             emit(Event.JOB_CANCELLED, **fields)
+        elif outcome.kind == "suspended" and done.status == JobStatus.PENDING:
+            waiting = done.waiting_for or {}
+            until = waiting.get("until")
+            emit(
+                Event.JOB_SUSPENDED,
+                **fields,
+                waiting=waiting.get("kind"),
+                key=waiting.get("key"),
+                step=waiting.get("step"),
+                until=until.isoformat() if until is not None else None,
+            )
         elif outcome.kind == "shutdown":
             emit(Event.JOB_RELEASED, **fields, reason="dispatcher shutting down")
         elif outcome.kind == "handed_back":

@@ -1,7 +1,9 @@
 """What a task may ask of Brook while it runs: who it is, this process's MongoDB client,
 `submit` (a follow-up job, with the arguments of `Client.submit`), `progress` (how far it
-got), `transaction` (its MongoDB writes, committed together with its completion) and
-`parent_results` (what the jobs it depends on returned).
+got), `transaction` (its MongoDB writes, committed together with its completion),
+`parent_results` (what the jobs it depends on returned), and durable execution: `step`
+(run once, its result checkpointed and replayed by later attempts), `sleep` and
+`wait_for_signal` (the job waits without a worker; `executor.steps`).
 
 An `async def` task gets a `TaskContext` (`await ctx.submit(...)`, `async with
 ctx.transaction() as session`); a plain `def` task runs on a worker thread and gets a
@@ -14,7 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from pymongo.asynchronous.client_session import AsyncClientSession
@@ -22,13 +28,26 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
+from common.domain.steps import SignalTimeout, check_signal_key, check_step_name, seconds_of
 from common.operations.client_core import ClientCore, Submitting
-from common.runtime.blocking import Coro, T, blocking_or_in_session, delegating, run_on
+from common.runtime.blocking import Coro, T, blocking_or_in_session, delegating, drive, run_on
 from common.runtime.log import get_logger
 from common.runtime.settings import Settings
 from common.store.db import database, sync_database
+from common.store.signals import SignalStore
 from executor.clients import process_client, process_core, process_sessions, process_sync_client
 from executor.progress import ProgressReporter, check_progress
+from executor.step_transaction import transactional_step
+from executor.steps import (
+    WAIT_IN_PLACE_S,
+    Journal,
+    Suspended,
+    as_datetime,
+    mark_failed,
+    sleep_suspend,
+    timeout_seconds,
+    wait_suspend,
+)
 from executor.transaction import AttemptTransaction
 
 __all__ = ["SyncTaskContext", "TaskContext", "process_client", "process_core"]
@@ -45,6 +64,8 @@ class BaseContext:
     log: Any = field(default_factory=get_logger)
     reporter: ProgressReporter | None = None
     tx: AttemptTransaction | None = None
+    journal: Journal | None = None
+    send: Callable[[Any], None] | None = None
 
     @property
     def settings(self) -> Settings:
@@ -71,6 +92,31 @@ class BaseContext:
             raise RuntimeError("ctx.transaction() needs a running attempt of a Brook worker")
         return self.tx
 
+    def _journal(self, what: str) -> Journal:
+        if self.journal is None:
+            raise RuntimeError(f"{what} needs a running attempt of a Brook worker")
+        if self.tx is not None and self.tx.opened and self.tx.state != "ended":
+            raise RuntimeError(
+                f"{what} cannot run after ctx.transaction() opened in this attempt (the "
+                "transaction commits when the task returns, and nothing else may write the "
+                "job until then): use a transactional step, ctx.step(..., transactional=True)"
+            )
+        return self.journal
+
+    def _signals(self) -> SignalStore:
+        return SignalStore(database(process_client(self.process_settings), self.process_settings))
+
+
+def _elapsed_ms(started: float) -> float:
+    return (time.monotonic() - started) * 1000
+
+
+def _signal_result(key: str, recorded: Any) -> Any:
+    """A wait's recorded step: the signal's payload, or its timeout."""
+    if isinstance(recorded, dict) and recorded.get("timed_out"):
+        raise SignalTimeout(f"no signal on {key!r} before the wait's timeout")
+    return recorded.get("payload") if isinstance(recorded, dict) else None
+
 
 @dataclass(frozen=True, kw_only=True)
 class TaskContext(BaseContext):
@@ -93,6 +139,91 @@ class TaskContext(BaseContext):
     async def parent_results(self) -> dict[str, Any]:
         """`{parent job id: result}` for this job's `depends_on`, in that order."""
         return await self._target().parent_results(self.job_id)
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        transactional: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """`result = await ctx.step("name", fn, *args, **kwargs)`: run `fn` once for this
+        job. Its result is checkpointed (majority-written, fenced by attempt and owner)
+        before it is returned; a later attempt returns the recorded result without calling
+        `fn`. `fn` may be a plain or an `async` function. With `transactional=True`, `fn`
+        is called as `fn(session, *args, **kwargs)` and its writes with `session` commit in
+        one MongoDB transaction with the checkpoint: both or neither."""
+        journal = self._journal("ctx.step")
+        check_step_name(name)
+        found, value = journal.enter(name)
+        if found:
+            return value
+        started = time.monotonic()
+        try:
+            if transactional:
+                return await transactional_step(
+                    process_client(self.process_settings).start_session(),
+                    journal,
+                    name,
+                    lambda session: fn(session, *args, **kwargs),
+                    settings=self.process_settings,
+                    send=self.send,
+                    reporter=self.reporter,
+                )
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:
+            mark_failed(exc, name)
+            raise
+        return await journal.record(name, value, _elapsed_ms(started))
+
+    async def sleep(self, duration: float | timedelta) -> None:
+        """Sleep durably: the wake time (the server's clock) is recorded as a step, the run
+        ends and frees its worker, and the job is claimed again at the wake time and replayed
+        up to here, where this returns. Not an attempt and not a failure."""
+        seconds = seconds_of(duration)
+        journal = self._journal("ctx.sleep")
+        name = journal.auto_name("sleep")
+        found, until = journal.enter(name)
+        if not found:
+            until = await journal.record(name, None, 0.0, wake_in_s=seconds)
+        wake = as_datetime(until)
+        left = journal.until_due(wake)
+        if left <= 0:
+            return
+        if left <= WAIT_IN_PLACE_S:
+            await asyncio.sleep(left)
+            return
+        raise Suspended(sleep_suspend(name, wake))
+
+    async def wait_for_signal(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        """The payload of a signal on `key` (`client.signal(key, payload)`, `POST
+        /signals/{key}`): one already sent (within its retention) returns at once; otherwise
+        the run ends and the job waits without a worker until one comes, then replays up to
+        here. After `timeout` (seconds or a timedelta) without one: `SignalTimeout`. The
+        outcome is recorded as a step: a later attempt gets the same answer."""
+        check_signal_key(key)
+        seconds = timeout_seconds(timeout)
+        journal = self._journal("ctx.wait_for_signal")
+        name = journal.auto_name(f"signal:{key}")
+        found, recorded = journal.enter(name)
+        if found:
+            return _signal_result(key, recorded)
+        until = None
+        if seconds is not None:
+            deadline = f"{name}.deadline"
+            known, at = journal.enter(deadline)
+            if not known:
+                at = await journal.record(deadline, None, 0.0, wake_in_s=seconds)
+            until = as_datetime(at)
+        sent, payload = await self._signals().get(key)
+        if sent:
+            return _signal_result(key, await journal.record(name, {"payload": payload}, 0.0))
+        if until is not None and journal.until_due(until) <= 0:
+            return _signal_result(key, await journal.record(name, {"timed_out": True}, 0.0))
+        raise Suspended(wait_suspend(name, key, until))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,3 +252,80 @@ class SyncTaskContext(BaseContext):
     def parent_results(self) -> dict[str, Any]:
         """`{parent job id: result}` for this job's `depends_on`, in that order."""
         return self._block(self._target().parent_results(self.job_id))
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        transactional: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """As `TaskContext.step`, blocking: `fn` runs on this task's thread (with
+        `transactional=True`, on a blocking session of this process's blocking client)."""
+        journal = self._journal("ctx.step")
+        check_step_name(name)
+        found, value = journal.enter(name)
+        if found:
+            return value
+        started = time.monotonic()
+        try:
+            if transactional:
+                return drive(
+                    transactional_step(
+                        process_sync_client(self.process_settings).start_session(),
+                        journal,
+                        name,
+                        lambda session: fn(session, *args, **kwargs),
+                        settings=self.process_settings,
+                        send=self.send,
+                        reporter=self.reporter,
+                    )
+                )
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            mark_failed(exc, name)
+            raise
+        return self._block(journal.record(name, value, _elapsed_ms(started)))
+
+    def sleep(self, duration: float | timedelta) -> None:
+        """As `TaskContext.sleep`, blocking."""
+        seconds = seconds_of(duration)
+        journal = self._journal("ctx.sleep")
+        name = journal.auto_name("sleep")
+        found, until = journal.enter(name)
+        if not found:
+            until = self._block(journal.record(name, None, 0.0, wake_in_s=seconds))
+        wake = as_datetime(until)
+        left = journal.until_due(wake)
+        if left <= 0:
+            return
+        if left <= WAIT_IN_PLACE_S:
+            time.sleep(left)
+            return
+        raise Suspended(sleep_suspend(name, wake))
+
+    def wait_for_signal(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        """As `TaskContext.wait_for_signal`, blocking."""
+        check_signal_key(key)
+        seconds = timeout_seconds(timeout)
+        journal = self._journal("ctx.wait_for_signal")
+        name = journal.auto_name(f"signal:{key}")
+        found, recorded = journal.enter(name)
+        if found:
+            return _signal_result(key, recorded)
+        until = None
+        if seconds is not None:
+            deadline = f"{name}.deadline"
+            known, at = journal.enter(deadline)
+            if not known:
+                at = self._block(journal.record(deadline, None, 0.0, wake_in_s=seconds))
+            until = as_datetime(at)
+        sent, payload = self._block(self._signals().get(key))
+        if sent:
+            stored = self._block(journal.record(name, {"payload": payload}, 0.0))
+            return _signal_result(key, stored)
+        if until is not None and journal.until_due(until) <= 0:
+            stored = self._block(journal.record(name, {"timed_out": True}, 0.0))
+            return _signal_result(key, stored)
+        raise Suspended(wait_suspend(name, key, until))

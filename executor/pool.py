@@ -8,7 +8,9 @@ Brook supervises its own long-lived `aiomultiprocess.Process` children instead:
   within milliseconds, the job's waiter gets a `crashed` outcome and the slot is refilled;
 * timeouts, cancellations and lost leases are enforced by the parent killing the process;
 * a running task's progress reports come up the same pipe and go to `on_progress`; the
-  session of a transaction it opens comes too, and goes with its outcome;
+  session of a transaction it opens comes too, and goes with its outcome; so do its
+  steps (`on_step`), whose acknowledgement goes back down the pipe to the worker, which
+  waits for it (only while it still runs that attempt);
 * a worker that reports its job's result is free at once (`on_free`): the dispatcher
   hands it the next job while the outcome is written behind it.
 
@@ -33,7 +35,16 @@ from typing import Any
 import aiomultiprocess
 import aiomultiprocess.core
 
-from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, TxOpened, WorkerSlot
+from common.protocol.runner import (
+    KillReason,
+    Outcome,
+    ProgressReport,
+    RunJob,
+    StepAck,
+    StepRecord,
+    TxOpened,
+    WorkerSlot,
+)
 from common.runtime.backoff import exponential
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.settings import Settings
@@ -92,6 +103,7 @@ class WorkerPool:
         self.size = size
         self.on_free = on_free
         self.on_progress = on_progress
+        self.on_step: Callable[[StepRecord, Callable[[StepAck], None]], None] = _no_steps
         self._spawn_task = spawn
         self._workers: dict[str, _Worker] = {}
         self._names = itertools.count(1)
@@ -244,6 +256,10 @@ class WorkerPool:
             if self._holds(worker, msg.job_id, msg.attempt):
                 self.on_progress(msg)
             return
+        if isinstance(msg, StepRecord):
+            if self._holds(worker, msg.job_id, msg.attempt):
+                self.on_step(msg, lambda ack: self._answer(worker, ack))
+            return
         if isinstance(msg, TxOpened):
             job = worker.job
             if job is not None and (job.job_id, job.attempt) == (msg.job_id, msg.attempt):
@@ -253,6 +269,13 @@ class WorkerPool:
             self._settle(worker, _done_outcome(msg, worker.tx_session))
             # Free at once: its next job need not wait for this one's outcome write.
             self.on_free()
+
+    def _answer(self, worker: _Worker, ack: StepAck) -> None:
+        """A step's acknowledgement, to the worker that asked, if it still runs that attempt
+        (a killed one is gone, or about to be)."""
+        if self._holds(worker, ack.job_id, ack.attempt):
+            with contextlib.suppress(OSError, ValueError):
+                worker.conn.send(ack)
 
     @staticmethod
     def _holds(worker: _Worker, job_id: str, attempt: int) -> bool:
@@ -318,12 +341,33 @@ class WorkerPool:
         task.add_done_callback(self._tasks.discard)
 
 
+def _no_steps(record: StepRecord, reply: Callable[[StepAck], None]) -> None:
+    reply(
+        StepAck(
+            job_id=record.job_id,
+            attempt=record.attempt,
+            name=record.name,
+            ok=False,
+            error="this worker pool records no steps",
+        )
+    )
+
+
 def _done_outcome(msg: JobDone, tx_session: dict[str, Any] | None) -> Outcome:
     """How an attempt ended, as its worker reported it."""
+    outcome = _reported(msg, tx_session)
+    return dataclasses.replace(
+        outcome, steps_replayed=msg.steps_replayed, steps_committed=msg.steps_committed
+    )
+
+
+def _reported(msg: JobDone, tx_session: dict[str, Any] | None) -> Outcome:
     if msg.tx == "committed":  # its own transaction wrote the completion
         return Outcome(kind="ok", result=msg.result, committed=True)
     if msg.tx == "lost":  # its transaction found the lease lost, and aborted
         return Outcome(kind="lease_lost")
+    if msg.suspend is not None:
+        return Outcome(kind="suspended", suspend=msg.suspend)
     if msg.ok:
         return Outcome(kind="ok", result=msg.result)
     return Outcome(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import multiprocessing.forkserver
 import os
 import signal
@@ -26,7 +27,7 @@ import bson
 import structlog
 
 from common.domain.errors import Retry
-from common.protocol.runner import RunJob
+from common.protocol.runner import RunJob, Suspend
 from common.runtime.log import configure_logging
 from common.runtime.log_events import Event, emit
 from common.runtime.settings import Settings
@@ -34,6 +35,7 @@ from common.store.transactions import TxEnd
 from executor.context import SyncTaskContext, TaskContext
 from executor.progress import ProgressReporter
 from executor.registry import get_task, load_tasks
+from executor.steps import Journal, Suspended, deliver, failed_step, set_current
 from executor.transaction import AttemptTransaction
 
 PR_SET_PDEATHSIG = 1
@@ -56,6 +58,10 @@ class JobDone:
     # the task's writes), "lost" (its lease was lost: aborted) or "unknown" (the commit's
     # outcome could not be learnt: the dispatcher decides by its fenced write).
     tx: Literal["committed", "lost", "unknown"] | None = None
+    # The run ended to sleep or to wait for a signal (`ctx.sleep`, `ctx.wait_for_signal`).
+    suspend: Suspend | None = None
+    steps_replayed: int = 0
+    steps_committed: int = 0
 
 
 STOP = "stop"
@@ -106,11 +112,16 @@ async def _recv(conn: Connection) -> Any:
 
 
 def error_doc(exc: BaseException) -> dict[str, Any]:
-    return {
+    doc = {
         "type": type(exc).__name__,
         "message": str(exc)[:4000],
         "traceback": "".join(traceback.format_exception(exc))[-8000:],
     }
+    step = failed_step(exc)
+    if step is not None:  # raised by a step's function: the job's error names it
+        doc["step"] = step
+        doc["message"] = f"step {step!r}: {doc['message']}"[:4000]
+    return doc
 
 
 def _context(
@@ -119,25 +130,22 @@ def _context(
     is_async: bool,
     reporter: ProgressReporter | None,
     tx: AttemptTransaction,
+    journal: Journal,
+    send: Callable[[Any], None] | None,
 ) -> TaskContext | SyncTaskContext:
+    fields: dict[str, Any] = {
+        "job_id": msg.job_id,
+        "attempt": msg.attempt,
+        "task": msg.task,
+        "process_settings": settings,
+        "reporter": reporter,
+        "tx": tx,
+        "journal": journal,
+        "send": send,
+    }
     if is_async:
-        return TaskContext(
-            job_id=msg.job_id,
-            attempt=msg.attempt,
-            task=msg.task,
-            process_settings=settings,
-            reporter=reporter,
-            tx=tx,
-        )
-    return SyncTaskContext(
-        job_id=msg.job_id,
-        attempt=msg.attempt,
-        task=msg.task,
-        process_settings=settings,
-        reporter=reporter,
-        tx=tx,
-        loop=asyncio.get_running_loop(),
-    )
+        return TaskContext(**fields)
+    return SyncTaskContext(**fields, loop=asyncio.get_running_loop())
 
 
 async def _call(msg: RunJob, settings: Settings, ctx: Callable[[bool], Any]) -> Any:
@@ -164,31 +172,57 @@ async def run_one(
     structlog.contextvars.bind_contextvars(job_id=msg.job_id, attempt=msg.attempt, task=msg.task)
     reporter = ProgressReporter(send, msg) if send is not None else None
     tx = AttemptTransaction(msg, settings, send, reporter)
+    journal = Journal(msg, send)
+    set_current(journal)
     try:
         with tx.current():
             emit(Event.TASK_STARTED)
-            try:
-                result = await _call(
-                    msg, settings, lambda is_async: _context(msg, settings, is_async, reporter, tx)
-                )
-            except Retry as exc:
-                await tx.abandon()
-                emit(Event.TASK_FINISHED, ok=False, error_type="Retry", delay=exc.delay)
-                return _failed(msg, error_doc(exc), retry_delay=exc.delay)
-            except Exception as exc:
-                await tx.abandon()
-                emit(Event.TASK_FINISHED, ok=False, error_type=type(exc).__name__)
-                return _failed(msg, error_doc(exc))
-            if tx.opened:
-                progress = reporter.take_last() if reporter is not None else None
-                return _transaction_done(msg, await tx.finish(result, progress), result)
-            emit(Event.TASK_FINISHED, ok=True)
-            return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, result=result)
+            done = await _attempt(msg, settings, reporter, tx, journal, send)
+            return dataclasses.replace(
+                done, steps_replayed=journal.replayed, steps_committed=journal.committed
+            )
     finally:
+        set_current(None)
         await tx.abandon()  # cancelled mid-task: nothing of its transaction remains
         if reporter is not None:
             reporter.close()
         structlog.contextvars.unbind_contextvars("job_id", "attempt", "task")
+
+
+async def _attempt(
+    msg: RunJob,
+    settings: Settings,
+    reporter: ProgressReporter | None,
+    tx: AttemptTransaction,
+    journal: Journal,
+    send: Callable[[Any], None] | None,
+) -> JobDone:
+    def context(is_async: bool) -> TaskContext | SyncTaskContext:
+        return _context(msg, settings, is_async, reporter, tx, journal, send)
+
+    try:
+        result = await _call(msg, settings, context)
+    except Suspended as pause:
+        await tx.abandon()
+        waiting = pause.suspend.waiting
+        emit(Event.TASK_FINISHED, ok=True, suspended=waiting.get("kind"), step=waiting.get("step"))
+        return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, suspend=pause.suspend)
+    except Retry as exc:
+        await tx.abandon()
+        emit(Event.TASK_FINISHED, ok=False, error_type="Retry", delay=exc.delay)
+        return _failed(msg, error_doc(exc), retry_delay=exc.delay)
+    except Exception as exc:
+        await tx.abandon()
+        step = failed_step(exc)
+        if step is not None:
+            emit(Event.STEP_FAILED, level="warning", step=step, error_type=type(exc).__name__)
+        emit(Event.TASK_FINISHED, ok=False, error_type=type(exc).__name__)
+        return _failed(msg, error_doc(exc))
+    if tx.opened:
+        progress = reporter.take_last() if reporter is not None else None
+        return _transaction_done(msg, await tx.finish(result, progress), result)
+    emit(Event.TASK_FINISHED, ok=True)
+    return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, result=result)
 
 
 def _failed(msg: RunJob, error: dict[str, Any], **kw: Any) -> JobDone:
@@ -210,6 +244,28 @@ def _transaction_done(msg: RunJob, end: TxEnd, result: Any) -> JobDone:
     error = end.error or {"type": "TransactionAborted", "message": end.kind}
     emit(Event.TASK_FINISHED, ok=False, error_type=error["type"], transaction=end.kind)
     return _failed(msg, error, tx="unknown" if end.kind == "unknown" else None)
+
+
+async def _run_listening(
+    conn: Connection, msg: RunJob, settings: Settings, send: Callable[[Any], None]
+) -> JobDone:
+    """`run_one`, while the pipe is read for what the dispatcher sends during a job: the
+    acknowledgements of its steps."""
+    loop = asyncio.get_running_loop()
+    fd = conn.fileno()
+
+    def readable() -> None:
+        try:
+            while conn.poll():
+                deliver(conn.recv())
+        except (EOFError, OSError):
+            loop.remove_reader(fd)  # the dispatcher is gone: this process dies with it
+
+    loop.add_reader(fd, readable)
+    try:
+        return await run_one(msg, settings, send)
+    finally:
+        loop.remove_reader(fd)
 
 
 async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
@@ -235,7 +291,7 @@ async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
             return  # the parent closed the pipe: nothing to do but leave
         if msg == STOP:
             return
-        done = await run_one(msg, settings, send)
+        done = await _run_listening(conn, msg, settings, send)
         try:
             send(done)
         except Exception as exc:  # e.g. a result that cannot be pickled

@@ -1,5 +1,5 @@
 """The commands that talk to a running API over HTTP: submit, status, ls, watch, cancel,
-retry, schedules and queue. Any failure exits with one line on stderr (`die`)."""
+retry, signal, schedules and queue. Any failure exits with one line on stderr (`die`)."""
 
 from __future__ import annotations
 
@@ -190,6 +190,19 @@ def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_cancel(settings: Settings, args: argparse.Namespace) -> int:
     print_json(call_api(settings, "POST", f"/jobs/{args.id}/cancel"))
+    return 0
+
+
+def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
+    """Send a signal: prints `{"woken": N}`, the jobs it woke."""
+    from urllib.parse import quote
+
+    try:
+        payload = json.loads(args.payload)
+    except ValueError as exc:
+        die(f"--payload is not valid JSON: {exc}", 2)
+    key = quote(args.key, safe="")
+    print_json(call_api(settings, "POST", f"/signals/{key}", {"payload": payload}))
     return 0
 
 

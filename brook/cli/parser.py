@@ -16,6 +16,7 @@ from brook.cli.api_commands import (
     cmd_queue_set,
     cmd_retry,
     cmd_schedules,
+    cmd_signal,
     cmd_status,
     cmd_submit,
     cmd_watch,
@@ -165,6 +166,10 @@ def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sc.add_argument("action", nargs="?", choices=["ls", "pause", "resume"], default="ls")
     sc.add_argument("name", nargs="?", metavar="NAME")
     sc.set_defaults(fn=cmd_schedules)
+    sg = sub.add_parser("signal", help="send a signal: wake the jobs waiting on KEY")
+    sg.add_argument("key", metavar="KEY")
+    sg.add_argument("--payload", default="null", help="any JSON value (default: null)")
+    sg.set_defaults(fn=cmd_signal)
     r = sub.add_parser("retry", help="retry a failed or cancelled job")
     r.add_argument("id")
     r.set_defaults(fn=cmd_retry)

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from common.domain.status import JobStatus
+from common.domain.steps import step_view
 
 Doc = dict[str, Any]
 
@@ -81,6 +82,12 @@ class Job:
     # When the current attempt was claimed (the server's clock), or None if not known. Not
     # its start: a claimed job may wait in its dispatcher's prefetch buffer.
     claimed_at: datetime | None = None
+    # Durable steps (`ctx.step`, `ctx.sleep`, `ctx.wait_for_signal`): each recorded step,
+    # its result included, in the order they were recorded; and what a job that ended its
+    # run to sleep or wait is waiting for (`{"kind": "sleep" | "signal", ...}`).
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps_bytes: int = 0
+    waiting_for: dict[str, Any] | None = None
 
     @property
     def job_id(self) -> str:
@@ -131,6 +138,9 @@ class Job:
             ref=doc.get("ref"),
             run_on_parent_failure=bool(doc.get("run_on_parent_failure", False)),
             has_dependents=bool(doc.get("has_dependents", False)),
+            steps=list(doc.get("steps") or []),
+            steps_bytes=int(doc.get("steps_bytes", 0)),
+            waiting_for=doc.get("waiting_for"),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -166,4 +176,11 @@ class Job:
             "parents_left": self.parents_left,
             "ref": self.ref,
             "run_on_parent_failure": self.run_on_parent_failure,
+            # Steps without their results (a result can be large): name, at, duration, size.
+            "steps": [step_view(e) for e in self.steps],
+            "waiting_for": self.waiting_for,
         }
+
+    def step_results(self) -> dict[str, Any]:
+        """The recorded steps' results by name: what a new run replays."""
+        return {str(e["name"]): e.get("result") for e in self.steps if "name" in e}

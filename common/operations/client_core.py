@@ -29,15 +29,18 @@ from common.domain.errors import InvalidInput, JobNotFound, WaitTimeout
 from common.domain.models import DEFAULT_QUEUE, Doc, Job, JobSpec
 from common.domain.queues import validate_queue_update
 from common.domain.status import TERMINAL, JobStatus
+from common.domain.steps import StepError, check_signal_key, check_signal_payload
 from common.domain.validation import validate_batch, validate_spec
 from common.domain.workflows import external_parents, unknown_parents_detail
 from common.operations.dependents import recheck, settle
 from common.operations.task_directory import TaskDirectory
 from common.runtime.backoff import Backoff
 from common.runtime.log_events import Event, emit, job_fields, requested_by
+from common.runtime.settings import WEEK_S
 from common.store.db import is_transient
 from common.store.jobs import JobStore, Submitted
 from common.store.queues import QueueStore, QueueUsage
+from common.store.signals import SignalStore
 from common.store.transactions import (
     AsyncTxOps,
     SyncJobs,
@@ -228,9 +231,12 @@ class ClientCore(Submitting):
         submit_one: SubmitOne | None = None,
         count_by_queue: CountByQueue | None = None,
         on_staged: OnStaged | None = None,
+        signal_retention_s: float = WEEK_S,
     ) -> None:
         self._store = store
         self._queues = QueueStore(store.db)
+        self._signals = SignalStore(store.db)
+        self.signal_retention_s = signal_retention_s
         self._directory = directory
         # The API passes its group commit here (concurrent submits share one write), and
         # its counts kept in memory (refreshed in the background) for `queues`.
@@ -366,6 +372,22 @@ class ClientCore(Submitting):
         if cancelled and job.has_dependents:
             await settle(self._store, [job.id], via="cancel")
         return job
+
+    async def signal(self, key: str, payload: Any = None) -> int:
+        """Send a signal on `key`: it is stored (majority-written, kept for the signal
+        retention), then every job waiting on `key` is woken (due now; the dispatchers hear
+        of it on their change stream). Returns how many were woken. A wait that starts later
+        within the retention gets it at once. `InvalidInput` for a bad key or payload."""
+        try:
+            check_signal_key(key)
+            check_signal_payload(payload)
+        except StepError as exc:
+            raise InvalidInput(str(exc)) from None
+        await self._ensure_indexes()  # the jobs waiting on a key are found by index
+        await self._signals.put(key, payload, self.signal_retention_s)
+        woken = await self._store.wake_signal_waiters(key)
+        emit(Event.SIGNAL_SENT, key=key, woken=woken)
+        return woken
 
     async def retry(self, job_id: str) -> Job:
         """A failed or cancelled job back to `pending` with its attempt budget renewed and its

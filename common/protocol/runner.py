@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 OutcomeKind = Literal[
-    "ok", "error", "crashed", "timeout", "cancelled", "lease_lost", "shutdown", "handed_back"
+    "ok",
+    "error",
+    "crashed",
+    "timeout",
+    "cancelled",
+    "lease_lost",
+    "shutdown",
+    "handed_back",
+    "suspended",
 ]
+# `suspended`: the task slept (`ctx.sleep`) or waits for a signal (`ctx.wait_for_signal`):
+# its run ends, the job waits without a worker, and is replayed when it is due again.
 # `handed_back`: a job claimed for a rate-limited queue that could not start soon enough
 # after its claim (`dispatcher.limits`); it goes back to pending like a shutdown's.
 KillReason = Literal["timeout", "cancelled", "lease_lost", "shutdown", "handed_back"]
@@ -26,6 +37,51 @@ class RunJob:
     # The dispatcher holding the lease: a task's own transaction (`ctx.transaction()`)
     # writes the completion itself, fenced by attempt and this owner.
     owner: str = ""
+    # The job's recorded steps (name → result), replayed instead of run again.
+    steps: dict[str, Any] = field(default_factory=dict)
+    steps_bytes: int = 0  # their size as stored
+    # The server clock minus this host's (seconds), as the dispatcher measured it: a sleep
+    # replayed before its wake time (a retry came first) waits on.
+    server_offset: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Suspend:
+    """A run that ended to wait without a worker: until `until` (the server's clock; None:
+    no end), for what `waiting` says (`{"kind": "sleep" | "signal", ...}`)."""
+
+    until: datetime | None
+    waiting: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """A running attempt finished a step (`ctx.step`): its worker asks the dispatcher that
+    holds the lease to record it, fenced by attempt and owner, and waits for `StepAck`.
+    `wake_in_s`: a sleep's step, whose result is its wake time, `wake_in_s` from now on
+    the server's clock (the dispatcher reads it)."""
+
+    job_id: str
+    attempt: int
+    task: str
+    name: str
+    result: Any
+    size: int
+    duration_ms: float
+    wake_in_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepAck:
+    """The dispatcher's answer to a `StepRecord`: `ok` once the step is majority-written
+    (with the result as stored), else `error` (the lease was lost, or MongoDB refused)."""
+
+    job_id: str
+    attempt: int
+    name: str
+    ok: bool
+    result: Any = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +102,9 @@ class Outcome:
     ended: float | None = None
     committed: bool = False
     tx_session: dict[str, Any] | None = None
+    suspend: Suspend | None = None
+    steps_replayed: int = 0
+    steps_committed: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +139,9 @@ class Runner(Protocol):
 
     on_free: Callable[[], None]
     on_progress: Callable[[ProgressReport], None]
+    # A running attempt asks for a step to be recorded; the callback answers by calling
+    # `reply` once it is written (or not).
+    on_step: Callable[[StepRecord, Callable[[StepAck], None]], None]
 
     async def start(self) -> None: ...
 

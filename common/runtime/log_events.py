@@ -24,6 +24,13 @@ class Event(StrEnum):
     JOB_RELEASED = "job.released"
     JOB_RELEASE_FAILED = "job.release_failed"  # shutdown could not hand it back: lease expiry will
     JOB_TIMED_OUT = "job.timed_out"
+    JOB_SUSPENDED = "job.suspended"  # a sleep or a signal wait: the job waits without a worker
+    JOB_WOKEN = "job.woken"  # a signal came for a waiting job
+    STEP_RECORDED = "step.recorded"  # a step's checkpoint, majority-written
+    STEP_DISCARDED = "step.discarded"  # a stale attempt's step: fenced out
+    STEP_REPLAYED = "step.replayed"  # a step of an earlier run, returned without running it
+    STEP_FAILED = "step.failed"  # a step's function raised
+    SIGNAL_SENT = "signal.sent"
     JOB_RESULT_DISCARDED = "job.result_discarded"
     TRANSACTION_ENDED = "transaction.ended"  # a dead or killed worker's open one, by its dispatcher
     LEASE_EXPIRED = "lease.expired"

@@ -39,8 +39,14 @@ JOB_DURATION = Histogram(
 JOBS = Counter(
     "brook_jobs",
     "Attempts ended by this dispatcher, by task, queue and outcome (completed, retried, failed,"
-    " cancelled, released, discarded, expired).",
+    " cancelled, released, suspended, discarded, expired).",
     ["task", "queue", "outcome"],
+)
+STEPS = Counter(
+    "brook_steps",
+    "Durable steps by how they ended: run (its function ran and its checkpoint was written)"
+    " or replayed (an earlier run's checkpoint returned without running it).",
+    ["task", "how"],
 )
 CLAIMS = Counter("brook_claims", "Jobs this dispatcher claimed (leased).")
 LEASE_RENEWALS = Counter("brook_lease_renewals", "Leases renewed by the heartbeat.")

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     retention_seconds: float = Field(default=WEEK_S, ge=0.0, le=100 * 365 * 86400.0)
     # The most a client's `retention_s` may ask for over HTTP (a longer one: 422).
     retention_max_seconds: float = Field(default=MONTH_S, ge=0.0, le=100 * 365 * 86400.0)
+    # How long a signal (`client.signal`, `POST /signals/{key}`) is kept: a wait that starts
+    # within it returns the signal at once.
+    signal_retention_seconds: float = Field(default=WEEK_S, ge=1.0, le=100 * 365 * 86400.0)
     # The most jobs claimed ahead of the workers, per dispatcher (per queue with `queues`);
     # None: the slots, at least DEFAULT_PREFETCH.
     prefetch: int | None = Field(default=None, ge=0, le=4096)

@@ -152,6 +152,8 @@ def claimed_fields(owner: str, lease_seconds: float) -> dict[str, Any]:
         "lease_expires_at": after(lease_seconds * 1000),
         **history({"status": R, "at": NOW, "attempt": attempt, "owner": lit(owner)}),
         "progress": None,  # a new attempt starts from nothing
+        "waiting_for": "$$REMOVE",  # a sleep or a signal wait is over: it runs again
+        "woken_at": "$$REMOVE",
     }
 
 

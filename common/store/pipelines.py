@@ -35,6 +35,11 @@ DISPATCHER_PIPELINE: list[dict[str, Any]] = [
                     "operationType": "update",
                     "updateDescription.updatedFields.cancel_requested": True,
                 },
+                # A signal woke a job waiting for it (`woken_by_signal`): due now.
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.woken_at": {"$exists": True},
+                },
                 {"operationType": {"$in": list(INVALIDATING)}},
             ]
         }

@@ -393,3 +393,35 @@ def _retryable_commit(exc: PyMongoError) -> bool:
 
 def _error(kind: str, exc: BaseException) -> dict[str, Any]:
     return {"type": kind, "message": f"{type(exc).__name__}: {exc}"[:2000]}
+
+
+# -- a transactional step: its function's writes and its checkpoint, committed together ------
+
+
+async def step_in_transaction(
+    ops: TxOps,
+    lease: Lease,
+    owner: str,
+    step: tuple[str, Any, int, float],
+    *,
+    until: float,
+) -> TxEnd:
+    """Write a step's checkpoint (`step`: name, result, size, duration in ms) in the step's
+    own transaction, fenced by attempt and owner, and commit it with the writes the step's
+    function made there: both or neither. A fence that matches nothing (the lease was
+    lost) aborts."""
+    name, result, size, duration_ms = step
+    try:
+        recorded = queries.step_recorded_in_transaction(
+            lease, owner, name, result, size, duration_ms
+        )
+        matched = await ops.update_one(recorded.filter, recorded.update)
+    except PyMongoError as exc:
+        await ops.abort()
+        if is_transient(exc):
+            return TxEnd(kind="aborted", error=_error("TransactionAborted", exc))
+        return TxEnd(kind="refused", error=_error("StepNotStored", exc))
+    if not matched:
+        await ops.abort()
+        return TxEnd(kind="lost")
+    return await commit(ops, until=until)

@@ -471,11 +471,37 @@ function renderJob(job) {
     $("#job-error").textContent = `${job.error.type}: ${job.error.message}`;
     $("#job-traceback").textContent = job.error.traceback || "";
   }
+  renderDurable(job);
   $("#job-history tbody").replaceChildren(...(job.history || []).map((h) => {
     const { at, status, attempt, ...rest } = h;
     return el("tr", {}, el("td", {}, at ? new Date(at).toLocaleString() : ""), el("td", {}, el("span", { class: `badge ${status}` }, status)),
       el("td", {}, attempt ?? ""), el("td", {}, Object.keys(rest).length ? JSON.stringify(rest) : ""));
   }));
+}
+
+function bytes(n) {
+  if (typeof n !== "number") return "";
+  if (n < 1024) return `${n} B`;
+  return n < 1024 * 1024 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / 1024 / 1024).toFixed(2)} MiB`;
+}
+
+// Durable steps and what a suspended job waits for (a sleep, or a signal on a key).
+function renderDurable(job) {
+  const waiting = job.waiting_for;
+  $("#job-waiting-panel").hidden = !(waiting && job.status === "pending");
+  if (waiting && job.status === "pending") {
+    const until = waiting.until ? new Date(waiting.until).toLocaleString() : null;
+    const what = waiting.kind === "signal"
+      ? `a signal on “${waiting.key}”${until ? `, or its timeout at ${until}` : ""}`
+      : `its wake time, ${until}`;
+    $("#job-waiting").textContent = `Waiting for ${what}, holding no worker (step ${waiting.step || ""}).`;
+  }
+  const steps = job.steps || [];
+  $("#job-steps-panel").hidden = steps.length === 0;
+  $("#job-steps tbody").replaceChildren(...steps.map((s) => el("tr", {},
+    el("td", {}, s.name), el("td", {}, s.at ? new Date(s.at).toLocaleString() : ""),
+    el("td", {}, typeof s.duration_ms === "number" ? `${s.duration_ms.toFixed(1)} ms` : ""),
+    el("td", {}, bytes(s.size)), el("td", {}, s.attempt ?? ""))));
 }
 
 async function showJob(id) {

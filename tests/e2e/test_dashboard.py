@@ -48,7 +48,12 @@ def browser() -> Iterator[WebDriver]:
         pytest.fail(message)  # never a skip: a browser test that did not run proves nothing
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1200"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1200",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP reports land there
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
@@ -101,7 +106,9 @@ def test_the_dashboard_shows_counts_and_progress_live_and_cancels_from_the_page(
     http.headers.update(AUTH)
     browser.get(cluster.api_url + "/")
     # The token is asked once, kept in this tab's sessionStorage, never in the URL.
-    wait_for(browser, lambda d: d.find_element(By.ID, "token-dialog").get_attribute("open") is not None)
+    wait_for(
+        browser, lambda d: d.find_element(By.ID, "token-dialog").get_attribute("open") is not None
+    )
     browser.find_element(By.ID, "token-input").send_keys(TOKEN)
     browser.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
     wait_for(browser, lambda d: text(d, "#count-pending .n") == "0")
@@ -125,8 +132,9 @@ def test_the_dashboard_shows_counts_and_progress_live_and_cancels_from_the_page(
         set_progress(cluster, job_id, fraction, message)
         wait_for(
             browser,
-            lambda d, f=fraction: d.find_element(By.CSS_SELECTOR, bar).get_attribute("data-fraction")
-            == str(f),
+            lambda d, f=fraction: (
+                d.find_element(By.CSS_SELECTOR, bar).get_attribute("data-fraction") == str(f)
+            ),
         )
         assert message in text(browser, bar)
     width = browser.execute_script(
@@ -238,3 +246,23 @@ def test_the_api_docs_render_offline_from_packaged_assets_under_a_strict_policy(
     browser.get(cluster.api_url + "/")
     wait_for(browser, lambda d: text(d, "#live") == "live")
     assert csp_violations(browser) == []
+
+
+def test_the_job_page_shows_what_a_suspended_job_waits_for_and_its_steps(
+    cluster: Cluster, browser: WebDriver, http: httpx.Client
+) -> None:
+    tasks = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.durable"}
+    cluster.api(**tasks)
+    cluster.dispatcher(**tasks)
+    job_id = http.post("/jobs", json={"task": "waiter", "payload": {"key": "dash:1"}}).json()["id"]
+    browser.get(f"{cluster.api_url}/#/jobs/{job_id}")
+    wait_for(browser, lambda d: "a signal on “dash:1”" in text(d, "#job-waiting"), timeout=30)
+    assert text(browser, "#job-status") == "pending"
+    screenshot(browser, "job-waiting.png")
+    assert http.post("/signals/dash:1", json={"payload": {"ok": True}}).json() == {"woken": 1}
+    wait_for(browser, lambda d: text(d, "#job-status") == "completed", timeout=30)
+    assert not browser.find_element(By.ID, "job-waiting-panel").is_displayed()
+    steps = texts(browser, "#job-steps tbody td:nth-child(1)")
+    assert steps == ["signal:dash:1#1"]
+    assert texts(browser, "#job-steps tbody td:nth-child(4)")[0].endswith("B")
+    screenshot(browser, "job-steps.png")

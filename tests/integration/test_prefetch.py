@@ -11,7 +11,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from common.domain.models import JobSpec
-from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, WorkerSlot
+from common.protocol.runner import (
+    KillReason,
+    Outcome,
+    ProgressReport,
+    RunJob,
+    StepAck,
+    StepRecord,
+    WorkerSlot,
+)
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore
 from dispatcher.dispatcher import Dispatcher
@@ -35,6 +43,9 @@ class HeldRunner:
         self.auto = False
         self.on_free: Callable[[], None] = lambda: None
         self.on_progress: Callable[[ProgressReport], None] = lambda report: None
+        self.on_step: Callable[[StepRecord, Callable[[StepAck], None]], None] = (
+            lambda step, reply: None
+        )
 
     async def start(self) -> None:
         return None

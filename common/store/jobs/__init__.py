@@ -9,7 +9,8 @@ clock (`$$NOW`, or `ServerClock` where no write can read it).
 The concerns, each a class over the same collection (`JobsCollection`):
 `submits` (JobSubmits, with `workflows`: JobWorkflows), `claims` (JobClaims), `attempts`
 (JobAttempts: leases, progress, starts, expired leases), `outcomes` (JobOutcomes),
-`commands` (JobCommands: cancel, retry), `reads` (JobReads) and `changes` (JobChanges).
+`commands` (JobCommands: cancel, retry), `reads` (JobReads), `changes` (JobChanges) and
+`steps` (JobSteps: durable steps, sleeps and signal wake-ups).
 A `JobStore` is all of them over one database, with handles on the two small collections
 every Brook process uses beside it: `presence` (`brook_dispatchers`) and `tokens`
 (`brook_state`), and the process's one `clock`.
@@ -31,6 +32,7 @@ from common.store.jobs.commands import JobCommands
 from common.store.jobs.indexes import INDEXES
 from common.store.jobs.outcomes import JobOutcomes
 from common.store.jobs.reads import JobReads
+from common.store.jobs.steps import JobSteps
 from common.store.jobs.submits import JobSubmits
 from common.store.presence import PresenceStore
 from common.store.records import (
@@ -60,7 +62,16 @@ __all__ = [
 ]
 
 
-class JobStore(JobSubmits, JobClaims, JobAttempts, JobOutcomes, JobCommands, JobReads, JobChanges):
+class JobStore(
+    JobSubmits,
+    JobClaims,
+    JobAttempts,
+    JobOutcomes,
+    JobCommands,
+    JobReads,
+    JobChanges,
+    JobSteps,
+):
     """The jobs collection's operations, one class per concern, over one database."""
 
     def __init__(

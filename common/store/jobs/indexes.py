@@ -59,6 +59,12 @@ INDEXES = [
         name="dependents_unsettled",
         partialFilterExpression={"unsettled": {"$exists": True}},
     ),
+    # The jobs waiting for a signal, by key (a signal wakes them: `woken_by_signal`).
+    IndexModel(
+        [("waiting_for.key", ASCENDING)],
+        name="signal_waiters",
+        partialFilterExpression={"status": P, "waiting_for.kind": "signal"},
+    ),
     # Listing, newest first, by status, task or queue.
     IndexModel([("status", ASCENDING), ("_id", DESCENDING)], name="list_status"),
     IndexModel([("task", ASCENDING), ("_id", DESCENDING)], name="list_task"),

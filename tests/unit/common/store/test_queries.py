@@ -86,6 +86,18 @@ CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
     "parents_adopted": (queries.parents_adopted({"new": "old"}), {W}, set()),
     "settled": (queries.settled(["c1"], ENDED, "tag", 60), {W}, {P, C, W}),
     "marked_settled": (queries.marked_settled(ENDED[0], 60), set(TERMINAL), set()),
+    "step_recorded": (queries.step_recorded(LEASE, OWNER, "s", {"v": 1}, 20, 1.5), {R}, set()),
+    "step_recorded_in_transaction": (
+        queries.step_recorded_in_transaction(LEASE, OWNER, "s", 1, 20, 1.5),
+        {R},
+        set(),
+    ),
+    "suspended": (
+        queries.suspended(LEASE, OWNER, AT, {"kind": "sleep", "step": "sleep#1"}, 60),
+        {R},
+        {P, C},
+    ),
+    "woken_by_signal": (queries.woken_by_signal("k"), {P}, set()),
 }
 
 
@@ -207,3 +219,52 @@ def test_user_data_goes_in_as_literals_never_as_expressions() -> None:
 def test_every_stream_of_the_jobs_collection_ends_on_an_invalidating_event() -> None:
     for pipeline in (DISPATCHER_PIPELINE, LIVE_PIPELINE, LEAN_PIPELINE, job_status_pipeline("j")):
         assert all(op in str(pipeline[0]["$match"]) for op in INVALIDATING)
+
+
+# -- durable steps -------------------------------------------------------------------------
+
+
+def test_a_step_is_recorded_once_per_name_fenced_like_a_completion_and_never_into_a_tx() -> None:
+    write = queries.step_recorded(LEASE, OWNER, "fetch", {"$where": "x"}, 20, 1.5)
+    _running(write)
+    assert write.filter["steps.name"] == {"$ne": "fetch"}
+    assert write.filter["tx.attempt"] == {"$ne": LEASE.attempt}
+    entry = write.update[0]["$set"]["steps"]["$concatArrays"][1][0]  # type: ignore[index]
+    assert entry["name"] == {"$literal": "fetch"}
+    assert entry["result"] == {"$literal": {"$where": "x"}}  # user data, never an expression
+    assert entry["attempt"] == LEASE.attempt and entry["size"] == 20
+
+
+def test_a_transactional_steps_checkpoint_is_fenced_by_attempt_and_owner() -> None:
+    write = queries.step_recorded_in_transaction(LEASE, OWNER, "reserve", 1, 20, 1.0)
+    _running(write)
+    assert write.filter["steps.name"] == {"$ne": "reserve"}
+
+
+def test_a_suspension_is_neither_an_attempt_nor_a_failure_and_a_cancel_asked_wins() -> None:
+    write = queries.suspended(LEASE, OWNER, AT, {"kind": "sleep", "step": "sleep#1"}, 60)
+    fields = write.update[0]["$set"]  # type: ignore[index]
+    assert "attempts" not in fields  # the attempt number goes on: it is the fencing token
+    grown = fields["max_attempts"]["$cond"][2]
+    assert grown == {"$add": ["$max_attempts", 1]}
+    assert fields["run_at"]["$cond"][2] == {"$literal": AT}
+    assert fields["status"] == {"$cond": [{"$eq": ["$cancel_requested", True]}, "cancelled", "pending"]}
+    forever = queries.suspended(LEASE, OWNER, None, {"kind": "signal", "key": "k"}, 60)
+    due = forever.update[0]["$set"]["run_at"]["$cond"][2]  # type: ignore[index]
+    assert due == {"$literal": queries.FOREVER}
+
+
+def test_a_signal_wakes_only_pending_jobs_waiting_on_its_key_and_the_stream_hears_it() -> None:
+    write = queries.woken_by_signal("order:1")
+    assert write.filter == {
+        "status": "pending",
+        "waiting_for.kind": "signal",
+        "waiting_for.key": "order:1",
+    }
+    assert write.update[0]["$set"]["run_at"] == "$$NOW"  # type: ignore[index]
+    assert "woken_at" in write.update[0]["$set"]  # type: ignore[index]
+    matches = DISPATCHER_PIPELINE[0]["$match"]["$or"]
+    assert {
+        "operationType": "update",
+        "updateDescription.updatedFields.woken_at": {"$exists": True},
+    } in matches

@@ -1,0 +1,101 @@
+"""Tasks for durable-execution tests: steps that write effect rows, sleeps, signal waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from pymongo.asynchronous.client_session import AsyncClientSession
+
+from brook import SignalTimeout, SyncTaskContext, TaskContext, task
+
+
+@task("five_steps")
+async def five_steps(payload: dict[str, Any], ctx: TaskContext) -> list[int]:
+    """Five steps, each inserting one row in `effects`; on attempt 1, step `hold_in` waits
+    `hold` seconds before its insert (a test kills something meanwhile)."""
+    effects = ctx.database()["effects"]
+
+    async def effect(n: int) -> int:
+        if ctx.attempt == 1 and n == payload.get("hold_in"):
+            ctx.log.info("step.holding", step=n)
+            await asyncio.sleep(float(payload.get("hold", 60)))
+        await effects.insert_one({"job_id": ctx.job_id, "step": n, "attempt": ctx.attempt})
+        return n
+
+    return [await ctx.step(f"step-{n}", effect, n) for n in range(1, 6)]
+
+
+@task("sync_steps")
+def sync_steps(payload: dict[str, Any], ctx: SyncTaskContext) -> list[Any]:
+    """Plain `def` steps; step 2 raises on attempt 1."""
+    effects = ctx.database()["effects"]
+
+    def effect(n: int) -> dict[str, int]:
+        effects.insert_one({"job_id": ctx.job_id, "step": n, "attempt": ctx.attempt})
+        if n == 2 and ctx.attempt == 1:
+            raise RuntimeError("step two fails once")
+        return {"n": n, "attempt": ctx.attempt}
+
+    return [ctx.step(f"s{n}", effect, n) for n in (1, 2, 3)]
+
+
+@task("step_misuse")
+async def step_misuse(payload: dict[str, Any], ctx: TaskContext) -> str:
+    what = payload.get("what")
+    if what == "duplicate":
+        await ctx.step("same", lambda: 1)
+        await ctx.step("same", lambda: 2)
+    if what == "too_large":
+        await ctx.step("big", lambda: "x" * (2 * 1024 * 1024))
+    if what == "not_bson":
+        await ctx.step("odd", lambda: object())
+    return "unreachable"
+
+
+@task("tx_steps")
+async def tx_steps(payload: dict[str, Any], ctx: TaskContext) -> list[Any]:
+    """Three transactional steps, each inserting `rows` rows in `orders` with the step's
+    session; on attempt 1 step `hold_in` waits `hold` seconds inside its transaction."""
+    orders = ctx.database()["orders"]
+
+    async def write(session: AsyncClientSession, n: int) -> int:
+        rows = [
+            {"job_id": ctx.job_id, "step": n, "i": i} for i in range(int(payload.get("rows", 3)))
+        ]
+        await orders.insert_many(rows, session=session)
+        if ctx.attempt == 1 and n == payload.get("hold_in"):
+            ctx.log.info("step.holding", step=n)
+            await asyncio.sleep(float(payload.get("hold", 60)))
+        return n
+
+    return [await ctx.step(f"tx-{n}", write, n, transactional=True) for n in (1, 2, 3)]
+
+
+@task("sleeper")
+async def sleeper(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    before = await ctx.step("before", time.time)
+    await ctx.sleep(float(payload.get("seconds", 5)))
+    after = await ctx.step("after", time.time)
+    return {"before": before, "after": after, "attempt": ctx.attempt}
+
+
+@task("sync_sleeper")
+def sync_sleeper(payload: dict[str, Any], ctx: SyncTaskContext) -> str:
+    ctx.sleep(float(payload.get("seconds", 2)))
+    return "awake"
+
+
+@task("waiter")
+async def waiter(payload: dict[str, Any], ctx: TaskContext) -> Any:
+    try:
+        got = await ctx.wait_for_signal(payload["key"], timeout=payload.get("timeout"))
+    except SignalTimeout:
+        return {"timed_out": True}
+    return {"signal": got}
+
+
+@task("sync_waiter")
+def sync_waiter(payload: dict[str, Any], ctx: SyncTaskContext) -> Any:
+    return {"signal": ctx.wait_for_signal(payload["key"], timeout=payload.get("timeout"))}
