@@ -10,6 +10,8 @@
   watchdog   slow sweep: requeue expired leases, settle the dependents of parents whose
              settler died, claim what no event announced (`leases.py`, `dependents.py`)
   schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
+  triggers   one follower per trigger, holding its lease: a job per matching change in an
+             application's collection, once for the cluster (`triggers.py`)
   presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
 A claimed job waits in `Holdings` until a worker is free (at once, when one is); then it
 runs as a supervised task that ends with one fenced write (`outcomes.py`), after its last
@@ -36,6 +38,7 @@ from typing import Any
 
 from common.domain.models import Job
 from common.domain.schedules import Schedule
+from common.domain.triggers import Trigger
 from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, WorkerSlot
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import JOB_WAIT
@@ -57,6 +60,7 @@ from dispatcher.progress import ProgressKeeper
 from dispatcher.schedules import ScheduleRunner
 from dispatcher.start_times import StartMarks
 from dispatcher.stream import StreamFollower, TokenSaver
+from dispatcher.triggers import TriggerRunner
 from dispatcher.wiring import Wiring
 
 # After the grace period: how long stopped jobs may take to be handed back, and the
@@ -76,6 +80,7 @@ class Dispatcher:
         runner: Runner,
         tasks: frozenset[str],
         schedules: Sequence[Schedule] = (),
+        triggers: Sequence[Trigger] = (),
     ) -> None:
         """`tasks`: the task names this dispatcher's workers run; it claims only those."""
         self.settings = settings
@@ -117,6 +122,7 @@ class Dispatcher:
         self.schedules = ScheduleRunner(
             schedules, store, ScheduleStore(store.db), clock, self.owner
         )
+        self.triggers = TriggerRunner(triggers, store, self.owner, settings.lease_seconds)
         self.presence = Presence(wiring)
 
     def _claiming(self, wiring: Wiring) -> tuple[Limits, Claimer]:
@@ -180,6 +186,7 @@ class Dispatcher:
         self.loops.spawn(self.leases.expiries(), "lease-expiries")
         self.loops.spawn(self.leases.watchdog(), "watchdog")
         self.loops.spawn(self.schedules.run(), "schedules")
+        self.loops.spawn(self.triggers.run(), "triggers")
         await workers
         emit(Event.DISPATCHER_READY, owner=self.owner, workers=self.runner.free_slots())
 
@@ -216,7 +223,10 @@ class Dispatcher:
         try:
             async with asyncio.timeout(TOKEN_FLUSH_S):
                 await asyncio.gather(
-                    self.tokens.flush(), self.presence.retire(), return_exceptions=True
+                    self.tokens.flush(),
+                    self.presence.retire(),
+                    self.triggers.release(),
+                    return_exceptions=True,
                 )
         except TimeoutError:
             pass

@@ -1,5 +1,5 @@
 """The HTTP API: submit (one or a batch), read, list, cancel and retry jobs; queues;
-schedules; live events and the dashboard; health, readiness and metrics.
+schedules; triggers; live events and the dashboard; health, readiness and metrics.
 
 `create_app` only wires the parts together: the typed state (`ingest.state`, built by the
 lifespan, which also runs the live-event hub), the dependencies that reach it
@@ -24,7 +24,7 @@ from ingest.deps import require_token
 from ingest.errors import install_error_handlers
 from ingest.metrics import ApiMetrics, RequestCounter
 from ingest.openapi import install_openapi
-from ingest.routes import dashboard, docs, events, jobs, ops, queues, schedules
+from ingest.routes import dashboard, docs, events, jobs, ops, queues, schedules, triggers
 from ingest.state import open_state
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -86,6 +86,7 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     app.include_router(jobs.router, dependencies=protected)
     app.include_router(queues.router, dependencies=protected)
     app.include_router(schedules.router, dependencies=protected)
+    app.include_router(triggers.router, dependencies=protected)
     app.include_router(events.router, dependencies=protected)
     app.include_router(ops.probes)
     app.include_router(ops.router, dependencies=protected)

@@ -37,6 +37,8 @@ class JobSpec:
     idempotency_key: str | None = None
     # {"name", "tick"} for a job a cron schedule submitted (its key names both).
     schedule: dict[str, Any] | None = None
+    # {"name", "change_id", "operation"} for a job a trigger made from a change.
+    trigger: dict[str, Any] | None = None
     unique_for_s: float | None = None  # how long `idempotency_key` returns this job
     retention_s: float | None = None  # None: the deployment's BROOK_RETENTION_SECONDS
     # Workflows: the jobs (ids, or refs of specs in the same batch) that must end first.
@@ -71,6 +73,7 @@ class Job:
     cancel_requested: bool
     history: list[dict[str, Any]]
     schedule: dict[str, Any] | None = None  # {"name", "tick"}
+    trigger: dict[str, Any] | None = None  # {"name", "change_id", "operation"}
     progress: dict[str, Any] | None = None  # {"fraction", "message", "at", "attempt"}
     history_truncated: int  # entries dropped from the middle of `history` by its cap
     depends_on: list[str] = field(default_factory=list)  # parent job ids
@@ -124,6 +127,7 @@ class Job:
             cancel_requested=bool(doc.get("cancel_requested", False)),
             history=list(doc.get("history") or []),
             schedule=doc.get("schedule"),
+            trigger=doc.get("trigger"),
             progress=doc.get("progress"),
             history_truncated=int(doc.get("history_truncated", 0)),
             depends_on=list(doc.get("depends_on") or []),
@@ -160,6 +164,7 @@ class Job:
             "lease_expires_at": self.lease_expires_at,
             "history": self.history,
             "schedule": self.schedule,
+            "trigger": self.trigger,
             "progress": self.progress,
             "history_truncated": self.history_truncated,
             "depends_on": self.depends_on,

@@ -59,6 +59,17 @@ STREAM_HISTORY_LOST = Counter(
     ["stream"],
 )
 
+TRIGGER_JOBS = Counter(
+    "brook_trigger_jobs",
+    "Jobs this dispatcher's trigger followers made from changes (new ones, not replays).",
+    ["trigger"],
+)
+TRIGGER_HISTORY_LOST = Counter(
+    "brook_trigger_history_lost",
+    "Times a trigger's saved resume token was no longer in the oplog (it resumed from now).",
+    ["trigger"],
+)
+
 
 class Queued(Protocol):
     @property

@@ -121,6 +121,8 @@ def new_job(
         fields["retention_s"] = spec.retention_s
     if spec.schedule is not None:
         fields["schedule"] = value(spec.schedule)
+    if spec.trigger is not None:
+        fields["trigger"] = value(spec.trigger)
     return fields
 
 
