@@ -18,6 +18,7 @@ from typing import NoReturn
 from common.domain.schedules import Schedule
 from common.domain.triggers import Trigger
 from common.protocol.runner import Runner
+from common.runtime import tracing
 from common.runtime.log import configure_logging
 from common.runtime.log_events import Event, emit
 from common.runtime.metrics import serve_metrics
@@ -88,6 +89,7 @@ def run_dispatcher(settings: Settings) -> int:
     # A configuration error is one line on stderr (exit 2), before any log or process.
     tasks, schedules, triggers = load_dispatcher_tasks(settings)
     configure_logging(settings.log_level, role="dispatcher")
+    tracing.configure("dispatcher")
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -36,10 +36,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pymongo.errors import PyMongoError
+
 from common.domain.models import Job
 from common.domain.schedules import Schedule
 from common.domain.triggers import Trigger
 from common.protocol.runner import KillReason, Outcome, ProgressReport, RunJob, Runner, WorkerSlot
+from common.runtime import tracing
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import JOB_WAIT
 from common.runtime.settings import Settings
@@ -339,6 +342,11 @@ class Dispatcher:
             task=job.task,
             payload=job.payload,
             owner=self.owner,
+            queue=job.queue,
+            trigger=(job.trigger or {}).get("name"),
+            due_at=max(job.run_at, job.created_at),
+            trace=job.trace,
+            links=await self._parent_traces(job),
         )
         sent = time.monotonic()
         mark = self.starts.arm(lease, sent)
@@ -363,6 +371,16 @@ class Dispatcher:
             self.holdings.drop(job.id)
             self.limits.finished(job.id, over=over)
             self.claimer.slot_freed()
+
+    async def _parent_traces(self, job: Job) -> tuple[dict[str, str], ...]:
+        """The trace contexts of a workflow child's parents, for its run's span links (only
+        while tracing: one read)."""
+        if not job.depends_on or not tracing.active():
+            return ()
+        try:
+            return tuple(await self.store.trace_contexts(job.depends_on))
+        except PyMongoError:
+            return ()  # a span without its links rather than a job held up
 
     def _run_times(self, outcome: Outcome) -> tuple[RunTimes, float]:
         """The task's start and end on the server's clock (as read here), and its run time,

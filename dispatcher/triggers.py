@@ -36,6 +36,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from common.domain.models import Doc, JobSpec
 from common.domain.triggers import Trigger, TriggerState, change_key, change_payload, token_time
+from common.runtime import tracing
 from common.runtime.backoff import Backoff
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import TRIGGER_HISTORY_LOST, TRIGGER_JOBS
@@ -290,6 +291,21 @@ class TriggerFollower:
 
     def _spec(self, change: Doc) -> JobSpec:
         t = self.trigger
+        trace = None
+        if tracing.active():
+            # A span for the change, the job's parent: its run continues this trace.
+            with tracing.span(
+                f"brook.trigger {t.name}",
+                kind="CONSUMER",
+                attributes={
+                    "brook.trigger": t.name,
+                    "brook.operation": change["operationType"],
+                    "brook.change_id": change["_id"]["_data"],
+                    "db.collection.name": t.collection,
+                    "brook.document_key": str((change.get("documentKey") or {}).get("_id")),
+                },
+            ):
+                trace = tracing.inject()
         return JobSpec(
             task=t.task,
             payload=change_payload(t, change),
@@ -301,6 +317,7 @@ class TriggerFollower:
                 "operation": change["operationType"],
                 "change_id": change["_id"]["_data"],
             },
+            trace=trace,
         )
 
 

@@ -18,6 +18,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
+from common.runtime import tracing
 from common.runtime.settings import Settings
 from common.runtime.supervision import spawn_logged
 from ingest.deps import require_token
@@ -93,4 +94,5 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     app.include_router(docs.router, dependencies=protected)
     app.include_router(dashboard.pages)  # the page itself asks for the token, then sends it
     app.include_router(dashboard.router, dependencies=protected)
+    tracing.instrument_fastapi(app)  # when tracing: a server span per request
     return app

@@ -39,6 +39,8 @@ class JobSpec:
     schedule: dict[str, Any] | None = None
     # {"name", "change_id", "operation"} for a job a trigger made from a change.
     trigger: dict[str, Any] | None = None
+    # The submitter's W3C trace context (`traceparent`, `tracestate`) when it traced.
+    trace: dict[str, str] | None = None
     unique_for_s: float | None = None  # how long `idempotency_key` returns this job
     retention_s: float | None = None  # None: the deployment's BROOK_RETENTION_SECONDS
     # Workflows: the jobs (ids, or refs of specs in the same batch) that must end first.
@@ -74,6 +76,7 @@ class Job:
     history: list[dict[str, Any]]
     schedule: dict[str, Any] | None = None  # {"name", "tick"}
     trigger: dict[str, Any] | None = None  # {"name", "change_id", "operation"}
+    trace: dict[str, str] | None = None  # the submitter's W3C trace context
     progress: dict[str, Any] | None = None  # {"fraction", "message", "at", "attempt"}
     history_truncated: int  # entries dropped from the middle of `history` by its cap
     depends_on: list[str] = field(default_factory=list)  # parent job ids
@@ -128,6 +131,7 @@ class Job:
             history=list(doc.get("history") or []),
             schedule=doc.get("schedule"),
             trigger=doc.get("trigger"),
+            trace=doc.get("trace"),
             progress=doc.get("progress"),
             history_truncated=int(doc.get("history_truncated", 0)),
             depends_on=list(doc.get("depends_on") or []),
@@ -165,6 +169,7 @@ class Job:
             "history": self.history,
             "schedule": self.schedule,
             "trigger": self.trigger,
+            "trace": self.trace,
             "progress": self.progress,
             "history_truncated": self.history_truncated,
             "depends_on": self.depends_on,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 OutcomeKind = Literal[
@@ -26,6 +27,13 @@ class RunJob:
     # The dispatcher holding the lease: a task's own transaction (`ctx.transaction()`)
     # writes the completion itself, fenced by attempt and this owner.
     owner: str = ""
+    # For its spans (`common.runtime.tracing`): where it ran, why it exists, and since when
+    # it waited; the submitter's trace context, and those of its workflow parents.
+    queue: str = "default"
+    trigger: str | None = None
+    due_at: datetime | None = None
+    trace: dict[str, str] | None = None
+    links: tuple[dict[str, str], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -123,6 +123,8 @@ def new_job(
         fields["schedule"] = value(spec.schedule)
     if spec.trigger is not None:
         fields["trigger"] = value(spec.trigger)
+    if spec.trace is not None:
+        fields["trace"] = value(spec.trace)
     return fields
 
 
