@@ -111,12 +111,12 @@ class TriggerFollower:
             try:
                 await self._lead(state)
             except LeaseLost:
-                emit(Event.TRIGGER_LEASE_LOST, level="warning", trigger=self.name, owner=self.owner)
-            finally:
                 self.leading = False
+                emit(Event.TRIGGER_LEASE_LOST, level="warning", trigger=self.name, owner=self.owner)
 
     async def release(self) -> None:
-        """Give the lease up (at shutdown), so another dispatcher follows on at once."""
+        """Give the lease up (at shutdown, once `run` was cancelled: it could take the lease
+        again), so another dispatcher follows on at once."""
         if self.leading:
             await self.store.release(self.name, self.owner)
             emit(Event.TRIGGER_RELEASED, trigger=self.name, owner=self.owner)
@@ -337,6 +337,7 @@ class TriggerRunner:
         self.followers = [
             TriggerFollower(t, jobs, self.store, owner, lease_seconds) for t in self.triggers
         ]
+        self._running: list[asyncio.Future[None]] = []
 
     async def run(self) -> None:
         if not self.triggers:
@@ -351,7 +352,13 @@ class TriggerRunner:
                 operations=list(t.operations),
                 task=t.task,
             )
-        await asyncio.gather(*(f.run() for f in self.followers))
+        self._running = [asyncio.ensure_future(f.run()) for f in self.followers]
+        await asyncio.gather(*self._running)
 
     async def release(self) -> None:
+        """Stop following, then give every lease held up."""
+        for task in self._running:
+            task.cancel()
+        if self._running:
+            await asyncio.wait(self._running, timeout=0.2)
         await asyncio.gather(*(f.release() for f in self.followers), return_exceptions=True)
