@@ -144,6 +144,9 @@ async def test_exactly_one_job_per_matching_change_through_two_follower_kills_an
         # Three followers at least took it in turn; the killed ones are not the last.
         followers = {e["owner"] for p in procs for e in p.events("trigger.following")}
         assert len(followers) >= 3 and set(killed) <= followers
+        # Each takeover went on from the saved token (it did not start from now).
+        resumed = [e for p in procs for e in p.events("trigger.opened") if e["resumed"]]
+        assert len(resumed) >= len(killed)
         [listed] = wait_until(
             lambda: [
                 t
