@@ -1,5 +1,8 @@
 # Brook: one image for both roles (`brook api`, `brook dispatcher`); see compose.yaml.
-FROM python:3.11-slim
+# BASE_IMAGE: any Python 3.11+ image with pip; `make images` builds a local stand-in for
+# machines that cannot pull python:3.11-slim (compose passes it as BROOK_BASE_IMAGE).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

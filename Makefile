@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint install bench clean down status browser
+.PHONY: up test lint install bench clean down status browser engine images
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,9 +29,22 @@ browser:
 		|| echo "WARNING: could not install chromium chromium-driver: the browser tests will fail" >&2; \
 	fi
 
-## Run the whole test suite against a real replica set.
-test: $(STAMP) browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
+## Run the whole test suite against a real replica set, in TEST_WORKERS processes (pytest-xdist;
+## each has a replica set of its own, see tests/conftest.py). Most tests wait on processes and
+## MongoDB, not on the CPU: more workers than cores pay off. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 4
+## The docker tests (tests/docker) need a Docker engine: install and start one when missing
+## (docker/engine.sh, as root or through sudo). Without one they fail, saying why; never skip.
+engine:
+	@docker/engine.sh || echo "WARNING: no Docker engine: the docker tests will fail" >&2
+
+test: $(STAMP) browser engine
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
+
+## Local stand-ins for mongo:7 and python:3.11-slim (no Docker Hub needed); ends with two
+## lines for the environment: `env $$(make -s images | tail -n 2) docker-compose up`.
+images:
+	@PY=$(PY) docker/images/build.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

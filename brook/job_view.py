@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Protocol, TextIO
 
+from brook.terminal import safe
+
 JsonObject = dict[str, Any]
 
 
@@ -27,7 +29,11 @@ def job_view(stream: TextIO | None = None) -> JobView:
 
 
 def describe(job: JsonObject) -> str:
-    """`<id> <status>[ <percent>%][ <message>]`: one line for a job's state."""
+    """`<id> <status>[ <percent>%][ <message>]`: one line for a job's state, safe to print."""
+    return safe(_describe(job))
+
+
+def _describe(job: JsonObject) -> str:
     line = f"{job.get('id')} {job.get('status')}"
     progress = job.get("progress")
     if isinstance(progress, dict):
@@ -71,10 +77,11 @@ class BarView:
         )
 
         self._bar = Progress(
-            TextColumn("{task.description}"),
+            # Markup off: a task's message is shown as it is, never read as markup.
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             TaskProgressColumn(),
-            TextColumn("{task.fields[message]}"),
+            TextColumn("{task.fields[message]}", markup=False),
             TimeElapsedColumn(),
             console=Console(file=stream),
         )
@@ -91,10 +98,10 @@ class BarView:
             total = None  # nothing reported yet: a pulsing bar
         self._bar.update(
             self._task,
-            description=f"{job.get('task')} {job.get('status')}",
+            description=safe(f"{job.get('task')} {job.get('status')}"),
             total=total,
             completed=float(fraction or 0.0),
-            message=str((progress or {}).get("message") or ""),
+            message=safe((progress or {}).get("message") or ""),
         )
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, SSEError
 
+from brook.terminal import safe
 from common.runtime.settings import Settings
 
 JsonObject = dict[str, Any]
@@ -106,7 +107,12 @@ def follow(
 def event_line(job: JsonObject) -> str:
     """One human line per event: when, which job, its state, and what this change was: while
     it runs, `claimed`, `started`, its progress or `cancel requested`; back to pending for
-    another attempt, the error that ended the last one; at its end, its error if any."""
+    another attempt, the error that ended the last one; at its end, its error if any. Safe
+    to print: what the job carries cannot reach the terminal as control sequences."""
+    return safe(_event_line(job))
+
+
+def _event_line(job: JsonObject) -> str:
     line = (
         f"{_when(job)[:23]:<23}  {job['id']}  {job['status']:<9}  {job['task']:<12}  "
         f"attempt {job['attempts']}/{job['max_attempts']}"

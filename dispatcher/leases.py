@@ -2,10 +2,13 @@
 
 The heartbeat renews every lease this dispatcher holds in one write a third of the lease
 length apart; a lease it no longer holds (it froze past expiry, say) kills that worker. A
-lease it could not renew (MongoDB unreachable from here) is over by the server's clock
-`lease_seconds` after the last renewal it sent (or its claim): its worker is stopped just
-before that (`expiries`), so no attempt runs on where the watchdog of another dispatcher
-may already have requeued the job (and a limited queue freed its slot).
+lease it could not renew (MongoDB unreachable from here, a network partition) is over by
+the server's clock `lease_seconds` after the last renewal it sent (or its claim): the
+dispatcher fences itself (`expiries`), stopping that worker before then by its own
+monotonic clock, with room for that clock to run up to `CLOCK_DRIFT` slower than the
+primary's and for the kill itself (`STOP_MARGIN_S`). So no attempt runs on where the
+watchdog of another dispatcher may already have requeued the job (and a limited queue freed
+its slot): a job never runs in two places at once, partitions included.
 The watchdog is the slow path that makes no job depend on an event: it requeues expired
 leases (a dead or frozen holder), stops workers whose cancel request the stream missed,
 then asks the claimer to look for due work.
@@ -17,13 +20,20 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import pymongo
 from pymongo.errors import PyMongoError
 
 from common.domain.errors import LeaseLost
 from common.protocol.runner import KillReason
 from common.runtime.backoff import backoff_delay
 from common.runtime.log_events import Event, emit, job_fields
-from common.runtime.metrics import LEASE_RENEWALS, LEASES_EXPIRED, LEASES_LOST, count_outcome
+from common.runtime.metrics import (
+    LEASE_RENEWALS,
+    LEASES_EXPIRED,
+    LEASES_LOST,
+    LEASES_SELF_FENCED,
+    count_outcome,
+)
 from common.store.jobs import ExpiredLease
 from dispatcher.dependents import Dependents
 from dispatcher.wiring import Wiring
@@ -34,6 +44,12 @@ Kill = Callable[[str, KillReason], bool]
 # answer came back (it runs from a moment before); a renewed one, `lease_seconds` after the
 # last renewal that was confirmed was sent (the server applied it later than that).
 EXPIRY_MARGIN_S = 1.0
+# Self-fencing counts the lease down on this host's monotonic clock while the server ends it
+# by its own: allow this host's clock to run up to 1% slower than the primary's (real clock
+# rates differ by parts per million; NTP slews by at most 0.05%), and the worker a moment
+# to die (SIGKILL, then reaped). With a 5 s lease: stopped 4.8 s after the last renewal sent.
+CLOCK_DRIFT = 0.01
+STOP_MARGIN_S = 0.15
 
 
 class LeaseKeeper:
@@ -78,7 +94,11 @@ class LeaseKeeper:
             return
         sent = time.monotonic()
         try:
-            lost = await self.store.renew(self.owner, leases, self.settings.lease_seconds)
+            # Bounded: after a partition heals, a renewal sent on a connection that died
+            # with it would wait for TCP to give up (minutes) while every lease ran out and
+            # was fenced; the next beat tries again on a fresh connection.
+            with pymongo.timeout(self.settings.heartbeat_seconds):
+                lost = await self.store.renew(self.owner, leases, self.settings.lease_seconds)
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="renew", error=str(exc)[:200])
             return
@@ -101,15 +121,17 @@ class LeaseKeeper:
     # -- leases not renewed in time -----------------------------------------------------------
 
     def _deadline(self, job_id: str) -> float:
-        """When, on `time.monotonic()`, the job's lease may be over by the server's clock."""
+        """When, on `time.monotonic()`, to stop the job's worker: before its lease may be
+        over by the server's clock, allowing for clock drift and the kill."""
+        lease = self.settings.lease_seconds
         renewed = self._renewed.get(job_id)
-        if renewed is not None:
-            return renewed + self.settings.lease_seconds
-        margin = min(EXPIRY_MARGIN_S, self.settings.lease_seconds / 4)
-        return self.holdings.lease_since(job_id) + self.settings.lease_seconds - margin
+        if renewed is None:
+            renewed = self.holdings.lease_since(job_id) - min(EXPIRY_MARGIN_S, lease / 4)
+        return renewed + lease * (1 - CLOCK_DRIFT) - min(STOP_MARGIN_S, lease / 10)
 
     async def expiries(self) -> None:
-        """Stop the workers of leases that could not be renewed before they ran out."""
+        """Self-fencing: stop the workers of leases that could not be renewed before they
+        run out."""
         while True:
             now = time.monotonic()
             pending = [
@@ -131,13 +153,14 @@ class LeaseKeeper:
             self._expired.add(lease.job_id)
             job = self.holdings.job(lease.job_id)
             emit(
-                Event.LEASE_LOST,
+                Event.LEASE_SELF_FENCED,
                 level="warning",
                 **(job_fields(job) if job else {"job_id": lease.job_id}),
                 owner=self.owner,
-                reason="not renewed in time (MongoDB unreachable): the lease is over by now",
+                lease_seconds=self.settings.lease_seconds,
+                reason="not renewed in time (MongoDB unreachable): stopped before the lease ends",
             )
-            LEASES_LOST.inc()
+            LEASES_SELF_FENCED.inc()
             self.kill(lease.job_id, "lease_lost")
         self._expired &= held
 

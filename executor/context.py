@@ -39,10 +39,18 @@ class BaseContext:
     job_id: str
     attempt: int
     task: str
-    settings: Settings
+    # The worker's own settings, the MongoDB password included: only this process's clients
+    # read them. A task sees `settings`, without the password.
+    process_settings: Settings = field(repr=False)
     log: Any = field(default_factory=get_logger)
     reporter: ProgressReporter | None = None
     tx: AttemptTransaction | None = None
+
+    @property
+    def settings(self) -> Settings:
+        """The settings this worker runs with, the password of `mongo_uri` replaced by
+        `***` (a task talks to MongoDB through `ctx.database()`, never through the URI)."""
+        return self.process_settings.redacted()
 
     def progress(self, fraction: float, message: str | None = None) -> None:
         """Report how far this attempt got: `fraction` in [0, 1], an optional `message`.
@@ -56,7 +64,7 @@ class BaseContext:
         self.reporter.report(fraction, message)
 
     def _target(self) -> ClientCore:
-        return process_core(self.settings)
+        return process_core(self.process_settings)
 
     def _attempt_tx(self) -> AttemptTransaction:
         if self.tx is None:
@@ -70,7 +78,7 @@ class TaskContext(BaseContext):
 
     def database(self) -> AsyncDatabase[dict[str, Any]]:
         """Brook's database through this worker process's own client."""
-        return database(process_client(self.settings), self.settings)
+        return database(process_client(self.process_settings), self.process_settings)
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncClientSession]:
         """`async with ctx.transaction() as session:` — write through `session` (any database
@@ -78,7 +86,7 @@ class TaskContext(BaseContext):
         commit together, fenced by attempt and owner. A lost lease, an exception or a dead
         worker aborts them. One per attempt; it commits when the task returns, not when the
         block ends."""
-        return self._attempt_tx().open_async(process_client(self.settings))
+        return self._attempt_tx().open_async(process_client(self.process_settings))
 
     submit = delegating(Submitting.submit)
 
@@ -95,18 +103,18 @@ class SyncTaskContext(BaseContext):
 
     def database(self) -> Database[dict[str, Any]]:
         """Brook's database through this worker process's own blocking client."""
-        return sync_database(process_sync_client(self.settings), self.settings)
+        return sync_database(process_sync_client(self.process_settings), self.process_settings)
 
     def transaction(self) -> contextlib.AbstractContextManager[ClientSession]:
         """`with ctx.transaction() as session:` — as `TaskContext.transaction`, with a
         blocking session of this worker process's blocking client."""
-        return self._attempt_tx().open_sync(process_sync_client(self.settings))
+        return self._attempt_tx().open_sync(process_sync_client(self.process_settings))
 
     def _block(self, coro: Coro[T]) -> T:
         return run_on(self.loop, coro)
 
     def _session_target(self) -> Submitting:
-        return process_sessions(self.settings)
+        return process_sessions(self.process_settings)
 
     submit = blocking_or_in_session(Submitting.submit)
 

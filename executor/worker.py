@@ -127,7 +127,7 @@ def _context(
             job_id=msg.job_id,
             attempt=msg.attempt,
             task=msg.task,
-            settings=settings,
+            process_settings=settings,
             reporter=reporter,
             tx=tx,
         )
@@ -135,7 +135,7 @@ def _context(
         job_id=msg.job_id,
         attempt=msg.attempt,
         task=msg.task,
-        settings=settings,
+        process_settings=settings,
         reporter=reporter,
         tx=tx,
         loop=asyncio.get_running_loop(),

@@ -19,10 +19,11 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from common.runtime import tracing
-from common.runtime.settings import Settings
+from common.runtime.settings import Settings, check_exposure
 from common.runtime.supervision import spawn_logged
 from ingest.deps import require_token
 from ingest.errors import install_error_handlers
+from ingest.guard import Guard
 from ingest.metrics import ApiMetrics, RequestCounter
 from ingest.openapi import install_openapi
 from ingest.routes import dashboard, docs, events, jobs, ops, queues, schedules, triggers
@@ -67,7 +68,9 @@ def _stop_on_crash(app: FastAPI, task: asyncio.Task[None]) -> None:
 
 def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     """The API for these settings; `known_tasks` comes from the caller (the composition root
-    in `brook/`), so the API never imports the task registry itself."""
+    in `brook/`), so the API never imports the task registry itself. `ConfigError` if
+    these settings would serve it open (no token) beyond this machine."""
+    check_exposure(settings)
     metrics = ApiMetrics()
     known_tasks = frozenset(known_tasks)
     app = FastAPI(
@@ -80,7 +83,8 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
-    app.add_middleware(RequestCounter, metrics=metrics)
+    app.add_middleware(Guard, hosts=settings.host_names)
+    app.add_middleware(RequestCounter, metrics=metrics)  # outermost: counts refusals too
     install_error_handlers(app)
     install_openapi(app, bearer=settings.api_token is not None)
     protected = [Depends(require_token)]
@@ -92,6 +96,7 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     app.include_router(ops.probes)
     app.include_router(ops.router, dependencies=protected)
     app.include_router(docs.router, dependencies=protected)
+    app.include_router(docs.assets)
     app.include_router(dashboard.pages)  # the page itself asks for the token, then sends it
     app.include_router(dashboard.router, dependencies=protected)
     tracing.instrument_fastapi(app)  # when tracing: a server span per request

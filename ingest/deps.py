@@ -7,11 +7,13 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from common.domain.errors import InvalidInput
 from common.domain.models import JobSpec
 from common.operations.client_core import ClientCore
+from common.runtime.log_events import requested_by
 from common.store.jobs import JobStore
 from ingest.state import ApiState
-from ingest.validation import load_body, parse_batch, parse_submit
+from ingest.validation import judge, load_body, parse_batch, parse_submit
 
 # Dependencies are `async def`: FastAPI runs plain `def` ones in a thread pool.
 
@@ -38,17 +40,49 @@ Store = Annotated[JobStore, Depends(get_store)]
 Core = Annotated[ClientCore, Depends(get_core)]
 
 
-async def require_token(request: Request, state: State) -> None:
-    """With `BROOK_API_TOKEN` set, demand `Authorization: Bearer <token>`; else let all in."""
-    secret = state.settings.api_token
-    if secret is None:
-        return
+ADMIN = "admin"
+READ = "read"
+# Methods that change nothing: all a read-only token may use.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _bearer(request: Request) -> bytes | None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    expected = secret.get_secret_value().encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip().encode()
+
+
+def access_of(request: Request, state: ApiState) -> str | None:
+    """`admin` or `read` (which token the request carries), or None (no valid one). With no
+    token set, every request is `admin`."""
+    settings = state.settings
+    if settings.api_token is None:
+        return ADMIN
+    given = _bearer(request)
+    if given is None:
+        return None
+    # Both compared every time (constant time, whichever matches).
+    admin = hmac.compare_digest(given, settings.api_token.get_secret_value().encode())
+    read = settings.api_read_token is not None and hmac.compare_digest(
+        given, settings.api_read_token.get_secret_value().encode()
+    )
+    return ADMIN if admin else READ if read else None
+
+
+async def require_token(request: Request, state: State) -> None:
+    """With `BROOK_API_TOKEN` set, demand `Authorization: Bearer <token>` (`401`); a
+    read-only token (`BROOK_API_READ_TOKEN`) may only read (`403` for a state change).
+    The state changes a request asks for are logged with `by` its token's name."""
+    access = access_of(request, state)
+    if access is None:
         raise HTTPException(
             401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
         )
+    if access == READ and request.method not in SAFE_METHODS:
+        raise HTTPException(403, "this token may only read")
+    request.state.access = access
+    requested_by.set(access)
 
 
 class BodyTooLarge(Exception):
@@ -78,17 +112,31 @@ async def _limited_body(request: Request, state: ApiState) -> bytes:
         raise HTTPException(413, f"body larger than {limit} bytes") from None
 
 
+def _check_retention(specs: list[JobSpec], most_s: float, *, batch: bool) -> None:
+    """A client may ask to keep its jobs longer than the default, up to what the operator
+    allows (`BROOK_RETENTION_MAX_SECONDS`): beyond it, `422`."""
+    for index, spec in enumerate(specs):
+        if spec.retention_s is not None and spec.retention_s > most_s:
+            loc: list[str | int] = ["jobs", index, "retention_s"] if batch else ["retention_s"]
+            msg = f"at most {most_s:g} seconds here (BROOK_RETENTION_MAX_SECONDS)"
+            raise InvalidInput([{"loc": loc, "msg": msg, "type": "less_than_equal"}])
+
+
 async def submit_body(request: Request, state: State) -> JobSpec:
     """A valid `POST /jobs` body: `413` if too large, else `422` (`InvalidInput`)."""
-    return parse_submit(await _limited_body(request, state))
+    spec = await judge(parse_submit, await _limited_body(request, state))
+    _check_retention([spec], state.settings.retention_max_seconds, batch=False)
+    return spec
 
 
 async def json_body(request: Request, state: State) -> object:
     """Any JSON body within the size limit: `413` if too large, `422` if not JSON; what it
     must hold is for the route to check."""
-    return load_body(await _limited_body(request, state))
+    return await judge(load_body, await _limited_body(request, state))
 
 
 async def batch_body(request: Request, state: State) -> list[JobSpec]:
     """A valid `POST /jobs/batch` body: `413` if too large, else `422` naming the bad spec."""
-    return parse_batch(await _limited_body(request, state))
+    specs = await judge(parse_batch, await _limited_body(request, state))
+    _check_retention(specs, state.settings.retention_max_seconds, batch=True)
+    return specs

@@ -24,7 +24,8 @@ from common.domain.models import Doc
 from common.domain.status import JobStatus
 from common.runtime.log_events import Event, emit
 from common.store.jobs import JobStore
-from ingest.eventids import encode_id
+from ingest.caps import Slots
+from ingest.eventids import EventIds
 from ingest.live import (
     Closed,
     EventFilter,
@@ -57,8 +58,18 @@ class FeedOptions:
 
 
 class Feed:
-    def __init__(self, hub: Hub, store: JobStore, flt: EventFilter, options: FeedOptions) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        store: JobStore,
+        flt: EventFilter,
+        options: FeedOptions,
+        ids: EventIds,
+        catch_ups: Slots | None = None,
+    ) -> None:
         self.hub = hub
+        self.ids = ids
+        self.catch_ups = catch_ups
         self.store = store
         self.filter = flt
         self.options = options
@@ -107,7 +118,7 @@ class Feed:
             position = self.hub.position
             if position is not None and position.key > self._floor:
                 self._floor = position.key
-                yield _sse(id=encode_id(position))
+                yield _sse(id=self.ids.encode(position))
 
     async def _missed(self, sub: Subscription, since: Position) -> AsyncIterator[ServerSentEvent]:
         if sub.replay is not None:
@@ -117,16 +128,27 @@ class Feed:
                 if self.done:
                     return
             return
-        SSE_CATCH_UPS.inc()
-        async for item in catch_up(self.store, sub, since):
-            if isinstance(item, Reset):
-                async for sse in self._current_state(sub.start, reset=item):
+        # A cursor of its own (and, after a reset, a read of what changed since): at most
+        # `BROOK_SSE_MAX_CATCH_UPS` at once per process. The route refused a client with
+        # 503 when they were all taken; one that slipped in since is asked to come back.
+        if self.catch_ups is not None and not self.catch_ups.take():
+            yield _sse(comment="closing: too many catch-ups at once; reconnect shortly")
+            self.done = True
+            return
+        try:
+            SSE_CATCH_UPS.inc()
+            async for item in catch_up(self.store, sub, since):
+                if isinstance(item, Reset):
+                    async for sse in self._current_state(sub.start, reset=item):
+                        yield sse
+                    return
+                for sse in self._job(item):
                     yield sse
-                return
-            for sse in self._job(item):
-                yield sse
-            if self.done:
-                return
+                if self.done:
+                    return
+        finally:
+            if self.catch_ups is not None:
+                self.catch_ups.give()
 
     def _job(self, event: LiveEvent, *, current: bool = False) -> list[ServerSentEvent]:
         if self.done or (self.options.per_job and event.data == self._last_data):
@@ -138,7 +160,7 @@ class Feed:
         final = self.options.per_job and event.terminal
         self.done = final
         self._floor = max(self._floor, event.at.key)
-        event_id = encode_id(event.at, final=final)
+        event_id = self.ids.encode(event.at, final=final)
         return [_sse(data=event.data, event=JOB_EVENT, id=event_id)]
 
     async def _current_state(
@@ -150,7 +172,7 @@ class Feed:
             emit(Event.SSE_RESET, level="warning", reason=reset.reason, job_id=self.filter.job_id)
             since = datetime.fromtimestamp((reset.since_ms - RESET_SLACK_MS) / 1000, UTC)
             body = {"reason": reset.reason, "since": since.isoformat()}
-            yield _sse(data=json.dumps(body), event=RESET_EVENT, id=encode_id(at))
+            yield _sse(data=json.dumps(body), event=RESET_EVENT, id=self.ids.encode(at))
         for doc in await self._now(reset):
             for sse in self._job(live_event(at, doc), current=True):
                 yield sse

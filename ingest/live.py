@@ -456,6 +456,15 @@ class Hub:
 
     # -- clients -----------------------------------------------------------------------------
 
+    def replays(self, since: Position) -> bool:
+        """Whether a client resuming from `since` would be served from memory, with no
+        catch-up stream of its own (as `subscribe` decides it now)."""
+        if self.position is None:
+            return False
+        if since.key >= self.position.key:
+            return _close_ahead(since, self.position)
+        return self._floor is not None and since.key >= self._floor.key
+
     def subscribe(self, flt: EventFilter, since: Position | None = None) -> Subscription:
         """Register a client now (call only once `ready`); events after the hub's current
         position are queued for it. With `since`, also say how to get those before."""

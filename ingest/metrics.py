@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from common.domain.models import DEFAULT_QUEUE
 from common.domain.status import JobStatus
 from common.runtime.log_events import Event, emit
+from common.runtime.metrics import MAX_QUEUE_LABELS, OTHER_QUEUES
 from common.store.jobs import JobStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -118,6 +119,24 @@ class DepthCache:
         return counts
 
 
+def fold_queues(depth: Depth, most: int = MAX_QUEUE_LABELS) -> Depth:
+    """At most `most` queue label values: the default queue and the queues holding the most
+    jobs keep their own; the rest are summed as `other`."""
+    if len(depth) <= most:
+        return depth
+    others = sorted(
+        (q for q in depth if q != DEFAULT_QUEUE), key=lambda q: (-sum(depth[q].values()), q)
+    )
+    kept = {DEFAULT_QUEUE, *others[: most - 2]}
+    folded: Depth = {q: counts for q, counts in depth.items() if q in kept}
+    other = dict(folded.pop(OTHER_QUEUES, {}))  # a queue named "other" shares the label
+    for queue in others[most - 2 :]:
+        for status, n in depth[queue].items():
+            other[status] = other.get(status, 0) + n
+    folded[OTHER_QUEUES] = other
+    return folded
+
+
 class _DepthCollector(Collector):
     def __init__(self, metrics: ApiMetrics) -> None:
         self.metrics = metrics
@@ -126,7 +145,7 @@ class _DepthCollector(Collector):
         family = GaugeMetricFamily(
             "brook_queue_depth", "Jobs by queue and status.", labels=["queue", "status"]
         )
-        depth = self.metrics.depth
+        depth = fold_queues(self.metrics.depth)
         statuses = {s.value for s in JobStatus}.union(*depth.values())
         for queue in sorted({DEFAULT_QUEUE, *depth}):
             for status in sorted(statuses):

@@ -4,8 +4,11 @@ FastAPI documents what a route returns on success; the errors come from the edge
 route shares (the token, MongoDB's availability, path ids, validation, the body limit),
 so they are added here, by rule, to every operation, including routes added later:
 
+- every route: `400` (a `Host` the API does not answer to, `BROOK_ALLOWED_HOSTS`);
 - every route behind the token: `401`; every route but `/healthz`: `503` + `Retry-After`
-  (no primary);
+  (no primary, or a cap on streams or connections reached);
+- every state change (not GET): `403` (a read-only token, or another site's page) and
+  `415` (a body that is not JSON);
 - a path with an `{id}`: `404`;
 - parameters or a body: `422` (`detail` is a message, or the list of validation errors);
 - a body: `413`;
@@ -39,12 +42,18 @@ ERROR_SCHEMA: dict[str, Any] = {
 }
 
 _DESCRIPTIONS = {
+    400: "A `Host` this API does not answer to (`BROOK_ALLOWED_HOSTS`), or a bad "
+    "`Last-Event-ID`.",
     401: "Missing or wrong bearer token (when `BROOK_API_TOKEN` is set).",
     404: "No such job (or other resource).",
+    403: "A read-only token (`BROOK_API_READ_TOKEN`) asked for a state change, or a page "
+    "of another site (`Origin`) did.",
     409: "The job is not in a state that allows this.",
     413: "Body larger than `BROOK_MAX_BODY_BYTES`.",
+    415: "A body (or content type) that is not `application/json`.",
     422: "Invalid input: `detail` says what.",
-    503: "No MongoDB primary reachable; retry after `Retry-After` seconds.",
+    503: "No MongoDB primary reachable, or this process is at a cap (event streams, "
+    "catch-ups); retry after `Retry-After` seconds.",
 }
 
 _HEADERS = {
@@ -82,9 +91,11 @@ OTHER_SUCCESSES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
 
 
 def _error_codes(path: str, method: str, operation: dict[str, Any]) -> list[int]:
-    codes: list[int] = []
+    codes: list[int] = [400]
     if path not in OPEN_PATHS:
         codes.append(401)
+    if method not in ("get", "head", "options"):
+        codes += [403, 415]
     if path != "/healthz":
         codes.append(503)
     if "{" in path:
@@ -128,6 +139,33 @@ def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+def hoist_defs(schema: dict[str, Any]) -> dict[str, Any]:
+    """Bodies declared by hand carry pydantic's own schema, whose nested models are in a
+    local `$defs` referred to as `#/$defs/Name`: in the whole document that points at
+    nothing (ReDoc refuses it), so they move to `components/schemas`."""
+    found: dict[str, Any] = {}
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            found.update(node.pop("$defs", {}))
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                node["$ref"] = "#/components/schemas/" + ref.removeprefix("#/$defs/")
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+        return node
+
+    walk(schema.get("paths", {}))
+    walk(found)
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name, definition in found.items():
+        schemas.setdefault(name, definition)
+    return schema
+
+
 def install_openapi(app: FastAPI, *, bearer: bool) -> None:
     """Generate the document once, with the errors and the auth documented."""
 
@@ -139,6 +177,7 @@ def install_openapi(app: FastAPI, *, bearer: bool) -> None:
                 description=app.description,
                 routes=app.routes,
             )
+            hoist_defs(schema)
             document_errors(schema)
             if bearer:
                 document_bearer(schema)

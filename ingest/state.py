@@ -17,6 +17,8 @@ from common.runtime.log_events import Event, emit
 from common.runtime.settings import Settings
 from common.store.db import database, make_client
 from common.store.jobs import JobStore, Submitted
+from ingest.caps import Slots
+from ingest.eventids import DeploymentIds
 from ingest.live import Hub
 from ingest.livestats import LiveStats
 from ingest.metrics import ApiMetrics, DepthCache
@@ -38,6 +40,9 @@ class ApiState:
     hub: Hub  # this process's one change stream, fanned out to event-stream clients
     stats: LiveStats  # throughput and latency over the last minutes, fed by the hub
     depth: DepthCache  # jobs by queue and status: one aggregation, refreshed in the background
+    ids: DeploymentIds  # signs and checks event ids (Last-Event-ID)
+    streams: Slots  # event streams open now, at most BROOK_SSE_MAX_CLIENTS
+    catch_ups: Slots  # catch-up cursors open now, at most BROOK_SSE_MAX_CATCH_UPS
 
 
 async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submitted]:
@@ -89,5 +94,8 @@ async def open_state(
         hub=Hub(store, buffer=settings.sse_buffer, observe=stats.observe),
         stats=stats,
         depth=depth,
+        ids=DeploymentIds(store.db),
+        streams=Slots(settings.sse_max_clients),
+        catch_ups=Slots(settings.sse_max_catch_ups),
     )
 

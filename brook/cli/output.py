@@ -6,11 +6,13 @@ import json
 import sys
 from typing import Any, NoReturn
 
+from brook.terminal import safe
+
 JsonObject = dict[str, Any]  # a JSON object as the API sends it
 
 
 def die(message: str, code: int = 1) -> NoReturn:
-    print(f"brook: error: {message}", file=sys.stderr)
+    print(f"brook: error: {safe(message)}", file=sys.stderr)
     sys.exit(code)
 
 

@@ -41,11 +41,27 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
         lifespan="on",
         # Requests still waiting on MongoDB when the grace period ends are cancelled.
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+        # Connections (and requests) at once: beyond it uvicorn answers 503 at once.
+        limit_concurrency=settings.max_connections,
     )
+    _raise_open_files(settings.max_connections)
     server = Server(config)
     server.run()
     crashed = getattr(app.state, "crashed", False)  # a background task died: see its log
     return 0 if server.started and not crashed else 1
+
+
+def _raise_open_files(connections: int) -> None:
+    """Let the process hold its connections, MongoDB's and its own files: the soft limit
+    on open files up to what they need (at most the hard limit)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
 
 
 def cmd_dispatcher(settings: Settings, _: argparse.Namespace) -> int:

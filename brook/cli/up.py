@@ -32,7 +32,9 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
     """
     from brook.replset import ReplicaSet
     from common.runtime.log import configure_logging
+    from common.runtime.settings import check_exposure
 
+    check_exposure(settings)  # before anything starts: the API would refuse anyway
     configure_logging(settings.log_level, role="up")
     # Handlers first: the children run in their own sessions, so Ctrl-C reaches only this
     # process, which then stops them in a safe order.

@@ -144,7 +144,7 @@ class QueueUpdate(BaseModel):
 def validate_queue_update(name: str, body: Any) -> dict[str, Any]:
     """The fields a valid `PUT /queues/{name}` body changes; `InvalidInput` (the API's 422
     detail) otherwise. An empty body changes nothing and is valid."""
-    if not isinstance(name, str) or not _QUEUE_NAME.match(name):
+    if not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name):
         raise InvalidInput(f"{name!r} is not a queue name (pattern {QUEUE_NAME})")
     if not isinstance(body, Mapping):
         raise InvalidInput("the body must be a JSON object")

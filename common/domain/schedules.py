@@ -70,7 +70,7 @@ class Schedule:
     ) -> Schedule:
         """A checked schedule; `ValueError` naming the schedule and what is wrong."""
         try:
-            if not isinstance(name, str) or not NAME.match(name):
+            if not isinstance(name, str) or not NAME.fullmatch(name):
                 raise ValueError(
                     "a name is 1-100 letters, digits and _ . : - (a letter or digit first)"
                 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import (
@@ -34,6 +34,10 @@ MAX_DEPTH = 32
 MAX_BATCH = 1000
 INT64 = (-(2**63), 2**63 - 1)
 DAY_S = 86400.0
+# How far ahead a job may be due (`run_at`, `delay`): a year. Further is refused, so no
+# date arithmetic on a job (backoff, a schedule's horizon) can overflow.
+MAX_HORIZON_S = 365 * DAY_S
+EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 
 ParentName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
@@ -49,7 +53,7 @@ class SubmitJob(BaseModel):
     queue: str = Field(default=DEFAULT_QUEUE, pattern=QUEUE_NAME)
     priority: StrictInt = Field(default=0, ge=-1_000_000, le=1_000_000)
     run_at: datetime | None = None
-    delay: float | None = Field(default=None, ge=0, le=365 * DAY_S, description="seconds")
+    delay: float | None = Field(default=None, ge=0, le=MAX_HORIZON_S, description="seconds")
     max_attempts: StrictInt = Field(default=3, ge=1, le=1000)
     timeout_s: float | None = Field(default=None, gt=0, le=7 * DAY_S)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
@@ -78,7 +82,15 @@ class SubmitJob(BaseModel):
             return None
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
-        return whole_ms(value.astimezone(UTC))
+        try:
+            value = whole_ms(value.astimezone(UTC))
+        except OverflowError:  # year 1 or 9999 moved by its offset past datetime's range
+            raise ValueError("is out of range") from None
+        if value < EARLIEST_RUN_AT:
+            raise ValueError("must not be before 1970")
+        if value > datetime.now(UTC) + timedelta(seconds=MAX_HORIZON_S):
+            raise ValueError("must be at most 365 days ahead")
+        return value
 
     @field_validator("payload")
     @classmethod
@@ -136,42 +148,74 @@ class SubmitBatch(BaseModel):
     jobs: list[SubmitJob] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+# A path to a value: its parent's path and its key or index (built only for a message, so
+# walking a document costs time linear in its size however long its keys are).
+_Path = tuple["_Path | None", str | int]
+MESSAGE_KEY_CHARS = 60  # a key quoted in a message is cut to this (a key may be megabytes)
+
+
 def check_document(value: object, path: str = "payload", depth: int = 1) -> None:
     """MongoDB-safe JSON: no key starting with `$`, no NUL in keys, nesting at most 32,
     integers that fit in 64 bits (what BSON stores), finite numbers, only JSON types."""
+    _check(value, (None, path), depth)
+
+
+def _check(value: object, at: _Path, depth: int) -> None:
     if depth > MAX_DEPTH:
-        raise ValueError(f"{path}: nesting deeper than {MAX_DEPTH}")
+        raise ValueError(f"{_name(at)}: nesting deeper than {MAX_DEPTH}")
     if isinstance(value, Mapping):
         for key, item in value.items():
-            _check_key(key, path)
-            check_document(item, f"{path}.{key}", depth + 1)
+            _check_key(key, at)
+            _check(item, (at, key), depth + 1)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            check_document(item, f"{path}[{index}]", depth + 1)
+            _check(item, (at, index), depth + 1)
     else:
-        _check_scalar(value, path)
+        _check_scalar(value, at)
 
 
-def _check_key(key: object, path: str) -> None:
+def _short(key: object) -> str:
+    text = repr(key)
+    return text if len(text) <= MESSAGE_KEY_CHARS else text[: MESSAGE_KEY_CHARS - 3] + "..."
+
+
+def _name(at: _Path) -> str:
+    """`payload.a[0].b`, each key cut short."""
+    parts: list[str] = []
+    node: _Path | None = at
+    while node is not None:
+        parent, part = node
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        elif parent is None:
+            parts.append(part)
+        else:
+            text = part if len(part) <= MESSAGE_KEY_CHARS else part[: MESSAGE_KEY_CHARS - 3] + "..."
+            parts.append(f".{text}")
+        node = parent
+    return "".join(reversed(parts))
+
+
+def _check_key(key: object, at: _Path) -> None:
     if not isinstance(key, str):
-        raise ValueError(f"{path}: key {key!r} is not a string")
+        raise ValueError(f"{_name(at)}: key {_short(key)} is not a string")
     if key.startswith("$"):
-        raise ValueError(f"{path}: key {key!r} starts with '$'")
+        raise ValueError(f"{_name(at)}: key {_short(key)} starts with '$'")
     if "\x00" in key:
-        raise ValueError(f"{path}: key {key!r} contains a NUL character")
+        raise ValueError(f"{_name(at)}: key {_short(key)} contains a NUL character")
 
 
-def _check_scalar(value: object, path: str) -> None:
+def _check_scalar(value: object, at: _Path) -> None:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return
     if isinstance(value, int):
         if not INT64[0] <= value <= INT64[1]:
-            raise ValueError(f"{path}: integer does not fit in 64 bits")
+            raise ValueError(f"{_name(at)}: integer does not fit in 64 bits")
     elif isinstance(value, float):
         if not math.isfinite(value):
-            raise ValueError(f"{path}: {value} is not a JSON number")
+            raise ValueError(f"{_name(at)}: {value} is not a JSON number")
     else:
-        raise ValueError(f"{path}: a {type(value).__name__} is not a JSON value")
+        raise ValueError(f"{_name(at)}: a {type(value).__name__} is not a JSON value")
 
 
 def _errors(exc: ValidationError) -> list[dict[str, object]]:

@@ -35,7 +35,7 @@ from common.operations.dependents import recheck, settle
 from common.operations.task_directory import TaskDirectory
 from common.runtime import tracing
 from common.runtime.backoff import Backoff
-from common.runtime.log_events import Event, emit, job_fields
+from common.runtime.log_events import Event, emit, job_fields, requested_by
 from common.store.db import is_transient
 from common.store.jobs import JobStore, Submitted
 from common.store.queues import QueueStore, QueueUsage
@@ -379,9 +379,11 @@ class ClientCore(Submitting):
         await self._ensure_indexes()  # counting the queue's running jobs reads one
         await self._queues.set_limits(name, fields)
         if structlog.is_configured():
-            emit(Event.QUEUE_UPDATED, queue=name, **fields)
+            by = requested_by.get()
+            emit(Event.QUEUE_UPDATED, queue=name, by=by, **fields)
             if "paused" in fields:
-                emit(Event.QUEUE_PAUSED if fields["paused"] else Event.QUEUE_RESUMED, queue=name)
+                event = Event.QUEUE_PAUSED if fields["paused"] else Event.QUEUE_RESUMED
+                emit(event, queue=name, by=by)
         return next(q for q in await self.queues() if q.name == name)
 
     # -- change one job ------------------------------------------------------------------------
@@ -491,7 +493,7 @@ def _emit(event: Event, job: Job, **fields: Any) -> None:
     # Brook's own processes configure logging; a program using the client logs Brook's
     # events only if it configured structlog itself.
     if structlog.is_configured():
-        emit(event, **job_fields(job), **fields)
+        emit(event, **job_fields(job), by=requested_by.get(), **fields)
 
 
 def log_submitted(submitted: Submitted) -> None:

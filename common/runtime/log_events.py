@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -27,6 +28,7 @@ class Event(StrEnum):
     TRANSACTION_ENDED = "transaction.ended"  # a dead or killed worker's open one, by its dispatcher
     LEASE_EXPIRED = "lease.expired"
     LEASE_LOST = "lease.lost"
+    LEASE_SELF_FENCED = "lease.self_fenced"  # not renewed in time: worker stopped before it ends
     WORKER_STARTED = "worker.started"
     WORKER_CRASHED = "worker.crashed"
     WORKER_KILLED = "worker.killed"
@@ -89,6 +91,11 @@ class Event(StrEnum):
 
 
 _log = get_logger()
+
+# Who asked for the state change being logged: the API sets it per request (`admin` or
+# `read`, the token's name, never the token); anything else using the client core (the
+# Python client, a task's `ctx.submit`) is `python-client`.
+requested_by: ContextVar[str] = ContextVar("brook_requested_by", default="python-client")
 
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}

@@ -47,6 +47,11 @@ LEASE_RENEWALS = Counter("brook_lease_renewals", "Leases renewed by the heartbea
 LEASES_LOST = Counter(
     "brook_leases_lost", "Leases this dispatcher found it no longer held (it froze or was late)."
 )
+LEASES_SELF_FENCED = Counter(
+    "brook_leases_self_fenced",
+    "Leases this dispatcher could not renew (MongoDB unreachable), whose workers it stopped"
+    " before they could run out on the server's clock.",
+)
 LEASES_EXPIRED = Counter(
     "brook_leases_expired", "Expired leases (of any dispatcher) the watchdog requeued."
 )
@@ -71,6 +76,24 @@ TRIGGER_HISTORY_LOST = Counter(
 )
 
 
+# Queue names come from clients: each a label value, so each a set of series. A process
+# gives its own label to the first MAX_QUEUE_LABELS queues it sees (the default one always);
+# the rest are counted together as `other`.
+MAX_QUEUE_LABELS = 50
+OTHER_QUEUES = "other"
+_labelled: set[str] = {DEFAULT_QUEUE}
+
+
+def queue_label(queue: str) -> str:
+    """The label value that counts jobs of `queue`: its name, or `other` past the cap."""
+    if queue in _labelled:
+        return queue
+    if len(_labelled) < MAX_QUEUE_LABELS:
+        _labelled.add(queue)
+        return queue
+    return OTHER_QUEUES
+
+
 class Queued(Protocol):
     @property
     def task(self) -> str: ...
@@ -84,7 +107,7 @@ def queue_of(job: Queued) -> str:
 
 
 def count_outcome(job: Queued, outcome: str) -> None:
-    JOBS.labels(task=job.task, queue=queue_of(job), outcome=outcome).inc()
+    JOBS.labels(task=job.task, queue=queue_label(queue_of(job)), outcome=outcome).inc()
 
 
 @dataclass

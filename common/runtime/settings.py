@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from common.domain.errors import ConfigError
@@ -16,6 +17,8 @@ from common.domain.models import QUEUE_NAME
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _QUEUE_NAME = re.compile(QUEUE_NAME)
 WEEK_S = 7 * 86400.0
+MONTH_S = 30 * 86400.0
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
 # Claims ahead of the workers, at most (BROOK_PREFETCH unset): enough for claims of many
 # jobs each (the claimer refills when half is free: claims of up to 64), so short tasks
 # cost few claim round trips. The time cap (`AHEAD_S` of work) binds long before it for
@@ -32,11 +35,19 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BROOK_", frozen=True, extra="ignore")
 
-    mongo_uri: str | None = None
+    # Never in a repr: a URI may carry a password (`redacted()` is what others may see).
+    mongo_uri: str | None = Field(default=None, repr=False)
     db: str = Field(default="brook", min_length=1, max_length=60, pattern=r"^[A-Za-z0-9_-]+$")
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=0, le=65535)
     api_token: SecretStr | None = None
+    # Safe to expose (docs/security.md): a token that may only read; running open (no token)
+    # on an address other than loopback only when asked for in so many words.
+    api_read_token: SecretStr | None = None
+    allow_no_token: bool = False
+    # `Host` names the API answers to (DNS rebinding); unset: the loopback names on a
+    # loopback bind, any elsewhere (the token guards those). "*": any.
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     concurrency: int = Field(default_factory=_default_concurrency, ge=1, le=1024)
     lease_seconds: float = Field(default=30.0, ge=1.0, le=86400.0)
     tasks: Annotated[tuple[str, ...], NoDecode] = ()
@@ -46,6 +57,8 @@ class Settings(BaseSettings):
     # `concurrency`.
     queues: Annotated[dict[str, int] | None, NoDecode] = None
     retention_seconds: float = Field(default=WEEK_S, ge=0.0, le=100 * 365 * 86400.0)
+    # The most a client's `retention_s` may ask for over HTTP (a longer one: 422).
+    retention_max_seconds: float = Field(default=MONTH_S, ge=0.0, le=100 * 365 * 86400.0)
     # The most jobs claimed ahead of the workers, per dispatcher (per queue with `queues`);
     # None: the slots, at least DEFAULT_PREFETCH.
     prefetch: int | None = Field(default=None, ge=0, le=4096)
@@ -71,6 +84,11 @@ class Settings(BaseSettings):
     metrics_cache_seconds: float = Field(default=2.0, ge=0.0, le=3600.0)
     sse_ping_seconds: float = Field(default=15.0, gt=0.0, le=3600.0)
     sse_buffer: int = Field(default=1000, ge=1, le=1_000_000)  # events queued per SSE client
+    # Caps per API process: event streams open at once, catch-ups (a cursor each) at once,
+    # and HTTP connections at once (uvicorn answers 503 beyond it).
+    sse_max_clients: int = Field(default=1000, ge=1, le=100_000)
+    sse_max_catch_ups: int = Field(default=8, ge=1, le=1000)
+    max_connections: int = Field(default=2000, ge=8, le=200_000)
 
     @field_validator("tasks", mode="before")
     @classmethod
@@ -78,6 +96,32 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip().lower() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("api_token", "api_read_token", mode="before")
+    @classmethod
+    def _not_blank(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if not value.strip():
+                raise ValueError("is empty or blank: set a real token, or unset the variable")
+            return value.strip()
+        return value
+
+    @model_validator(mode="after")
+    def _tokens_together(self) -> Settings:
+        if self.api_read_token is None:
+            return self
+        if self.api_token is None:
+            raise ValueError("BROOK_API_READ_TOKEN needs BROOK_API_TOKEN (the admin token)")
+        if self.api_read_token.get_secret_value() == self.api_token.get_secret_value():
+            raise ValueError("BROOK_API_READ_TOKEN must differ from BROOK_API_TOKEN")
+        return self
 
     @field_validator("queues", mode="before")
     @classmethod
@@ -107,6 +151,20 @@ class Settings(BaseSettings):
                 raise ValueError("must start with mongodb:// or mongodb+srv://")
         return value
 
+    def redacted(self) -> Settings:
+        """These settings with the password of `mongo_uri` replaced by `***`: what a task's
+        `ctx.settings`, a log line or the CLI may show."""
+        return self.model_copy(update={"mongo_uri": redact_uri(self.mongo_uri)})
+
+    @property
+    def host_names(self) -> frozenset[str] | None:
+        """The `Host` names the API answers to; None: any."""
+        if "*" in self.allowed_hosts:
+            return None
+        if self.allowed_hosts:
+            return frozenset(self.allowed_hosts)
+        return frozenset(LOOPBACK_NAMES) if is_loopback(self.api_host) else None
+
     @property
     def worker_slots(self) -> int:
         """Worker processes of a dispatcher: the sum of its queues' slots, else `concurrency`."""
@@ -133,12 +191,34 @@ def parse_queues(text: str) -> dict[str, int] | None:
         name = name.strip()
         if not sep or not slots.strip().isdigit() or int(slots) < 1:
             raise ValueError(f"{part!r}: write each queue as name:slots, slots >= 1")
-        if not _QUEUE_NAME.match(name):
+        if not _QUEUE_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not a queue name (letters, digits, '_', '.', '-')")
         if name in queues:
             raise ValueError(f"queue {name!r} is listed twice")
         queues[name] = int(slots)
     return queues or None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding to `host` keeps the port on this machine."""
+    host = host.strip().strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name that may resolve anywhere
+
+
+def check_exposure(settings: Settings) -> None:
+    """Refuse to serve the API open (no token) beyond this machine, unless asked to."""
+    open_ = settings.api_token is None and not settings.allow_no_token
+    if open_ and not is_loopback(settings.api_host):
+        raise ConfigError(
+            f"BROOK_API_HOST: {settings.api_host} is not a loopback address and "
+            "BROOK_API_TOKEN is not set; set a token, or BROOK_ALLOW_NO_TOKEN=1 to "
+            "serve the API open to the network on purpose"
+        )
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -147,5 +227,20 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else "?"
+        if not first["loc"]:  # a rule between variables: its message names them
+            raise ConfigError(str(first["msg"]).removeprefix("Value error, ")) from None
+        field = str(first["loc"][0])
         raise ConfigError(f"BROOK_{field.upper()}: {first['msg']}") from None
+
+
+def redact_uri(uri: str | None) -> str | None:
+    """`mongodb://user:secret@host/...` → `mongodb://user:***@host/...`; a URI without a
+    password is returned as it is."""
+    if uri is None:
+        return None
+    scheme, sep, rest = uri.partition("://")
+    userinfo, at, hosts = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return uri
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{hosts}"

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# One-shot: initiate the replica set rs0 over mongo1, mongo2, mongo3, then wait for a PRIMARY.
+# One-shot: initiate the replica set rs0 over mongo1, mongo2, mongo3, wait for a PRIMARY,
+# then create (or update) Brook's own user with only the privileges Brook needs.
 #
 # Runs in the `mongo-init` service of compose.yaml once all three mongod containers are
 # healthy. Idempotent: when `rs.status()` already answers (the set was initiated on an
 # earlier `docker compose up`), it changes nothing and only waits for a PRIMARY.
-# Credentials come from the environment (MONGO_ROOT_USER / MONGO_ROOT_PASSWORD) and are read
-# inside mongosh via process.env, so they never appear on a command line.
+# Credentials come from the environment (MONGO_ROOT_USER / MONGO_ROOT_PASSWORD, and
+# MONGO_BROOK_USER / MONGO_BROOK_PASSWORD for Brook's user) and are read inside mongosh via
+# process.env, so they never appear on a command line or in this container's output.
 set -euo pipefail
 
 : "${MONGO_ROOT_USER:?MONGO_ROOT_USER must be set}"
 : "${MONGO_ROOT_PASSWORD:?MONGO_ROOT_PASSWORD must be set}"
-export MONGO_ROOT_USER MONGO_ROOT_PASSWORD
+: "${MONGO_BROOK_PASSWORD:?MONGO_BROOK_PASSWORD must be set}"
+MONGO_BROOK_USER="${MONGO_BROOK_USER:-brook}"
+BROOK_DB="${BROOK_DB:-brook}"
+export MONGO_ROOT_USER MONGO_ROOT_PASSWORD MONGO_BROOK_USER MONGO_BROOK_PASSWORD BROOK_DB
 
 RS_NAME="rs0"
 MEMBERS=("mongo1:27017" "mongo2:27017" "mongo3:27017")
@@ -69,11 +74,44 @@ const deadline = Date.now() + ${WAIT_SECONDS} * 1000;
 for (;;) {
   try {
     const primary = rs.status().members.find((m) => m.stateStr === 'PRIMARY');
-    if (primary) { print('mongo-init: PRIMARY is ' + primary.name); quit(0); }
+    if (primary) { print('mongo-init: PRIMARY is ' + primary.name); break; }
   } catch (e) {
     // The set is still electing; rs.status() can fail transiently.
   }
   if (Date.now() > deadline) { print('mongo-init: no PRIMARY within ${WAIT_SECONDS}s'); quit(1); }
   sleep(1000);
+}
+"
+
+# 3. Brook's own user, on the primary: the role `brook` holds readWrite on BROOK_DB (its
+#    collections and change streams), collMod there (post-images for the event streams)
+#    and find on local.oplog.rs (the dispatcher's insert hints). No cluster or admin rights:
+#    root stays with this one-shot and the nodes' entrypoints.
+mongosh --quiet "mongodb://${MEMBERS[0]},${MEMBERS[1]},${MEMBERS[2]}/admin?replicaSet=${RS_NAME}" --eval "
+const admin = db.getSiblingDB('admin');
+if (!admin.auth(process.env.MONGO_ROOT_USER, process.env.MONGO_ROOT_PASSWORD)) {
+  print('mongo-init: authentication failed'); quit(1);
+}
+const brookDb = process.env.BROOK_DB;
+const role = {
+  privileges: [
+    { resource: { db: brookDb, collection: '' }, actions: ['collMod'] },
+    { resource: { db: 'local', collection: 'oplog.rs' }, actions: ['find'] },
+  ],
+  roles: [{ role: 'readWrite', db: brookDb }],
+};
+if (admin.getRole('brook') === null) {
+  admin.createRole({ role: 'brook', ...role });
+} else {
+  admin.updateRole('brook', role);
+}
+const user = process.env.MONGO_BROOK_USER;
+const spec = { pwd: process.env.MONGO_BROOK_PASSWORD, roles: [{ role: 'brook', db: 'admin' }] };
+if (admin.getUser(user) === null) {
+  admin.createUser({ user, ...spec });
+  print('mongo-init: created user ' + user + ' (role brook on database ' + brookDb + ')');
+} else {
+  admin.updateUser(user, spec);
+  print('mongo-init: updated user ' + user + ' (role brook on database ' + brookDb + ')');
 }
 "

@@ -14,17 +14,27 @@ import html
 from functools import cache
 from importlib import resources
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel
 
 from common.domain.status import JobStatus
-from ingest.deps import State
+from ingest.deps import ADMIN, State
 
 pages = APIRouter(include_in_schema=False)
 router = APIRouter(tags=["dashboard"])
 
-ASSETS = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
+ASSETS = {
+    "app.js": "text/javascript; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+    "swagger-init.js": "text/javascript; charset=utf-8",
+}
+# The page and its assets come from this origin only; its one image is a data: URL.
+DASHBOARD_CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
 
 
 @cache
@@ -41,7 +51,9 @@ async def dashboard(state: State) -> HTMLResponse:
     }
     for marker, value in fields.items():
         page = page.replace(marker, value)
-    return HTMLResponse(page, headers={"Cache-Control": "no-store"})
+    return HTMLResponse(
+        page, headers={"Cache-Control": "no-store", "Content-Security-Policy": DASHBOARD_CSP}
+    )
 
 
 @pages.get("/static/{name}")
@@ -78,10 +90,11 @@ class Stats(BaseModel):
     queues: dict[str, dict[str, int]]  # queue → status → jobs
     series: Series  # throughput and submit→start latency, as this API process saw them
     sse_clients: int
+    access: str  # "admin", or "read" for a read-only token (the page then offers no actions)
 
 
 @router.get("/stats")
-async def stats(state: State) -> Stats:
+async def stats(state: State, request: Request) -> Stats:
     """What the dashboard draws: jobs by status and queue (the same cached aggregation as
     `/metrics`), and the last ten minutes of throughput and submit→start latency."""
     queues = await state.depth.get()
@@ -94,4 +107,5 @@ async def stats(state: State) -> Stats:
         queues=queues,
         series=Series(**state.stats.series()),
         sse_clients=state.hub.count(),
+        access=getattr(request.state, "access", ADMIN),
     )

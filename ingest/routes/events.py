@@ -10,16 +10,18 @@ keep proxies from closing idle streams.
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
+from starlette.types import Receive, Scope, Send
 
 from common.domain.status import JobStatus
 from ingest.deps import State
 from ingest.errors import RETRY_AFTER_S
-from ingest.eventids import EventId, InvalidEventId, decode_id
+from ingest.eventids import EventId, InvalidEventId
 from ingest.feeds import SEP, Feed, FeedOptions
 from ingest.live import EventFilter, Hub
 
@@ -62,13 +64,20 @@ _STREAM = {
 }
 
 
-def _since(last_event_id: str | None) -> EventId | None:
+async def _since(state: State, last_event_id: str | None) -> EventId | None:
+    """The position a `Last-Event-ID` names: `400` for an id this deployment did not
+    issue (its MAC is checked before anything else is done with it)."""
     if last_event_id is None:
         return None
+    ids = await state.ids.get()
     try:
-        return decode_id(last_event_id)
+        return ids.decode(last_event_id)
     except InvalidEventId as exc:
-        raise HTTPException(422, str(exc)) from None
+        raise HTTPException(400, str(exc)) from None
+
+
+def _busy(what: str) -> HTTPException:
+    return HTTPException(503, f"{what}; retry shortly", headers={"Retry-After": RETRY_AFTER_S})
 
 
 async def _ready(hub: Hub) -> None:
@@ -76,19 +85,42 @@ async def _ready(hub: Hub) -> None:
         async with asyncio.timeout(READY_WAIT_S):
             await hub.ready.wait()
     except TimeoutError:
-        raise HTTPException(
-            503,
-            "the event stream is not open yet (no primary?); retry shortly",
-            headers={"Retry-After": RETRY_AFTER_S},
-        ) from None
+        raise _busy("the event stream is not open yet (no primary?)") from None
 
 
-def _respond(state: State, feed: Feed, since: EventId | None) -> EventSourceResponse:
-    return EventSourceResponse(
+class _Stream(EventSourceResponse):
+    """An event stream that gives its slot back however it ends (a client gone before the
+    first byte included: this runs once the response is handed to the server)."""
+
+    def __init__(self, *args: Any, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def _respond(
+    state: State, flt: EventFilter, options: FeedOptions, since: EventId | None
+) -> Response:
+    """A stream, within this process's caps: `503` beyond `BROOK_SSE_MAX_CLIENTS` streams,
+    or when a resume needs a catch-up and `BROOK_SSE_MAX_CATCH_UPS` are running."""
+    hub = state.hub
+    ids = await state.ids.get()  # before the slot is taken: nothing may fail in between
+    if since is not None and not hub.replays(since.at) and state.catch_ups.full:
+        raise _busy("too many clients are catching up")
+    if not state.streams.take():
+        raise _busy("too many event streams are open")
+    feed = Feed(hub, state.store, flt, options, ids, state.catch_ups)
+    return _Stream(
         feed.events(since.at if since is not None else None),
         ping=state.settings.sse_ping_seconds,
         send_timeout=SEND_TIMEOUT_S,
         sep=SEP,  # the pings' line ends too
+        on_close=state.streams.give,
     )
 
 
@@ -104,14 +136,14 @@ async def job_events(job_id: str, state: State, last_event_id: LastEventId = Non
     """One job's events: its current state first (unless resuming), then one event per
     change (status, attempt, progress, result or error); the stream ends after a terminal
     state."""
-    since = _since(last_event_id)
+    since = await _since(state, last_event_id)
     if since is not None and since.final:
         return Response(status_code=204)
     if await state.store.job_doc(job_id) is None:
         raise HTTPException(404, f"no job {job_id}")
     await _ready(state.hub)
     options = FeedOptions(per_job=True, idle_s=state.settings.sse_ping_seconds)
-    return _respond(state, Feed(state.hub, state.store, EventFilter(job_id=job_id), options), since)
+    return await _respond(state, EventFilter(job_id=job_id), options, since)
 
 
 @router.get("/events", response_class=EventSourceResponse, responses={200: _STREAM})
@@ -124,8 +156,8 @@ async def events(
 ) -> Response:
     """Every change of every matching job (by queue, task and the status it changed to),
     for as long as the client stays."""
-    since = _since(last_event_id)
+    since = await _since(state, last_event_id)
     await _ready(state.hub)
     flt = EventFilter(queue=queue, task=task, status=status.value if status else None)
     options = FeedOptions(per_job=False, idle_s=state.settings.sse_ping_seconds)
-    return _respond(state, Feed(state.hub, state.store, flt, options), since)
+    return await _respond(state, flt, options, since)

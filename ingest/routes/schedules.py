@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path
 from fastapi.responses import JSONResponse
 
 from common.domain.errors import ScheduleNotFound
-from common.runtime.log_events import Event, emit
+from common.runtime.log_events import Event, emit, requested_by
 from common.store.schedules import ScheduleStore
 from ingest.deps import State
 from ingest.encoding import json_response
@@ -41,7 +41,8 @@ async def _set_paused(schedules: ScheduleStore, name: str, paused: bool) -> JSON
         state = await schedules.set_paused(name, paused)
     except ScheduleNotFound:
         raise HTTPException(404, f"no schedule {name!r}") from None
-    emit(Event.SCHEDULE_PAUSED if paused else Event.SCHEDULE_RESUMED, schedule=name, by="api")
+    event = Event.SCHEDULE_PAUSED if paused else Event.SCHEDULE_RESUMED
+    emit(event, schedule=name, by=requested_by.get())
     return json_response(state.to_api(datetime.now(UTC)))
 
 

@@ -77,6 +77,7 @@ function openStream(path, { onEvent, onOpen, onDown, onEnd }) {
         const resp = await fetch(path, { headers, signal: control.signal });
         if (resp.status === 401) { askToken(true); return; }
         if (resp.status === 204 || resp.status === 404) { onEnd && onEnd(resp.status); return; }
+        if (resp.status === 400) lastId = null;  // an id this API no longer takes: start afresh
         if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
         onOpen && onOpen();
         await readEvents(resp.body, (event) => {
@@ -229,7 +230,8 @@ function drawLines(svg, series, colors) {
 const overview = {
   running: new Map(),
   failures: new Map(),
-  features: { retry: false, queues: false, queuePut: false, schedules: false, scheduleActions: false, triggers: false },
+  features: { retry: false, queues: false, queuePut: false, schedules: false, scheduleActions: false, triggers: false, triggerActions: false },
+  readOnly: false,  // a read-only token: no action is offered (the API would answer 403)
   stream: null,
   statsTimer: null,
   triggersTimer: null,
@@ -241,13 +243,16 @@ async function detectFeatures() {
   try {
     const paths = Object.entries((await getJson("/openapi.json")).paths || {});
     const has = (re, method) => paths.some(([path, item]) => re.test(path) && item[method]);
+    overview.readOnly = (await getJson("/stats")).access === "read";
+    const can = !overview.readOnly;
     overview.features = {
-      retry: has(/^\/jobs\/\{[^}]+\}\/retry$/, "post"),
+      retry: can && has(/^\/jobs\/\{[^}]+\}\/retry$/, "post"),
       queues: has(/^\/queues$/, "get"),
-      queuePut: has(/^\/queues\/\{[^}]+\}$/, "put"),
+      queuePut: can && has(/^\/queues\/\{[^}]+\}$/, "put"),
       schedules: has(/^\/schedules$/, "get"),
-      scheduleActions: has(/^\/schedules\/\{[^}]+\}\/pause$/, "post"),
+      scheduleActions: can && has(/^\/schedules\/\{[^}]+\}\/pause$/, "post"),
       triggers: has(/^\/triggers$/, "get"),
+      triggerActions: can && has(/^\/triggers\/\{[^}]+\}\/pause$/, "post"),
     };
   } catch (err) {
     if (err instanceof Unauthorized) throw err;
@@ -332,10 +337,10 @@ async function renderTriggers() {
     el("td", { class: "follower" }, t.follower || "—"),
     el("td", { class: "num lag" }, t.lag_s === null ? "—" : `${t.lag_s.toFixed(1)} s`),
     el("td", { class: "num jobs-made" }, String(t.jobs_made)),
-    el("td", {}, el("button", {
+    el("td", {}, overview.features.triggerActions ? el("button", {
       type: "button",
       onclick: async () => { await post(`/triggers/${encodeURIComponent(t.name)}/${t.paused ? "resume" : "pause"}`); renderTriggers(); },
-    }, t.paused ? "Resume" : "Pause")))));
+    }, t.paused ? "Resume" : "Pause") : ""))));
 }
 
 function renderCharts(series) {
@@ -367,6 +372,7 @@ async function refreshStats() {
 }
 
 function cancelButton(job) {
+  if (overview.readOnly) return "";
   return el("button", {
     type: "button", class: "danger", "data-cancel": job.id,
     onclick: async (ev) => { ev.target.disabled = true; await post(`/jobs/${job.id}/cancel`); },
@@ -473,7 +479,7 @@ function renderJob(job) {
   const badge = $("#job-status");
   badge.textContent = job.status;
   badge.className = `badge ${job.status}`;
-  $("#job-cancel").hidden = TERMINAL.has(job.status);
+  $("#job-cancel").hidden = overview.readOnly || TERMINAL.has(job.status);
   $("#job-retry").hidden = !(overview.features.retry && (job.status === "failed" || job.status === "cancelled"));
   const progress = $("#job-progress");
   progress.hidden = !(job.progress || job.status === "running");

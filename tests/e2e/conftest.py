@@ -14,6 +14,8 @@ from common.runtime.settings import Settings
 from tests.conftest import brook_env
 from tests.support.procs import BrookProcess, pid_alive, wait_until
 
+JSON = {"Content-Type": "application/json"}  # what a request body must be
+
 
 def free_port() -> int:
     with socket.socket() as sock:

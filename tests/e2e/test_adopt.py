@@ -19,7 +19,7 @@ from common.runtime.settings import Settings
 from common.store.jobs import JobStore
 from executor import registry
 from tests.conftest import brook_env
-from tests.e2e.conftest import Cluster, wait_terminal
+from tests.e2e.conftest import JSON, Cluster, wait_terminal
 from tests.support.procs import wait_until
 
 
@@ -52,7 +52,7 @@ BAD_SPECS: list[dict[str, Any]] = [
     {"task": "echo", "max_attempts": 0},
     {"task": "echo", "timeout_s": -1},
     {"task": "echo", "run_at": "not a date"},
-    {"task": "echo", "run_at": "2030-01-01T00:00:00Z", "delay": 5},
+    {"task": "echo", "run_at": "2026-01-01T00:00:00Z", "delay": 5},
     {"task": "echo", "queue": "no spaces allowed"},
     {"task": "echo", "unique_for_s": 60},
     {"task": "echo", "idempotency_key": ""},
@@ -79,7 +79,7 @@ async def test_the_client_and_the_api_reject_the_same_inputs_with_the_same_detai
                 client.submit(**spec)
             assert info.value.detail == resp.json()["detail"], spec
         # JSON has no NaN, but Python's parser reads one: both refuse it the same way.
-        resp = http.post("/jobs", content=b'{"task": "echo", "payload": {"x": NaN}}')
+        resp = http.post("/jobs", content=b'{"task": "echo", "payload": {"x": NaN}}', headers=JSON)
         with pytest.raises(InvalidInput) as info:
             client.submit("echo", {"x": float("nan")})
         assert resp.status_code == 422 and info.value.detail == resp.json()["detail"]

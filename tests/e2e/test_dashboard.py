@@ -50,6 +50,7 @@ def browser() -> Iterator[WebDriver]:
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1200"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP reports land there
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
     try:
         yield driver
@@ -174,6 +175,69 @@ def test_the_job_page_shows_history_payload_result_and_errors(
     browser.refresh()
     wait_for(browser, lambda d: text(d, "#job-status") == "completed")
     assert '"greeting": "hi"' in text(browser, "#job-result")
+
+
+def csp_violations(driver: WebDriver) -> list[str]:
+    return [
+        str(entry.get("message"))
+        for entry in driver.get_log("browser")  # type: ignore[no-untyped-call]
+        if "Content Security Policy" in str(entry.get("message"))
+    ]
+
+
+def test_a_read_only_token_sees_the_dashboard_without_any_action(
+    cluster: Cluster, browser: WebDriver, http: httpx.Client
+) -> None:
+    api(cluster, BROOK_API_TOKEN=TOKEN, BROOK_API_READ_TOKEN="read-only")
+    dispatcher(cluster)
+    http.headers.update(AUTH)
+    running = http.post("/jobs", json={"task": "sleep", "payload": {"seconds": 60}}).json()["id"]
+    failed = http.post("/jobs", json={"task": "fail", "max_attempts": 1}).json()["id"]
+    browser.get(cluster.api_url + "/")
+    wait_for(browser, lambda d: d.find_element(By.ID, "token-dialog").get_attribute("open") is not None)
+    browser.find_element(By.ID, "token-input").send_keys("read-only")
+    browser.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+    row = f"#running tr[data-id='{running}']"
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), timeout=30)
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"#failures li[data-id='{failed}']"))
+    assert not browser.find_elements(By.CSS_SELECTOR, f"{row} button")
+    assert not browser.find_elements(By.CSS_SELECTOR, "#failures button, #queues button")
+    browser.get(f"{cluster.api_url}/#/jobs/{running}")
+    browser.refresh()
+    wait_for(browser, lambda d: text(d, "#job-status") == "running")
+    assert not browser.find_element(By.ID, "job-cancel").is_displayed()
+    browser.get(f"{cluster.api_url}/#/jobs/{failed}")
+    wait_for(browser, lambda d: text(d, "#job-status") == "failed")
+    assert not browser.find_element(By.ID, "job-retry").is_displayed()
+    assert csp_violations(browser) == []
+    assert http.get(f"/jobs/{running}").json()["status"] == "running"
+
+
+def test_the_api_docs_render_offline_from_packaged_assets_under_a_strict_policy(
+    cluster: Cluster, browser: WebDriver, http: httpx.Client
+) -> None:
+    api(cluster)
+    for path in ("/", "/docs", "/redoc"):
+        resp = http.get(path)
+        policy = resp.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy, path
+        assert "unsafe-eval" not in policy and "cdn" not in policy
+        assert resp.headers["x-content-type-options"] == "nosniff"
+        assert resp.headers["x-frame-options"] == "DENY"
+        assert "https://" not in resp.text and "<script>" not in resp.text, path
+    browser.get(cluster.api_url + "/docs")
+    wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".opblock")) > 5, timeout=30)
+    assert "/jobs/{job_id}/cancel" in text(browser, ".swagger-ui")
+    assert csp_violations(browser) == []
+    screenshot(browser, "docs.png")
+    browser.get(cluster.api_url + "/redoc")
+    wait_for(browser, lambda d: "/jobs/{job_id}/cancel" in text(d, "body"), timeout=30)
+    screenshot(browser, "redoc.png")
+    # ReDoc's own logo is on its CDN: the policy keeps it out, and that is all it blocks.
+    assert all("https://cdn.redoc.ly/" in v for v in csp_violations(browser))
+    browser.get(cluster.api_url + "/")
+    wait_for(browser, lambda d: text(d, "#live") == "live")
+    assert csp_violations(browser) == []
 
 
 def test_the_dashboard_shows_each_trigger_its_follower_lag_and_jobs_made_and_pauses_it(

@@ -14,7 +14,7 @@ import httpx
 from common.domain.status import JobStatus
 from common.store.jobs import JobStore
 from common.store.queues import QueueStore
-from tests.e2e.conftest import Cluster
+from tests.e2e.conftest import JSON, Cluster
 from tests.e2e.test_faults import all_logs, submit, wait_all_terminal
 from tests.support.checker import check_history, settled_logs
 from tests.support.limits import attempts, max_overlap, max_starts_in_window, runs
@@ -401,7 +401,7 @@ async def test_put_queue_refuses_bad_input_with_422_and_changes_nothing(
                     raise AssertionError(f"the client accepted {body}")
     for name in ("no spaces", "a" * 65, "-dash-first"):
         assert http.put(f"/queues/{name}", json={"paused": True}).status_code == 422
-    assert http.put("/queues/q", content=b"{not json").status_code == 422
+    assert http.put("/queues/q", content=b"{not json", headers=JSON).status_code == 422
     assert http.put("/queues/q", json={"paused": True, "x": "y" * 1_100_000}).status_code == 413
     assert await QueueStore(store.db).queues.find_one({"_id": "q"}) == before
     assert await QueueStore(store.db).queues.count_documents({}) == 1

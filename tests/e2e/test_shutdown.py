@@ -5,7 +5,9 @@ the roles die with `brook up` even when it is SIGKILLed.
 MongoDB is made unreachable on a dedicated one-member replica set (the shared test set is
 never disturbed) in two ways: *down* (the `mongod` is killed: connections are refused, as
 after `brook mongo down`) before the signal, and *frozen* (SIGSTOP: connections hang, as in
-a network partition) during the grace period.
+a network partition) during the grace period. A second signal's test freezes it only once
+the server has said (`waitForFailPoint`) that the role is inside a command it holds: the
+second signal then surely finds the first shutdown waiting on MongoDB.
 """
 
 from __future__ import annotations
@@ -25,19 +27,27 @@ from typing import Any
 
 import httpx
 import pytest
+from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from brook.replset import ReplicaSet
-from common.domain.models import JobSpec
+from common.domain.models import Doc, JobSpec
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore
 from tests.conftest import extra_port
-from tests.e2e.conftest import Cluster
+from tests.e2e.conftest import Cluster, free_port
+from tests.support.failpoints import hold_commands, wait_until_hit
+from tests.support.metrics import value
 from tests.support.procs import BrookProcess, pid_alive, wait_until
 
 GRACE_S = 2.0
 LIMIT_S = GRACE_S + 5.0  # the contract: every role is gone by then
 AT_ONCE_S = 2.0  # "at once", with room for a loaded two-core machine
+# What a role sends MongoDB during a shutdown (renewals, releases, the change stream,
+# submits). Held long enough for the freeze that follows at once to catch the command on
+# the server; a held command sleeps on after the thaw, holding up the test's clean-up.
+HELD_COMMANDS = ["find", "aggregate", "getMore", "insert", "update", "findAndModify", "delete"]
+HOLD_MS = 5_000
 SECOND_SIGNALS = pytest.mark.parametrize(
     "sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name
 )
@@ -47,7 +57,9 @@ class Mongo1:
     """A one-member replica set the tests may kill or freeze."""
 
     def __init__(self, home: Path) -> None:
-        self.rs = ReplicaSet(home=home, base_port=extra_port("shutdown"), members=1)
+        self.rs = ReplicaSet(
+            home=home, base_port=extra_port("shutdown"), members=1, test_commands=True
+        )
         self.frozen: int | None = None
 
     def down(self) -> None:
@@ -59,12 +71,33 @@ class Mongo1:
         os.kill(pid, signal.SIGSTOP)
         self.frozen = pid
 
+    def hang(self, count: int) -> None:
+        """Once a command is held by the fail point `hold` set (the test fails if none is
+        within 15 s), freeze the member: that command never returns."""
+        with self.direct() as client:
+            wait_until_hit(client, count, timeout=15)
+        self.freeze()
+
+    def hold(self, app_name: str) -> int:
+        """Hold every command of `app_name` (a role's client, `brook-api:PID`) that reads or
+        writes; returns the fail point's count for `hang`."""
+        with self.direct() as client:
+            return hold_commands(client, app_name, HELD_COMMANDS, HOLD_MS, mode="alwaysOn")
+
+    def direct(self) -> MongoClient[Doc]:
+        return MongoClient(
+            f"mongodb://127.0.0.1:{self.rs.ports[0]}/?directConnection=true",
+            serverSelectionTimeoutMS=10000,
+        )
+
     def restore(self) -> None:
         if self.frozen is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.frozen, signal.SIGCONT)
             self.frozen = None
         self.rs.up()
+        with self.direct() as client:  # a fail point outlives a freeze, not a kill
+            client.admin.command("configureFailPoint", "failCommand", mode="off")
 
 
 @pytest.fixture(scope="module")
@@ -171,23 +204,28 @@ async def test_a_dispatcher_cut_off_longer_than_its_lease_stops_the_task_before_
     cluster: Cluster, store: JobStore, outage: Mongo1
 ) -> None:
     """No attempt runs on where another dispatcher may already run the job: a lease that
-    could not be renewed has its worker stopped before it runs out (5 s here), and the job
-    runs again, once, after MongoDB is back."""
-    disp = cluster.dispatcher()
+    could not be renewed has its worker stopped before it runs out (5 s here) by the
+    dispatcher's own clock (self-fencing, logged and counted), and the job runs again,
+    once, after MongoDB is back."""
+    port = free_port()
+    disp = cluster.dispatcher(BROOK_METRICS_PORT=str(port))
     job_id = await running(store, disp, "sleep", seconds=6)
     outage.freeze()
     frozen_at = time.monotonic()
-    lost = disp.wait_for_event(
-        "lease.lost", timeout=15, where=lambda e: e.get("job_id") == job_id
+    fenced = disp.wait_for_event(
+        "lease.self_fenced", timeout=15, where=lambda e: e.get("job_id") == job_id
     )
     waited = time.monotonic() - frozen_at
-    assert "not renewed in time" in lost["reason"]
+    assert "not renewed in time" in fenced["reason"] and fenced["attempt"] == 1
     killed = disp.wait_for_event(
         "worker.killed", timeout=5, where=lambda e: e.get("job_id") == job_id
     )
     assert killed["reason"] == "lease_lost"
     assert_gone([int(killed["pid"])])
     assert waited < 5.0, f"stopped {waited:.1f}s after the freeze, past the lease"
+    assert not disp.events("lease.lost")  # fenced itself; nothing told it the lease was gone
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert value(metrics, "brook_leases_self_fenced_total") == 1
     await back(outage, store)
     # Requeued at expiry by the watchdog, run again, completed once.
     deadline = time.monotonic() + 40
@@ -248,10 +286,10 @@ async def test_a_second_signal_stops_a_dispatcher_at_once(
     disp = cluster.dispatcher(BROOK_SHUTDOWN_GRACE_SECONDS="60")
     await running(store, disp, "sleep", seconds=60)
     workers = worker_pids(disp)
-    outage.freeze()
     disp.signal(sig)
     disp.wait_for_event("dispatcher.stopping", timeout=5)
-    time.sleep(0.3)
+    app = f"brook-dispatcher:{disp.pid}"
+    outage.hang(outage.hold(app))  # its lease renewals wait on MongoDB now
     t0 = time.monotonic()
     disp.signal(sig)
     assert exits_within(disp, t0, AT_ONCE_S) <= AT_ONCE_S
@@ -311,9 +349,10 @@ def test_a_second_signal_stops_an_api_at_once(
     cluster: Cluster, outage: Mongo1, sig: signal.Signals
 ) -> None:
     api = cluster.api(BROOK_SHUTDOWN_GRACE_SECONDS="60")
-    outage.freeze()
+    app = f"brook-api:{api.pid}"
+    held = outage.hold(app)
     request = post_in_background(cluster.api_url)  # keeps the first shutdown waiting
-    time.sleep(0.5)
+    outage.hang(held)  # the request is inside MongoDB now
     api.signal(sig)
     api.wait_for_event("Shutting down", timeout=5)
     time.sleep(0.3)
@@ -394,10 +433,11 @@ async def test_a_second_signal_stops_brook_up_and_its_roles_at_once(
     up = start_up(cluster, BROOK_SHUTDOWN_GRACE_SECONDS="60")
     await running(store, up, "sleep", seconds=60)
     everything = up_processes(up)
-    outage.freeze()
     up.signal(sig)
     up.wait_for_event("up.stopping", timeout=5)
-    time.sleep(0.3)
+    up.wait_for_event("dispatcher.stopping", timeout=5)
+    app = f"brook-dispatcher:{up.events('up.started')[0]['pids']['dispatcher']}"
+    outage.hang(outage.hold(app))  # its dispatcher's renewals wait on MongoDB now
     t0 = time.monotonic()
     up.signal(sig)
     assert exits_within(up, t0, AT_ONCE_S) <= AT_ONCE_S

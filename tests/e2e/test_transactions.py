@@ -23,6 +23,7 @@ from common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_faults import all_logs, submit, wait_all_terminal, worker_pid
 from tests.support.checker import check_history, settled_logs
+from tests.support.failpoints import hold_commands, wait_until_hit
 from tests.support.procs import BrookProcess, pid_alive, wait_until
 
 
@@ -188,20 +189,18 @@ async def test_a_step_down_during_the_commit_leaves_the_completion_and_the_row_o
 ) -> None:
     rs = mongo.replset
     assert rs is not None, "needs the embedded replica set"
-    disp = cluster.dispatcher()
+    disp = cluster.dispatcher(BROOK_CONCURRENCY="1")  # one worker: the app name is known
+    worker = int(disp.wait_for_event("worker.started", timeout=30)["pid"])
     old = rs.primary_index()
     direct: MongoClient[Doc] = MongoClient(f"mongodb://127.0.0.1:{rs.ports[old]}/?directConnection=true")
-    # Every commit waits 2 s on the primary before it runs: step it down meanwhile.
-    direct.admin.command(
-        "configureFailPoint",
-        "failCommand",
-        mode={"times": 1},
-        data={"failCommands": ["commitTransaction"], "blockConnection": True, "blockTimeMS": 2000},
+    # The worker's first commit waits 3 s on the primary before it runs: step it down
+    # meanwhile, once the server says the commit is in that wait.
+    count = hold_commands(
+        direct, f"brook-worker:{worker}", ["commitTransaction"], block_ms=3000, mode={"times": 1}
     )
     try:
         [job_id] = await submit(store, "order", max_attempts=5)
-        disp.wait_for_event("order.written", timeout=20, where=lambda e: e.get("job_id") == job_id)
-        await asyncio.sleep(0.5)  # in the commit's wait
+        wait_until_hit(direct, count, timeout=30)
         with contextlib.suppress(PyMongoError):  # the stepping-down primary hangs up
             direct.admin.command("replSetStepDown", 10, secondaryCatchUpPeriodSecs=5)
     finally:

@@ -17,7 +17,7 @@ from common.runtime.settings import Settings
 from common.store.db import database, make_client
 from common.store.jobs import JobStore, Lease
 from common.store.pipelines import LIVE_PIPELINE
-from ingest.eventids import decode_id
+from ingest.eventids import EventIds
 from ingest.feeds import Feed, FeedOptions
 from ingest.live import EventFilter, Hub, Position, Subscription, Tally
 from ingest.metrics import DepthCache
@@ -70,8 +70,13 @@ async def wait_for(check: Callable[[], bool], timeout: float = 10) -> None:
     raise AssertionError("not within the timeout")
 
 
+IDS = EventIds(b"k" * 32)
+decode_id = IDS.decode
+
+
 def feed(hub: Hub, store: JobStore, *, job_id: str | None = None, idle_s: float = 0.2) -> Feed:
-    return Feed(hub, store, EventFilter(job_id=job_id), FeedOptions(per_job=job_id is not None, idle_s=idle_s))
+    options = FeedOptions(per_job=job_id is not None, idle_s=idle_s)
+    return Feed(hub, store, EventFilter(job_id=job_id), options, IDS)
 
 
 async def run_one(store: JobStore, task: str = "noop", result: Any = None) -> str:
@@ -215,7 +220,7 @@ async def test_a_quiet_stream_moves_its_last_event_id_past_what_it_did_not_match
 ) -> None:
     everything = feed(hub, store).events(None)
     quiet = Feed(
-        hub, store, EventFilter(task="no-such-task"), FeedOptions(per_job=False, idle_s=0.1)
+        hub, store, EventFilter(task="no-such-task"), FeedOptions(per_job=False, idle_s=0.1), IDS
     ).events(None)
     pending = asyncio.ensure_future(take(everything, 3))
     await asyncio.sleep(0.2)

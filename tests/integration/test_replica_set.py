@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -16,24 +17,37 @@ from pymongo import MongoClient
 from pymongo.read_concern import ReadConcern
 
 from brook.replset import ReplicaSet
-from tests.conftest import ROOT, Mongo, extra_port
+from tests.conftest import ROOT, TEST_PORT, Mongo, extra_port
 from tests.support.procs import pid_alive, wait_until
 
 
-def _embedded(mongo: Mongo) -> ReplicaSet:
-    if mongo.replset is None:
-        pytest.fail("this test needs the embedded replica set (unset BROOK_TEST_MONGO_URI)")
-    return mongo.replset
+@pytest.fixture(scope="module")
+def embedded(mongo: Mongo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaSet]:
+    """The shared set when it is the embedded one. Under another backend (a container with
+    BROOK_TEST_DOCKER=1, or BROOK_TEST_MONGO_URI) these tests, which are about the embedded
+    set itself, start one of their own on TEST_PORT + 3..5 (the shared set's neighbours,
+    free when the shared set is elsewhere)."""
+    if mongo.replset is not None:
+        yield mongo.replset
+        return
+    rs = ReplicaSet(
+        home=tmp_path_factory.mktemp("embedded"), base_port=TEST_PORT + 3, test_commands=True
+    )
+    rs.up()
+    try:
+        yield rs
+    finally:
+        rs.down()
 
 
-def test_the_set_has_one_primary_and_two_secondaries(mongo: Mongo) -> None:
-    states = sorted(state for _, state in _embedded(mongo).member_states())
+def test_the_set_has_one_primary_and_two_secondaries(embedded: ReplicaSet) -> None:
+    states = sorted(state for _, state in embedded.member_states())
     assert states == ["PRIMARY", "SECONDARY", "SECONDARY"]
 
 
-def test_a_majority_write_is_readable_from_a_secondary(mongo: Mongo, db_name: str) -> None:
-    rs = _embedded(mongo)
-    client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, w="majority")
+def test_a_majority_write_is_readable_from_a_secondary(embedded: ReplicaSet, db_name: str) -> None:
+    rs = embedded
+    client: MongoClient[dict[str, Any]] = MongoClient(rs.uri, w="majority")
     secondaries: list[MongoClient[dict[str, Any]]] = [
         MongoClient(
             f"mongodb://127.0.0.1:{rs.ports[i]}/?directConnection=true",
@@ -63,11 +77,11 @@ def test_a_majority_write_is_readable_from_a_secondary(mongo: Mongo, db_name: st
 
 
 def test_killing_the_primary_elects_a_new_one_and_the_client_keeps_working(
-    mongo: Mongo, db_name: str
+    embedded: ReplicaSet, db_name: str
 ) -> None:
-    rs = _embedded(mongo)
+    rs = embedded
     client: MongoClient[dict[str, Any]] = MongoClient(
-        mongo.uri, w="majority", serverSelectionTimeoutMS=30000
+        rs.uri, w="majority", serverSelectionTimeoutMS=30000
     )
     try:
         coll = client[db_name]["probe"]

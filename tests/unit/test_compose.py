@@ -106,6 +106,9 @@ def _dockerfile_instructions() -> list[tuple[str, str]]:
 
 def test_compose_file_uses_the_compose_spec_without_a_version_key() -> None:
     assert "version" not in _compose()
+    # `name:` is compose v2 only; COMPOSE_PROJECT_NAME (.env.example) works for 1.29 too.
+    assert "name" not in _compose()
+    assert re.search(r"^COMPOSE_PROJECT_NAME=brook$", ENV_EXAMPLE.read_text(), re.MULTILINE)
 
 
 def test_three_mongo_members_form_replica_set_rs0_with_keyfile_auth() -> None:
@@ -114,7 +117,8 @@ def test_three_mongo_members_form_replica_set_rs0_with_keyfile_auth() -> None:
     assert mongod_services == set(MONGO_SERVICES)
     for name in MONGO_SERVICES:
         svc = services[name]
-        assert str(svc.get("image", "")).startswith("mongo:"), name
+        # The user's default is the official image; `make images` may stand in for it.
+        assert str(svc.get("image", "")) == "${BROOK_MONGO_IMAGE:-mongo:7}", name
         command = _command(svc)
         assert _option(command, "--replSet") == "rs0", name
         assert "--bind_ip_all" in command, name
@@ -210,9 +214,14 @@ def _js(call: list[str]) -> str:
 
 
 def test_init_script_initiates_rs0_with_all_three_members_once(tmp_path: Path) -> None:
-    code, calls = _init(tmp_path, MONGO_ROOT_USER="root", MONGO_ROOT_PASSWORD="pw-never-on-argv")
+    code, calls = _init(
+        tmp_path,
+        MONGO_ROOT_USER="root",
+        MONGO_ROOT_PASSWORD="pw-never-on-argv",
+        MONGO_BROOK_PASSWORD="brook-pw-never-on-argv",
+    )
     assert code == 0
-    pings, initiate = calls[:-1], calls[-1]
+    pings, initiate, user = calls[:-2], calls[-2], calls[-1]
     # Every member answers a ping before anything else happens.
     assert [c[1] for c in pings] == [f"mongodb://{m}/admin?directConnection=true" for m in MEMBERS]
     assert all("ping" in _js(c) for c in pings)
@@ -228,6 +237,12 @@ def test_init_script_initiates_rs0_with_all_three_members_once(tmp_path: Path) -
     # Credentials reach mongosh through its environment, never on a command line.
     assert "process.env.MONGO_ROOT_PASSWORD" in js
     assert not any("pw-never-on-argv" in arg for call in calls for arg in call)
+    # Then Brook's own user, on the primary: a role with readWrite on its database, not root.
+    assert user[1] == "mongodb://" + ",".join(MEMBERS) + "/admin?replicaSet=rs0"
+    js = _js(user)
+    assert "role: 'readWrite', db: brookDb" in js and "'root'" not in js
+    assert "process.env.MONGO_BROOK_PASSWORD" in js
+    assert not any("brook-pw-never-on-argv" in arg for call in calls for arg in call)
 
 
 def test_init_script_stops_without_credentials_or_when_a_member_never_answers(
@@ -236,7 +251,11 @@ def test_init_script_stops_without_credentials_or_when_a_member_never_answers(
     code, calls = _init(tmp_path / "a", MONGO_ROOT_USER="root")
     assert code != 0 and calls == []  # no MONGO_ROOT_PASSWORD: nothing is attempted
     code, calls = _init(
-        tmp_path / "b", members_answer=False, MONGO_ROOT_USER="root", MONGO_ROOT_PASSWORD="pw"
+        tmp_path / "b",
+        members_answer=False,
+        MONGO_ROOT_USER="root",
+        MONGO_ROOT_PASSWORD="pw",
+        MONGO_BROOK_PASSWORD="pw2",
     )
     assert code != 0
     assert len(calls) == 1 and not any("rs.initiate" in _js(c) for c in calls)
@@ -287,7 +306,10 @@ def test_api_listens_on_all_interfaces_publishes_8000_and_checks_healthz() -> No
     api = _services()["api"]
     assert _environment(api).get("BROOK_API_HOST") == "0.0.0.0"
     ports = [str(p.get("target")) if isinstance(p, dict) else str(p) for p in api["ports"]]
-    assert any(p == "8000" or p.endswith(":8000") for p in ports)
+    # Published on the host's loopback unless BROOK_API_PUBLISHED_HOST says otherwise.
+    assert ports == [
+        "${BROOK_API_PUBLISHED_HOST:-127.0.0.1}:${BROOK_API_PUBLISHED_PORT:-8000}:8000"
+    ]
     test = api["healthcheck"]["test"]
     text = " ".join(test) if isinstance(test, list) else str(test)
     assert "/healthz" in text and "urllib" in text
@@ -328,7 +350,8 @@ def test_compose_file_contains_no_literal_password_assignment() -> None:
 
 def test_env_example_documents_every_required_variable_without_values() -> None:
     required = set(re.findall(r"\$\{(\w+):?\?", COMPOSE.read_text(encoding="utf-8")))
-    assert {"MONGO_ROOT_USER", "MONGO_ROOT_PASSWORD"} <= required
+    assert {"MONGO_ROOT_USER", "MONGO_ROOT_PASSWORD", "MONGO_BROOK_PASSWORD"} <= required
+    assert "BROOK_API_TOKEN" in required  # the API is never published without a token
     example = ENV_EXAMPLE.read_text(encoding="utf-8")
     for var in required:
         assert re.search(rf"^#?\s*{var}=", example, re.MULTILINE), f"{var} not in .env.example"
@@ -341,7 +364,9 @@ def test_env_example_documents_every_required_variable_without_values() -> None:
 def test_dockerfile_installs_the_project_and_does_not_run_as_root() -> None:
     instructions = _dockerfile_instructions()
     bases = [args for kw, args in instructions if kw == "FROM"]
-    assert bases and bases[-1].startswith("python:3.11"), bases
+    assert bases == ["${BASE_IMAGE}"], bases
+    args = [args for kw, args in instructions if kw == "ARG"]
+    assert "BASE_IMAGE=python:3.11-slim" in args  # what a user with Docker Hub pulls
     runs = [args for kw, args in instructions if kw == "RUN"]
     assert any(re.search(r"pip install(?: [-\w=]+)* \.(?:\s|\[|$)", r) for r in runs), runs
     users = [args for kw, args in instructions if kw == "USER"]

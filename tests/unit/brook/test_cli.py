@@ -1,10 +1,13 @@
-"""The `brook` argument parser: client options follow the API and `common.domain.status`."""
+"""The `brook` argument parser: client options follow the API and `common.domain.status`;
+queue limits as the CLI reads them."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from brook.cli import build_parser
+from brook.cli import build_parser, parse_concurrency, parse_rate
 from common.domain.status import JobStatus
 
 
@@ -23,3 +26,16 @@ def test_ls_refuses_a_status_that_does_not_exist(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["ls", "--status", "bogus"])
     assert info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_the_cli_reads_concurrency_and_rate() -> None:
+    assert parse_concurrency("3") == 3 and parse_concurrency("none") is None
+    assert parse_rate("20/2") == {"limit": 20, "per_seconds": 2.0}
+    assert parse_rate("100/60s") == {"limit": 100, "per_seconds": 60.0}
+    assert parse_rate("None") is None
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_concurrency(bad)
+    for bad in ("20", "x/2", "20/x", "/2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_rate(bad)

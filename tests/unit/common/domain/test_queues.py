@@ -1,21 +1,14 @@
-"""Queue limits without a database: validation, the slot arithmetic on a queue document,
-the gates that keep a waiting queue from busy-looping, the CLI's parsing, and the
-measurements the end-to-end tests rely on."""
+"""Queue limits without a database: validation, the slot arithmetic on a queue document."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from brook.cli import parse_concurrency, parse_rate
 from common.domain.errors import InvalidInput
 from common.domain.queues import QueueDoc, QueueSlot, slot_usage, validate_queue_update
-from dispatcher.limits import Gates
-from tests.support.limits import Attempt, attempts, max_overlap, max_starts_in_window
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -124,75 +117,3 @@ def test_slot_usage_counts_the_slots_in_use_and_names_the_rest() -> None:
     }
     in_use, dead = slot_usage(doc, jobs, at(10))
     assert in_use == 3 and [s.job for s in dead] == ["b", "f"]
-
-
-async def test_a_closed_queue_opens_on_news_and_a_claim_that_raced_news_does_not_close_it() -> None:
-    class Clock:
-        def now(self) -> float:
-            return 1000.0
-
-    opened: list[str] = []
-    gates = Gates(Clock(), opened.append)
-    gen = gates.generation("q")
-    gates.open("q")  # a slot freed while the claim was looking
-    assert not gates.close("q", "full", None, gen) and gates.is_open("q")
-    assert gates.close("q", "full", None, gates.generation("q")) and not gates.is_open("q")
-    gates.open_waiting(("rate",))
-    assert not gates.is_open("q")  # only full queues were asked to try again
-    gates.open_waiting()
-    assert gates.is_open("q") and opened == ["q"]
-    assert gates.close("q", "rate", 1000.05, gates.generation("q"))
-    assert gates.closed() == {"q"}
-    await asyncio.sleep(0.2)  # the window moved: the timer opened it
-    assert gates.is_open("q") and opened == ["q", "q"]
-
-
-def test_the_cli_reads_concurrency_and_rate() -> None:
-    assert parse_concurrency("3") == 3 and parse_concurrency("none") is None
-    assert parse_rate("20/2") == {"limit": 20, "per_seconds": 2.0}
-    assert parse_rate("100/60s") == {"limit": 100, "per_seconds": 60.0}
-    assert parse_rate("None") is None
-    for bad in ("0", "-1", "x"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            parse_concurrency(bad)
-    for bad in ("20", "x/2", "20/x", "/2"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            parse_rate(bad)
-
-
-def test_attempts_and_overlap_come_from_the_history() -> None:
-    docs = [
-        {
-            "_id": "a",
-            "history": [
-                {"status": "pending", "at": at(0), "attempt": 0},
-                {"status": "running", "at": at(1), "attempt": 1},
-                {"status": "pending", "at": at(3), "attempt": 1},  # a lease expiry
-                {"status": "running", "at": at(4), "attempt": 2},
-                {"status": "completed", "at": at(5), "attempt": 2},
-            ],
-        },
-        {
-            "_id": "b",
-            "history": [
-                {"status": "pending", "at": at(0), "attempt": 0},
-                {"status": "running", "at": at(3), "attempt": 1},  # starts as a's first ends
-            ],
-        },
-    ]
-    spans = attempts(docs)
-    assert spans == [
-        Attempt("a", 1, at(1), at(3)),
-        Attempt("a", 2, at(4), at(5)),
-        Attempt("b", 1, at(3), None),
-    ]
-    assert max_overlap(spans) == 2  # b (still running) with a's second attempt
-    assert max_overlap(spans[:1] + spans[2:]) == 1  # half-open: 3 is not shared
-
-
-def test_starts_in_a_window_are_counted_half_open() -> None:
-    starts = [at(0), at(0.5), at(1.0), at(2.0), at(2.1)]
-    assert max_starts_in_window(starts, 2.0) == 4  # [0.5, 2.5); [0, 2) holds only 3
-    assert max_starts_in_window(starts[:4], 2.0) == 3  # 2.0 is not in [0, 2)
-    assert max_starts_in_window(starts, 2.2) == 5
-    assert max_starts_in_window([], 1.0) == 0

@@ -8,7 +8,6 @@ import pytest
 
 from common.domain.errors import InvalidInput
 from common.domain.models import JobSpec
-from common.domain.status import ACTIVE, TERMINAL, TRANSITIONS, JobStatus
 from common.domain.validation import validate_batch, validate_spec
 from common.domain.workflows import (
     external_parents,
@@ -104,12 +103,3 @@ def test_a_long_chain_and_a_wide_fan_in_have_no_cycle_and_no_recursion_limit() -
 def test_more_than_1000_parents_are_refused() -> None:
     [error] = refused({"depends_on": [str(i) for i in range(1001)]})
     assert error["loc"] == ["jobs", 0, "depends_on"]
-
-
-def test_waiting_is_an_active_status_that_leads_only_to_pending_or_cancelled() -> None:
-    assert JobStatus.WAITING in ACTIVE and JobStatus.WAITING not in TERMINAL
-    assert {dst for src, dst in TRANSITIONS if src == JobStatus.WAITING} == {
-        JobStatus.PENDING,
-        JobStatus.CANCELLED,
-    }
-    assert not any(dst == JobStatus.WAITING for _, dst in TRANSITIONS)  # a job starts there

@@ -1,17 +1,13 @@
-"""Cron ticks: field counts, seconds, time zones and DST, and the schedule declaration."""
+"""Cron ticks: field counts, seconds, time zones and DST."""
 
 from __future__ import annotations
 
 import itertools
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo
 
 import pytest
 
 from common.domain.cron import latest_tick, next_tick, parse_cron
-from common.domain.errors import ConfigError
-from common.domain.schedules import Schedule, ScheduleState, tick_key
-from executor.schedules import declared_schedules, schedule
 
 PARIS = "Europe/Paris"
 
@@ -27,9 +23,6 @@ def ticks(expr: str, tz: str, start: datetime, end: datetime) -> list[datetime]:
     while (t := next_tick(expr, tz, t)) <= end:
         out.append(t)
     return out
-
-
-# -- expressions -------------------------------------------------------------------------------
 
 
 def test_five_fields_are_minute_hour_day_month_weekday() -> None:
@@ -77,11 +70,6 @@ def test_an_expression_is_normalised() -> None:
     assert parse_cron("  */5   * * * * ") == "*/5 * * * *"
 
 
-# -- DST ---------------------------------------------------------------------------------------
-# Europe/Paris, 2025: clocks go 02:00 CET → 03:00 CEST on 30 March, and 03:00 CEST → 02:00
-# CET on 26 October.
-
-
 def test_a_fixed_time_skipped_by_spring_forward_runs_once_right_after_the_gap() -> None:
     got = ticks("30 2 * * *", PARIS, utc(2025, 3, 28, 12), utc(2025, 4, 1, 12))
     assert got == [
@@ -127,67 +115,3 @@ def test_latest_tick_names_the_same_instants_as_next_tick_across_dst(expr: str) 
             assert latest_tick(expr, PARIS, t) == t
             following = next_tick(expr, PARIS, t)
             assert latest_tick(expr, PARIS, following - timedelta(seconds=1)) == t
-
-
-def test_a_tick_key_names_the_schedule_and_the_instant_in_utc() -> None:
-    paris = utc(2025, 3, 30, 1).astimezone(ZoneInfo(PARIS))
-    assert tick_key("nightly", paris) == "schedule:nightly:2025-03-30T01:00:00+00:00"
-
-
-# -- declaration -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "reason"),
-    [
-        ({"tz": "Mars/Olympus"}, "unknown time zone"),
-        ({"catch_up": "all"}, "catch_up must be one of latest, none"),
-        ({"name": "has space"}, "a name is"),
-        ({"payload": {"$where": 1}}, "must be strings that do not start with"),
-        ({"payload": [1]}, "payload must be a dict"),
-        ({"cron": "* * *"}, "3 fields"),
-    ],
-)
-def test_a_bad_declaration_fails_naming_the_schedule(
-    kwargs: dict[str, object], reason: str
-) -> None:
-    args: dict[str, object] = {"name": "s1", "cron": "* * * * *", "task": "noop"} | kwargs
-    name, cron = args.pop("name"), args.pop("cron")
-    with pytest.raises(ValueError, match=reason) as info:
-        Schedule.declare(name, cron, **args)  # type: ignore[arg-type]
-    assert str(info.value).startswith(f"schedule {name!r}: ")
-
-
-def test_a_schedule_naming_an_unknown_task_is_one_config_error_line() -> None:
-    schedule("unit-unknown-task", "* * * * *", task="no-such-task")
-    try:
-        with pytest.raises(ConfigError) as info:
-            declared_schedules({"noop", "echo"})
-        message = str(info.value)
-        assert message == (
-            "schedule 'unit-unknown-task' names unknown task 'no-such-task'; "
-            "known tasks: echo, noop"
-        )
-    finally:
-        from executor import schedules as registry
-
-        registry._SCHEDULES.pop("unit-unknown-task")
-
-
-def test_declaring_the_same_name_twice_differently_is_refused() -> None:
-    schedule("unit-twice", "* * * * *", task="noop")
-    try:
-        schedule("unit-twice", "* * * * *", task="noop")  # the same again: a re-import
-        with pytest.raises(ValueError, match="already declared"):
-            schedule("unit-twice", "0 * * * *", task="noop")
-    finally:
-        from executor import schedules as registry
-
-        registry._SCHEDULES.pop("unit-twice")
-
-
-def test_a_paused_schedule_has_no_next_run() -> None:
-    doc = {"_id": "s", "cron": "* * * * * *", "task": "noop", "tz": "UTC", "paused": False}
-    now = utc(2025, 1, 1)
-    assert ScheduleState.from_doc(doc).to_api(now)["next_run"] == utc(2025, 1, 1, 0, 0, 1)
-    assert ScheduleState.from_doc(doc | {"paused": True}).to_api(now)["next_run"] is None

@@ -1,16 +1,13 @@
-"""Progress in the worker (checked, coalesced) and in the CLI (lines when not a terminal)."""
+"""Progress in the worker: checked, coalesced, and held while the task's transaction is open."""
 
 from __future__ import annotations
 
-import io
 import math
 import threading
 import time
-from typing import Any
 
 import pytest
 
-from brook.job_view import LineView, describe, job_view
 from common.protocol.runner import ProgressReport, RunJob
 from executor.progress import ProgressReporter, check_progress
 from tests.support.procs import wait_until
@@ -102,30 +99,26 @@ def test_a_report_from_another_thread_is_sent_too() -> None:
     assert sent.fractions() == [0.3]
 
 
-def test_the_cli_describes_a_job_in_one_line() -> None:
-    job: dict[str, Any] = {"id": "j1", "status": "running", "progress": None}
-    assert describe(job) == "j1 running"
-    job["progress"] = {"fraction": 0.4, "message": "step 4/10"}
-    assert describe(job) == "j1 running 40% step 4/10"
+def test_progress_is_held_while_a_transaction_is_open_and_goes_with_the_completion() -> None:
+    sent: list[ProgressReport] = []
+    job = RunJob(job_id="j", attempt=3, task="t", payload={})
+    reporter = ProgressReporter(sent.append, job, interval=0.0)
+    reporter.report(0.1)
+    assert [r.fraction for r in sent] == [0.1]
+    reporter.hold()
+    reporter.report(0.5, "half")
+    reporter.report(0.7, "more")
+    assert [r.fraction for r in sent] == [0.1]
+    assert reporter.take_last() == {"fraction": 0.7, "message": "more", "attempt": 3}
+    reporter.close()
+    assert [r.fraction for r in sent] == [0.1]
 
 
-def test_off_a_terminal_the_cli_prints_a_line_per_change() -> None:
-    out = io.StringIO()
-    view = job_view(out)
-    assert isinstance(view, LineView)
-    jobs: list[dict[str, Any]] = [
-        {"id": "j1", "status": "pending"},
-        {"id": "j1", "status": "running"},
-        {"id": "j1", "status": "running"},
-        {"id": "j1", "status": "running", "progress": {"fraction": 0.5, "message": None}},
-        {"id": "j1", "status": "completed", "progress": {"fraction": 1, "message": "done"}},
-    ]
-    for job in jobs:
-        view.update(job)
-    view.close()
-    assert out.getvalue().splitlines() == [
-        "j1 pending",
-        "j1 running",
-        "j1 running 50%",
-        "j1 completed 100% done",
-    ]
+def test_held_progress_is_sent_when_the_transaction_ends_without_the_completion() -> None:
+    sent: list[ProgressReport] = []
+    reporter = ProgressReporter(sent.append, RunJob(job_id="j", attempt=1, task="t", payload={}))
+    reporter.hold()
+    reporter.report(0.4)
+    reporter.release()
+    assert [r.fraction for r in sent] == [0.4]
+    reporter.close()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ingest.metrics import DepthCache
+from common.runtime.metrics import MAX_QUEUE_LABELS, queue_label
+from ingest.metrics import DepthCache, fold_queues
 
 
 class SlowStore:
@@ -81,3 +82,16 @@ async def test_figures_older_than_two_intervals_are_waited_for() -> None:
     now[0] = 2.5
     assert (await counts.get())["default"]["pending"] == 2  # older: a fresh count
     counts.close()
+
+
+def test_queue_labels_are_capped_and_the_rest_folded_into_other() -> None:
+    depth = {f"q{i:03}": {"pending": i} for i in range(200)}
+    depth["default"] = {"pending": 1}
+    folded = fold_queues(depth)
+    assert len(folded) == MAX_QUEUE_LABELS
+    assert "default" in folded and "q199" in folded and "q000" not in folded
+    assert sum(c["pending"] for c in folded.values()) == sum(c["pending"] for c in depth.values())
+    assert fold_queues({"default": {"pending": 1}}) == {"default": {"pending": 1}}
+    labels = {queue_label(f"dispatcher-q{i}") for i in range(200)}
+    assert len(labels) <= MAX_QUEUE_LABELS and "other" in labels
+    assert queue_label("default") == "default"
