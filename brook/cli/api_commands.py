@@ -232,9 +232,11 @@ def cmd_triggers(settings: Settings, args: argparse.Namespace) -> int:
         lag = "-" if t["lag_s"] is None else f"{t['lag_s']:.1f}s"
         lost = f"  history_lost={t['history_lost']}" if t["history_lost"] else ""
         print(
-            f"{t['name']:<20}  {t['collection']:<16}  {t['task']:<12}  "
-            f"{'paused' if t['paused'] else 'active':<6}  follower={t['follower'] or '-'}  "
-            f"lag={lag}  jobs={t['jobs_made']}{lost}"
+            safe(
+                f"{t['name']:<20}  {t['collection']:<16}  {t['task']:<12}  "
+                f"{'paused' if t['paused'] else 'active':<6}  follower={t['follower'] or '-'}  "
+                f"lag={lag}  jobs={t['jobs_made']}{lost}"
+            )
         )
     return 0
 
