@@ -1,6 +1,6 @@
 """Brook: an event-driven job engine on MongoDB. One import for everything public::
 
-    from brook import task, schedule, TaskContext, Retry   # in a task module
+    from brook import task, schedule, trigger, TaskContext, Retry   # in a task module
     from brook import Client, AsyncClient                  # in an application
 
 Importing `brook` opens no connection and starts nothing: a `Client` connects when it
@@ -22,6 +22,7 @@ from common.domain.errors import (
     LeaseLost,
     Retry,
     ScheduleNotFound,
+    TriggerNotFound,
     UnknownTask,
     WaitTimeout,
 )
@@ -31,6 +32,7 @@ from common.domain.steps import DuplicateStep, SignalTimeout, StepError
 from executor.context import SyncTaskContext, TaskContext
 from executor.registry import task
 from executor.schedules import schedule
+from executor.triggers import trigger
 
 __all__ = [
     "AsyncClient",
@@ -52,8 +54,10 @@ __all__ = [
     "StepError",
     "SyncTaskContext",
     "TaskContext",
+    "TriggerNotFound",
     "UnknownTask",
     "WaitTimeout",
     "schedule",
     "task",
+    "trigger",
 ]

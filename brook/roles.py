@@ -1,7 +1,8 @@
 """The composition root of the dispatcher role: one client, one worker pool, one dispatcher.
 
 `dispatcher/` knows only the `Runner` protocol; this is where the executor's pool is
-chosen and handed to it, and where the schedules the task modules declared reach it.
+chosen and handed to it, and where the schedules and triggers the task modules declared
+reach it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from common.domain.schedules import Schedule
+from common.domain.triggers import Trigger
 from common.protocol.runner import Runner
+from common.runtime import tracing
 from common.runtime.log import configure_logging
 from common.runtime.log_events import Event, emit
 from common.runtime.metrics import serve_metrics
@@ -26,17 +29,21 @@ from dispatcher.dispatcher import Dispatcher
 from executor.pool import WorkerPool
 from executor.registry import load_tasks
 from executor.schedules import declared_schedules
+from executor.triggers import declared_triggers
 
 # After the dispatcher stopped: how long closing the pool and the client may take.
 CLOSE_S = 1.0
 
 
-def load_dispatcher_tasks(settings: Settings) -> tuple[frozenset[str], tuple[Schedule, ...]]:
-    """Import the task modules: the task names this dispatcher runs (all it claims) and the
-    schedules they declare. A bad BROOK_TASKS or a schedule naming an unknown task raises
-    `ConfigError` before anything starts."""
+def load_dispatcher_tasks(
+    settings: Settings,
+) -> tuple[frozenset[str], tuple[Schedule, ...], tuple[Trigger, ...]]:
+    """Import the task modules: the task names this dispatcher runs (all it claims), and the
+    schedules and triggers they declare. A bad BROOK_TASKS, a schedule or trigger naming an
+    unknown task, or a trigger on a collection Brook uses raises `ConfigError` (one line)
+    before anything starts."""
     tasks = frozenset(load_tasks(settings))
-    return tasks, declared_schedules(set(tasks))
+    return tasks, declared_schedules(set(tasks)), declared_triggers(set(tasks), settings.db)
 
 
 async def serve_dispatcher(
@@ -45,12 +52,13 @@ async def serve_dispatcher(
     tasks: frozenset[str],
     runner: Runner | None = None,
     schedules: Sequence[Schedule] = (),
+    triggers: Sequence[Trigger] = (),
 ) -> None:
     """`tasks`: what the workers run (they import the same modules); all it claims."""
     client = make_client(settings, appname="brook-dispatcher")
     store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
     pool = runner or WorkerPool(settings, settings.worker_slots)
-    dispatcher = Dispatcher(settings, store, pool, tasks, schedules)
+    dispatcher = Dispatcher(settings, store, pool, tasks, schedules, triggers)
     pool.on_free = dispatcher.wake
     pool.on_progress = dispatcher.on_progress
     pool.on_step = dispatcher.on_step
@@ -80,8 +88,9 @@ def exit_now(code: int) -> NoReturn:
 
 def run_dispatcher(settings: Settings) -> int:
     # A configuration error is one line on stderr (exit 2), before any log or process.
-    tasks, schedules = load_dispatcher_tasks(settings)
+    tasks, schedules, triggers = load_dispatcher_tasks(settings)
     configure_logging(settings.log_level, role="dispatcher")
+    tracing.configure("dispatcher")
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -99,7 +108,7 @@ def run_dispatcher(settings: Settings) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
         try:
-            await serve_dispatcher(settings, stop, tasks, schedules=schedules)
+            await serve_dispatcher(settings, stop, tasks, schedules=schedules, triggers=triggers)
         except Exception as exc:
             emit(
                 Event.DISPATCHER_CRASHED,

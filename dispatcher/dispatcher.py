@@ -10,6 +10,8 @@
   watchdog   slow sweep: requeue expired leases, settle the dependents of parents whose
              settler died, claim what no event announced (`leases.py`, `dependents.py`)
   schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
+  triggers   one follower per trigger, holding its lease: a job per matching change in an
+             application's collection, once for the cluster (`triggers.py`)
   presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
 A running task's durable steps come up its worker's pipe and are checkpointed here, fenced
 (`steps.py`); a task that sleeps or waits for a signal ends its run, and its job goes back
@@ -37,8 +39,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pymongo.errors import PyMongoError
+
 from common.domain.models import Job
 from common.domain.schedules import Schedule
+from common.domain.triggers import Trigger
 from common.protocol.runner import (
     KillReason,
     Outcome,
@@ -49,6 +54,7 @@ from common.protocol.runner import (
     StepRecord,
     WorkerSlot,
 )
+from common.runtime import tracing
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import JOB_WAIT
 from common.runtime.settings import Settings
@@ -70,6 +76,7 @@ from dispatcher.schedules import ScheduleRunner
 from dispatcher.start_times import StartMarks
 from dispatcher.steps import StepKeeper
 from dispatcher.stream import StreamFollower, TokenSaver
+from dispatcher.triggers import TriggerRunner
 from dispatcher.wiring import Wiring
 
 # After the grace period: how long stopped jobs may take to be handed back, and the
@@ -89,6 +96,7 @@ class Dispatcher:
         runner: Runner,
         tasks: frozenset[str],
         schedules: Sequence[Schedule] = (),
+        triggers: Sequence[Trigger] = (),
     ) -> None:
         """`tasks`: the task names this dispatcher's workers run; it claims only those."""
         self.settings = settings
@@ -133,6 +141,7 @@ class Dispatcher:
         self.schedules = ScheduleRunner(
             schedules, store, ScheduleStore(store.db), clock, self.owner
         )
+        self.triggers = TriggerRunner(triggers, store, self.owner, settings.lease_seconds)
         self.presence = Presence(wiring)
 
     def _claiming(self, wiring: Wiring) -> tuple[Limits, Claimer]:
@@ -196,6 +205,7 @@ class Dispatcher:
         self.loops.spawn(self.leases.expiries(), "lease-expiries")
         self.loops.spawn(self.leases.watchdog(), "watchdog")
         self.loops.spawn(self.schedules.run(), "schedules")
+        self.loops.spawn(self.triggers.run(), "triggers")
         await workers
         emit(Event.DISPATCHER_READY, owner=self.owner, workers=self.runner.free_slots())
 
@@ -232,7 +242,10 @@ class Dispatcher:
         try:
             async with asyncio.timeout(TOKEN_FLUSH_S):
                 await asyncio.gather(
-                    self.tokens.flush(), self.presence.retire(), return_exceptions=True
+                    self.tokens.flush(),
+                    self.presence.retire(),
+                    self.triggers.release(),
+                    return_exceptions=True,
                 )
         except TimeoutError:
             pass
@@ -352,6 +365,11 @@ class Dispatcher:
             steps=job.step_results(),
             steps_bytes=job.steps_bytes,
             server_offset=self.clock.offset,
+            queue=job.queue,
+            trigger=(job.trigger or {}).get("name"),
+            due_at=max(job.run_at, job.created_at),
+            trace=job.trace,
+            links=await self._parent_traces(job),
         )
         sent = time.monotonic()
         mark = self.starts.arm(lease, sent)
@@ -376,6 +394,16 @@ class Dispatcher:
             self.holdings.drop(job.id)
             self.limits.finished(job.id, over=over)
             self.claimer.slot_freed()
+
+    async def _parent_traces(self, job: Job) -> tuple[dict[str, str], ...]:
+        """The trace contexts of a workflow child's parents, for its run's span links (only
+        while tracing: one read)."""
+        if not job.depends_on or not tracing.active():
+            return ()
+        try:
+            return tuple(await self.store.trace_contexts(job.depends_on))
+        except PyMongoError:
+            return ()  # a span without its links rather than a job held up
 
     def _run_times(self, outcome: Outcome) -> tuple[RunTimes, float]:
         """The task's start and end on the server's clock (as read here), and its run time,

@@ -1,8 +1,8 @@
-"""Worker processes, the task registry and cron schedules (internal).
+"""Worker processes, the task registry, cron schedules and triggers (internal).
 
 Task modules import the public names from `brook`, which re-exports these::
 
-    from brook import Retry, SyncTaskContext, TaskContext, schedule, task
+    from brook import Retry, SyncTaskContext, TaskContext, schedule, task, trigger
 
 `executor` never imports `brook` (it is the floor below), so those names are defined here.
 """
@@ -11,5 +11,6 @@ from common.domain.errors import Retry
 from executor.context import SyncTaskContext, TaskContext
 from executor.registry import task
 from executor.schedules import schedule
+from executor.triggers import trigger
 
-__all__ = ["Retry", "SyncTaskContext", "TaskContext", "schedule", "task"]
+__all__ = ["Retry", "SyncTaskContext", "TaskContext", "schedule", "task", "trigger"]

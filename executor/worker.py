@@ -20,6 +20,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
@@ -28,6 +29,7 @@ import structlog
 
 from common.domain.errors import Retry
 from common.protocol.runner import RunJob, Suspend
+from common.runtime import tracing
 from common.runtime.log import configure_logging
 from common.runtime.log_events import Event, emit
 from common.runtime.settings import Settings
@@ -168,7 +170,51 @@ async def run_one(
     msg: RunJob, settings: Settings, send: Callable[[Any], None] | None = None
 ) -> JobDone:
     """Run one attempt; its progress reports go to `send`, the last one before this returns
-    (or, for a task that opened `ctx.transaction()`, with its completion)."""
+    (or, for a task that opened `ctx.transaction()`, with its completion). When tracing, the
+    run is a span continuing the submitter's trace (after a span of its wait)."""
+    if not tracing.active():
+        return await _run_one(msg, settings, send)
+    with _run_span(msg) as span:
+        done = await _run_one(msg, settings, send)
+        outcome = "completed" if done.ok else "retry" if done.retry_delay is not None else "failed"
+        tracing.set_attribute(span, "brook.outcome", outcome)
+        if done.error is not None:
+            tracing.set_attribute(span, "brook.error.type", done.error.get("type"))
+        return done
+
+
+def _run_span(msg: RunJob) -> Any:
+    """The run's span: a child of the submitter's (the job's stored trace context), linked to
+    the job's workflow parents; and before it, its wait, from the job's due time to now."""
+    now = datetime.now(UTC)
+    if msg.due_at is not None:
+        tracing.record_span(
+            f"brook.wait {msg.task}",
+            start=msg.due_at,
+            end=now,
+            parent=msg.trace,
+            attributes={"brook.job.id": msg.job_id, "brook.queue": msg.queue},
+        )
+    wait_ms = None if msg.due_at is None else round((now - msg.due_at).total_seconds() * 1000, 3)
+    return tracing.span(
+        f"brook.run {msg.task}",
+        kind="CONSUMER",
+        parent=msg.trace,
+        links=msg.links,
+        attributes={
+            "brook.job.id": msg.job_id,
+            "brook.task": msg.task,
+            "brook.queue": msg.queue,
+            "brook.attempt": msg.attempt,
+            "brook.trigger": msg.trigger,
+            "brook.wait_ms": wait_ms,
+        },
+    )
+
+
+async def _run_one(
+    msg: RunJob, settings: Settings, send: Callable[[Any], None] | None = None
+) -> JobDone:
     structlog.contextvars.bind_contextvars(job_id=msg.job_id, attempt=msg.attempt, task=msg.task)
     reporter = ProgressReporter(send, msg) if send is not None else None
     tx = AttemptTransaction(msg, settings, send, reporter)
@@ -274,6 +320,7 @@ async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
     # Ctrl-C reaches the whole process group; the parent decides what happens to a job.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(settings.log_level, role="worker")
+    tracing.configure("worker")
     structlog.contextvars.bind_contextvars(worker=name)
     load_tasks(settings)
     lock = threading.Lock()
@@ -288,8 +335,10 @@ async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
         try:
             msg = await _recv(conn)
         except (EOFError, OSError):
+            tracing.flush()
             return  # the parent closed the pipe: nothing to do but leave
         if msg == STOP:
+            tracing.flush()
             return
         done = await _run_listening(conn, msg, settings, send)
         try:

@@ -1,5 +1,5 @@
 """The HTTP API: submit (one or a batch), read, list, cancel and retry jobs; queues;
-schedules; signals; live events and the dashboard; health, readiness and metrics.
+schedules; signals; triggers; live events and the dashboard; health, readiness and metrics.
 
 `create_app` only wires the parts together: the typed state (`ingest.state`, built by the
 lifespan, which also runs the live-event hub), the dependencies that reach it
@@ -18,6 +18,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
+from common.runtime import tracing
 from common.runtime.settings import Settings, check_exposure
 from common.runtime.supervision import spawn_logged
 from ingest.deps import require_token
@@ -25,7 +26,17 @@ from ingest.errors import install_error_handlers
 from ingest.guard import Guard
 from ingest.metrics import ApiMetrics, RequestCounter
 from ingest.openapi import install_openapi
-from ingest.routes import dashboard, docs, events, jobs, ops, queues, schedules, signals
+from ingest.routes import (
+    dashboard,
+    docs,
+    events,
+    jobs,
+    ops,
+    queues,
+    schedules,
+    signals,
+    triggers,
+)
 from ingest.state import open_state
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -91,6 +102,7 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     app.include_router(queues.router, dependencies=protected)
     app.include_router(schedules.router, dependencies=protected)
     app.include_router(signals.router, dependencies=protected)
+    app.include_router(triggers.router, dependencies=protected)
     app.include_router(events.router, dependencies=protected)
     app.include_router(ops.probes)
     app.include_router(ops.router, dependencies=protected)
@@ -98,4 +110,5 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     app.include_router(docs.assets)
     app.include_router(dashboard.pages)  # the page itself asks for the token, then sends it
     app.include_router(dashboard.router, dependencies=protected)
+    tracing.instrument_fastapi(app)  # when tracing: a server span per request
     return app

@@ -1,5 +1,6 @@
 """The commands that talk to a running API over HTTP: submit, status, ls, watch, cancel,
-retry, signal, schedules and queue. Any failure exits with one line on stderr (`die`)."""
+retry, signal, schedules, triggers and queue. Any failure exits with one line on stderr
+(`die`)."""
 
 from __future__ import annotations
 
@@ -224,6 +225,31 @@ def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
                 f"{s['name']:<20}  {s['cron']:<16}  {s['tz']:<16}  {s['task']:<12}  "
                 f"{'paused' if s['paused'] else 'active':<6}  next={s['next_run'] or '-'}  "
                 f"last_job={s['last_job_id'] or '-'}"
+            )
+        )
+    return 0
+
+
+def cmd_triggers(settings: Settings, args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
+    if args.action != "ls":
+        if not args.name:
+            die(f"brook triggers {args.action} needs a trigger NAME", 2)
+        path = f"/triggers/{quote(args.name, safe='')}/{args.action}"
+        print_json(call_api(settings, "POST", path))
+        return 0
+    triggers = call_api(settings, "GET", "/triggers")["triggers"]
+    if not triggers:
+        print("# no triggers (a dispatcher declares them when it starts)", file=sys.stderr)
+    for t in triggers:
+        lag = "-" if t["lag_s"] is None else f"{t['lag_s']:.1f}s"
+        lost = f"  history_lost={t['history_lost']}" if t["history_lost"] else ""
+        print(
+            safe(
+                f"{t['name']:<20}  {t['collection']:<16}  {t['task']:<12}  "
+                f"{'paused' if t['paused'] else 'active':<6}  follower={t['follower'] or '-'}  "
+                f"lag={lag}  jobs={t['jobs_made']}{lost}"
             )
         )
     return 0

@@ -19,6 +19,7 @@ from brook.cli.api_commands import (
     cmd_signal,
     cmd_status,
     cmd_submit,
+    cmd_triggers,
     cmd_watch,
 )
 from brook.cli.output import JsonObject, die
@@ -170,6 +171,10 @@ def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sg.add_argument("key", metavar="KEY")
     sg.add_argument("--payload", default="null", help="any JSON value (default: null)")
     sg.set_defaults(fn=cmd_signal)
+    tr = sub.add_parser("triggers", help="list change-stream triggers, or pause / resume one")
+    tr.add_argument("action", nargs="?", choices=["ls", "pause", "resume"], default="ls")
+    tr.add_argument("name", nargs="?", metavar="NAME")
+    tr.set_defaults(fn=cmd_triggers)
     r = sub.add_parser("retry", help="retry a failed or cancelled job")
     r.add_argument("id")
     r.set_defaults(fn=cmd_retry)

@@ -28,6 +28,9 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
             super().handle_exit(sig, frame)
 
     configure_logging(settings.log_level, role="api")
+    from common.runtime import tracing
+
+    tracing.configure("api")
     app = create_app(settings, set(load_tasks(settings)))
     config = uvicorn.Config(
         app,

@@ -73,3 +73,7 @@ class EmbeddedMongoError(BrookError):
 
 class ScheduleNotFound(BrookError):
     """No schedule has that name (no dispatcher has declared it)."""
+
+
+class TriggerNotFound(BrookError):
+    """No trigger has that name (no dispatcher has declared it)."""

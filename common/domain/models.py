@@ -38,6 +38,10 @@ class JobSpec:
     idempotency_key: str | None = None
     # {"name", "tick"} for a job a cron schedule submitted (its key names both).
     schedule: dict[str, Any] | None = None
+    # {"name", "change_id", "operation"} for a job a trigger made from a change.
+    trigger: dict[str, Any] | None = None
+    # The submitter's W3C trace context (`traceparent`, `tracestate`) when it traced.
+    trace: dict[str, str] | None = None
     unique_for_s: float | None = None  # how long `idempotency_key` returns this job
     retention_s: float | None = None  # None: the deployment's BROOK_RETENTION_SECONDS
     # Workflows: the jobs (ids, or refs of specs in the same batch) that must end first.
@@ -72,6 +76,8 @@ class Job:
     cancel_requested: bool
     history: list[dict[str, Any]]
     schedule: dict[str, Any] | None = None  # {"name", "tick"}
+    trigger: dict[str, Any] | None = None  # {"name", "change_id", "operation"}
+    trace: dict[str, str] | None = None  # the submitter's W3C trace context
     progress: dict[str, Any] | None = None  # {"fraction", "message", "at", "attempt"}
     history_truncated: int  # entries dropped from the middle of `history` by its cap
     depends_on: list[str] = field(default_factory=list)  # parent job ids
@@ -131,6 +137,8 @@ class Job:
             cancel_requested=bool(doc.get("cancel_requested", False)),
             history=list(doc.get("history") or []),
             schedule=doc.get("schedule"),
+            trigger=doc.get("trigger"),
+            trace=doc.get("trace"),
             progress=doc.get("progress"),
             history_truncated=int(doc.get("history_truncated", 0)),
             depends_on=list(doc.get("depends_on") or []),
@@ -170,6 +178,8 @@ class Job:
             "lease_expires_at": self.lease_expires_at,
             "history": self.history,
             "schedule": self.schedule,
+            "trigger": self.trigger,
+            "trace": self.trace,
             "progress": self.progress,
             "history_truncated": self.history_truncated,
             "depends_on": self.depends_on,

@@ -27,6 +27,7 @@ from pydantic import (
 from common.domain.errors import ErrorDetail, InvalidInput
 from common.domain.models import DEFAULT_QUEUE, QUEUE_NAME, JobSpec, whole_ms
 from common.domain.schedules import TICK_KEY_PREFIX
+from common.domain.triggers import TRIGGER_KEY_PREFIX
 from common.domain.workflows import MAX_PARENTS, check_graph
 
 MAX_DEPTH = 32
@@ -103,6 +104,8 @@ class SubmitJob(BaseModel):
         # The keys of cron ticks' jobs: a client may not forge one and take a tick's place.
         if value is not None and value.startswith(TICK_KEY_PREFIX):
             raise ValueError(f"keys starting with {TICK_KEY_PREFIX!r} belong to schedules")
+        if value is not None and value.startswith(TRIGGER_KEY_PREFIX):
+            raise ValueError(f"keys starting with {TRIGGER_KEY_PREFIX!r} belong to triggers")
         return value
 
     @field_validator("depends_on")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +34,7 @@ from common.domain.validation import validate_batch, validate_spec
 from common.domain.workflows import external_parents, unknown_parents_detail
 from common.operations.dependents import recheck, settle
 from common.operations.task_directory import TaskDirectory
+from common.runtime import tracing
 from common.runtime.backoff import Backoff
 from common.runtime.log_events import Event, emit, job_fields, requested_by
 from common.runtime.settings import WEEK_S
@@ -122,6 +123,29 @@ def _from_python(spec: object) -> object:
 OnStaged = Callable[["TxSession", Sequence[Submitted]], None]
 
 
+def _stamped(specs: Sequence[JobSpec]) -> list[JobSpec]:
+    """`specs` carrying the current span's trace context (when tracing), so each job's run
+    continues this trace."""
+    carrier = tracing.inject()
+    if carrier is None:
+        return list(specs)
+    return [s if s.trace is not None else replace(s, trace=carrier) for s in specs]
+
+
+def _submit_span(specs: Sequence[JobSpec]) -> Any:
+    """The submit's span (when tracing): the jobs' runs are its children."""
+    tasks = sorted({s.task for s in specs})
+    return tracing.span(
+        f"brook.submit {tasks[0] if len(tasks) == 1 else 'batch'}",
+        kind="PRODUCER",
+        attributes={
+            "brook.task": ",".join(tasks),
+            "brook.queue": ",".join(sorted({s.queue for s in specs})),
+            "brook.jobs": len(specs),
+        },
+    )
+
+
 class Submitting:
     """`submit` and `submit_many`, written once for every kind of client. Without `session`,
     Brook's own majority writes store the jobs (`submit_spec`, `submit_specs`); with one,
@@ -204,7 +228,8 @@ class Submitting:
         ops = self._session_ops(session)
         await self._directory.check(specs, batch=batch)
         await self._ensure_indexes()
-        staged = await stage_jobs(ops, specs)
+        with _submit_span(specs):
+            staged = await stage_jobs(ops, _stamped(specs))
         if self.on_staged is not None:
             self.on_staged(session, staged)
         return staged
@@ -248,8 +273,10 @@ class ClientCore(Submitting):
     async def _ensure_indexes(self) -> None:
         """Before this client's first write: the unique index that makes idempotency keys
         race-free must exist even if no API or dispatcher ever started (once per client)."""
-        failed = self._indexed is not None and self._indexed.done() and (
-            self._indexed.cancelled() or self._indexed.exception() is not None
+        failed = (
+            self._indexed is not None
+            and self._indexed.done()
+            and (self._indexed.cancelled() or self._indexed.exception() is not None)
         )
         if self._indexed is None or failed:
             self._indexed = asyncio.ensure_future(self._store.ensure_indexes())
@@ -269,7 +296,9 @@ class ClientCore(Submitting):
             return submitted
         await self._directory.check([spec], batch=False)
         await self._ensure_indexes()
-        submitted = await self._submit_one(spec)
+        with _submit_span([spec]) as current:
+            submitted = await self._submit_one(_stamped([spec])[0])
+            tracing.set_attribute(current, "brook.job.id", submitted.job.id)
         log_submitted(submitted)
         return submitted
 
@@ -281,7 +310,10 @@ class ClientCore(Submitting):
         if missing:
             raise InvalidInput(unknown_parents_detail(specs, missing, batch=batch))
         await self._ensure_indexes()
-        out = await self._store.submit_many(specs)
+        with _submit_span(specs) as current:
+            out = await self._store.submit_many(_stamped(specs))
+            if len(out) == 1:
+                tracing.set_attribute(current, "brook.job.id", out[0].job.id)
         for submitted in out:
             log_submitted(submitted)
         if any(spec.depends_on for spec in specs):
@@ -453,7 +485,6 @@ class ClientCore(Submitting):
                 await asyncio.sleep(backoff.next())  # failover: open again, read again
 
 
-
 class BlockingSessions(Submitting):
     """`submit` and `submit_many` with a blocking session (a `ClientSession` of an
     application's `MongoClient`, or of a plain `def` task's): the very code of the async
@@ -478,6 +509,7 @@ class BlockingSessions(Submitting):
 
     async def _ensure_indexes(self) -> None:
         await self._jobs.ensure_indexes()
+
 
 def _emit(event: Event, job: Job, **fields: Any) -> None:
     # Brook's own processes configure logging; a program using the client logs Brook's

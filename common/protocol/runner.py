@@ -37,6 +37,13 @@ class RunJob:
     # The dispatcher holding the lease: a task's own transaction (`ctx.transaction()`)
     # writes the completion itself, fenced by attempt and this owner.
     owner: str = ""
+    # For its spans (`common.runtime.tracing`): where it ran, why it exists, and since when
+    # it waited; the submitter's trace context, and those of its workflow parents.
+    queue: str = "default"
+    trigger: str | None = None
+    due_at: datetime | None = None
+    trace: dict[str, str] | None = None
+    links: tuple[dict[str, str], ...] = ()
     # The job's recorded steps (name → result), replayed instead of run again.
     steps: dict[str, Any] = field(default_factory=dict)
     steps_bytes: int = 0  # their size as stored

@@ -47,6 +47,16 @@ class Event(StrEnum):
     SCHEDULE_MISSED = "schedule.missed"  # ticks passed while no dispatcher ran (catch_up)
     SCHEDULE_PAUSED = "schedule.paused"
     SCHEDULE_RESUMED = "schedule.resumed"
+    TRIGGER_DECLARED = "trigger.declared"
+    TRIGGER_FOLLOWING = "trigger.following"  # this dispatcher took the trigger's lease
+    TRIGGER_OPENED = "trigger.opened"  # its change stream, from its token or start time
+    TRIGGER_HISTORY_LOST = "trigger.history_lost"  # the oplog no longer held its token
+    TRIGGER_INVALIDATED = "trigger.invalidated"  # its collection was dropped or renamed
+    TRIGGER_LEASE_LOST = "trigger.lease_lost"  # another follower holds it now
+    TRIGGER_RELEASED = "trigger.released"  # given up at shutdown: another takes over at once
+    TRIGGER_ERROR = "trigger.error"
+    TRIGGER_PAUSED = "trigger.paused"
+    TRIGGER_RESUMED = "trigger.resumed"
     QUEUE_UPDATED = "queue.updated"  # a queue's limits were set (API, client)
     QUEUE_PAUSED = "queue.paused"
     QUEUE_RESUMED = "queue.resumed"
@@ -71,6 +81,7 @@ class Event(StrEnum):
     API_STARTED = "api.started"
     SSE_CLIENT_DROPPED = "sse.client_dropped"  # fell too far behind; it resumes by Last-Event-ID
     SSE_RESET = "sse.reset"  # a client's Last-Event-ID is older than the oplog: told so
+    TRACING_UNAVAILABLE = "tracing.unavailable"  # OTEL_* asks for traces; the extra is missing
     METRICS_LISTENING = "metrics.listening"
     METRICS_UNAVAILABLE = "metrics.unavailable"
     MONGO_UNAVAILABLE = "mongo.unavailable"

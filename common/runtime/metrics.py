@@ -70,6 +70,17 @@ STREAM_HISTORY_LOST = Counter(
     ["stream"],
 )
 
+TRIGGER_JOBS = Counter(
+    "brook_trigger_jobs",
+    "Jobs this dispatcher's trigger followers made from changes (new ones, not replays).",
+    ["trigger"],
+)
+TRIGGER_HISTORY_LOST = Counter(
+    "brook_trigger_history_lost",
+    "Times a trigger's saved resume token was no longer in the oplog (it resumed from now).",
+    ["trigger"],
+)
+
 
 # Queue names come from clients: each a label value, so each a set of series. A process
 # gives its own label to the first MAX_QUEUE_LABELS queues it sees (the default one always);

@@ -121,6 +121,10 @@ def new_job(
         fields["retention_s"] = spec.retention_s
     if spec.schedule is not None:
         fields["schedule"] = value(spec.schedule)
+    if spec.trigger is not None:
+        fields["trigger"] = value(spec.trigger)
+    if spec.trace is not None:
+        fields["trace"] = value(spec.trace)
     return fields
 
 

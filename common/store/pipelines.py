@@ -213,3 +213,24 @@ def oplog_insert_as_change(entry: Mapping[str, Any]) -> dict[str, Any]:
     event, so one handler takes both."""
     job = entry["o"]
     return {"operationType": "insert", "documentKey": {"_id": job["_id"]}, "fullDocument": job}
+
+
+# -- an application's collection, followed by a trigger --------------------------------------
+
+
+def trigger_pipeline(operations: Collection[str], match: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The changes a trigger makes jobs of: its operations, filtered by its `match` on the
+    change event; and the events that end a stream (a drop or rename of the collection)."""
+    wanted: list[dict[str, Any]] = [{"operationType": {"$in": sorted(operations)}}]
+    if match:
+        wanted.append(dict(match))
+    return [
+        {
+            "$match": {
+                "$or": [
+                    {"operationType": {"$in": list(INVALIDATING)}},
+                    {"$and": wanted},
+                ]
+            }
+        }
+    ]

@@ -230,10 +230,11 @@ function drawLines(svg, series, colors) {
 const overview = {
   running: new Map(),
   failures: new Map(),
-  features: { retry: false, queues: false, queuePut: false, schedules: false, scheduleActions: false },
+  features: { retry: false, queues: false, queuePut: false, schedules: false, scheduleActions: false, triggers: false, triggerActions: false },
   readOnly: false,  // a read-only token: no action is offered (the API would answer 403)
   stream: null,
   statsTimer: null,
+  triggersTimer: null,
   statsDue: false,
   statsBusy: false,
 };
@@ -250,6 +251,8 @@ async function detectFeatures() {
       queuePut: can && has(/^\/queues\/\{[^}]+\}$/, "put"),
       schedules: has(/^\/schedules$/, "get"),
       scheduleActions: can && has(/^\/schedules\/\{[^}]+\}\/pause$/, "post"),
+      triggers: has(/^\/triggers$/, "get"),
+      triggerActions: can && has(/^\/triggers\/\{[^}]+\}\/pause$/, "post"),
     };
   } catch (err) {
     if (err instanceof Unauthorized) throw err;
@@ -317,6 +320,27 @@ async function renderSchedules() {
       type: "button",
       onclick: async () => { await post(`/schedules/${encodeURIComponent(s.name)}/${s.paused ? "resume" : "pause"}`); renderSchedules(); },
     }, s.paused ? "Resume" : "Pause") : ""))));
+}
+
+async function renderTriggers() {
+  if (!overview.features.triggers) return;
+  $("#triggers-panel").hidden = false;
+  const { triggers } = await getJson("/triggers");
+  if (!triggers.length) {
+    $("#triggers tbody").replaceChildren(el("tr", {}, el("td", { colspan: 7, class: "empty" }, "No triggers declared.")));
+    return;
+  }
+  $("#triggers tbody").replaceChildren(...triggers.map((t) => el("tr", { "data-trigger": t.name },
+    el("td", {}, el("code", {}, t.name), t.paused ? " (paused)" : "",
+      t.history_lost ? el("span", { class: "warn", title: `history lost at ${t.history_lost_at}` }, ` history lost ×${t.history_lost}`) : ""),
+    el("td", {}, el("code", {}, t.collection)), el("td", {}, t.task),
+    el("td", { class: "follower" }, t.follower || "—"),
+    el("td", { class: "num lag" }, t.lag_s === null ? "—" : `${t.lag_s.toFixed(1)} s`),
+    el("td", { class: "num jobs-made" }, String(t.jobs_made)),
+    el("td", {}, overview.features.triggerActions ? el("button", {
+      type: "button",
+      onclick: async () => { await post(`/triggers/${encodeURIComponent(t.name)}/${t.paused ? "resume" : "pause"}`); renderTriggers(); },
+    }, t.paused ? "Resume" : "Pause") : ""))));
 }
 
 function renderCharts(series) {
@@ -429,7 +453,10 @@ async function showOverview() {
   $("#overview").hidden = false;
   $("#job").hidden = true;
   await detectFeatures();
-  await Promise.all([refreshStats(), loadLists(), renderSchedules().catch(() => {})]);
+  await Promise.all([refreshStats(), loadLists(), renderSchedules().catch(() => {}), renderTriggers().catch(() => {})]);
+  if (overview.features.triggers && !overview.triggersTimer) {  // lags move without events
+    overview.triggersTimer = setInterval(() => { if (!$("#overview").hidden) renderTriggers().catch(() => {}); }, 5000);
+  }
   overview.stream = openStream("/events", {
     onOpen: () => setLive(true),
     onDown: () => setLive(false),

@@ -266,3 +266,29 @@ def test_the_job_page_shows_what_a_suspended_job_waits_for_and_its_steps(
     assert steps == ["signal:dash:1#1"]
     assert texts(browser, "#job-steps tbody td:nth-child(4)")[0].endswith("B")
     screenshot(browser, "job-steps.png")
+
+
+def test_the_dashboard_shows_each_trigger_its_follower_lag_and_jobs_made_and_pauses_it(
+    cluster: Cluster, browser: WebDriver, http: httpx.Client
+) -> None:
+    triggered = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.triggered"}
+    cluster.api(**triggered)
+    disp = cluster.dispatcher(**triggered)
+    disp.wait_for_event("trigger.opened", timeout=30)
+    client: MongoClient[dict[str, Any]] = MongoClient(cluster.settings.mongo_uri)
+    try:
+        orders = client[cluster.settings.db]["orders"]
+        orders.insert_many([{"_id": n, "status": "paid"} for n in range(3)])
+        browser.get(cluster.api_url + "/")
+        row = "#triggers tr[data-trigger='paid-orders']"
+        wait_for(browser, lambda d: text(d, f"{row} .jobs-made") == "3", timeout=30)
+        assert text(browser, f"{row} .follower").split(":")[-2] == str(disp.pid)
+        assert text(browser, f"{row} .lag").endswith(" s")
+        orders.insert_many([{"_id": n, "status": "paid"} for n in range(3, 5)])
+        wait_for(browser, lambda d: text(d, f"{row} .jobs-made") == "5", timeout=30)  # refreshed
+        screenshot(browser, "dashboard-triggers.png")
+        browser.find_element(By.CSS_SELECTOR, f"{row} button").click()
+        wait_for(browser, lambda d: "(paused)" in text(d, row))
+        assert http.get("/triggers").json()["triggers"][0]["paused"] is True
+    finally:
+        client.close()

@@ -29,6 +29,7 @@ def test_a_task_module_and_an_application_need_only_brook() -> None:
         TaskContext,
         schedule,
         task,
+        trigger,
     )
 
     for name in executor.__all__:  # the same objects as the internal package's

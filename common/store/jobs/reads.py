@@ -61,6 +61,11 @@ class JobReads(JobsCollection):
         nxt = jobs[-1].id if len(docs) > limit else None
         return jobs, nxt
 
+    async def trace_contexts(self, job_ids: Collection[str]) -> list[dict[str, str]]:
+        """The stored trace contexts of these jobs (those that have one), for span links."""
+        docs = await self.jobs.find({"_id": {"$in": list(job_ids)}}, {"trace": 1}).to_list()
+        return [d["trace"] for d in docs if d.get("trace")]
+
     async def count_by_status(self) -> dict[str, int]:
         """Jobs per status, in one aggregation."""
         counts = {s.value: 0 for s in JobStatus}

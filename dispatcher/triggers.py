@@ -1,0 +1,364 @@
+"""Triggers: one job per matching change in an application's collection, once for the cluster.
+
+Every dispatcher that loaded a trigger runs a `TriggerFollower` for it, but only one at a
+time follows it: the one holding its lease in `brook_triggers` (taken and renewed on the
+server's clock, `$$NOW`, by majority writes). The others try to take it every second or
+so; a dead follower's lease runs out `BROOK_LEASE_SECONDS` after its last renewal, and the
+next one goes on from the saved resume token. A stopping follower gives its lease up.
+
+Exactly one job per change, whatever dies when:
+  * each job's idempotency key is the trigger's name and the change's own id (its resume
+    token, the same on every member): a change seen again makes no second job;
+  * the token is saved only after the jobs of every change up to it are submitted (one
+    majority `insert_many` per batch, then one majority write of the token), never before;
+    so a follower that dies between the two leaves the next one a token from before those
+    changes, and their jobs come back as the existing ones;
+  * every save is fenced by the follower's id: one that froze past its lease saves nothing
+    when it wakes, and stops following (`trigger.lease_lost`).
+
+Pausing keeps the lease and the token and reads nothing; resuming reads on from the token,
+so the changes made meanwhile make their jobs (as far as the oplog still holds them). A
+token the oplog no longer holds is said once (`trigger.history_lost`, the
+`brook_trigger_history_lost` metric, `history_lost` on `GET /triggers`), and the trigger goes
+on from now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from pymongo.asynchronous.change_stream import AsyncChangeStream
+from pymongo.errors import OperationFailure, PyMongoError
+
+from common.domain.models import Doc, JobSpec
+from common.domain.triggers import Trigger, TriggerState, change_key, change_payload, token_time
+from common.runtime import tracing
+from common.runtime.backoff import Backoff
+from common.runtime.log_events import Event, emit, job_fields
+from common.runtime.metrics import TRIGGER_HISTORY_LOST, TRIGGER_JOBS
+from common.store.db import is_history_lost
+from common.store.failover_retry import ride_out
+from common.store.jobs import JobStore, buffered
+from common.store.pipelines import INVALIDATING
+from common.store.triggers import TriggerStore
+
+BATCH = 500  # changes per submit at most
+SAVE_EVERY_S = 1.0  # an idle stream's newer token is saved at most this often
+MAX_RENEW_S = 2.0  # the lease is renewed (and `paused` read) at least this often
+MAX_POLL_S = 1.0  # a standby tries to take the lease at least this often
+
+T = TypeVar("T")
+
+
+class LeaseLost(Exception):
+    """Another follower holds the trigger now."""
+
+
+async def _persist(op: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def boxed() -> tuple[T]:
+        return (await fn(),)
+
+    result = await ride_out(op, boxed)
+    assert result is not None, "ride_out without a deadline returns only on success"
+    return result[0]
+
+
+class TriggerFollower:
+    def __init__(
+        self,
+        trigger: Trigger,
+        jobs: JobStore,
+        store: TriggerStore,
+        owner: str,
+        lease_seconds: float,
+        *,
+        max_await_ms: int = 1000,
+    ) -> None:
+        self.trigger = trigger
+        self.jobs = jobs
+        self.store = store
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self.renew_s = min(lease_seconds / 3, MAX_RENEW_S)
+        self.poll_s = min(lease_seconds / 5, MAX_POLL_S)
+        self.max_await_ms = max_await_ms
+        self.leading = False
+        # The token whose changes all have their jobs, as last saved, and when it was saved.
+        self._token: Mapping[str, Any] | None = None
+        self._start_at: Any = None
+        self._saved_at = 0.0
+        self._renewed = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.trigger.name
+
+    async def run(self) -> None:
+        while True:
+            state = await self._acquire()
+            self.leading = True
+            emit(
+                Event.TRIGGER_FOLLOWING,
+                trigger=self.name,
+                owner=self.owner,
+                token=state.token is not None,
+                paused=state.paused,
+            )
+            try:
+                await self._lead(state)
+            except LeaseLost:
+                self.leading = False
+                emit(Event.TRIGGER_LEASE_LOST, level="warning", trigger=self.name, owner=self.owner)
+
+    async def release(self) -> None:
+        """Give the lease up (at shutdown, once `run` was cancelled: it could take the lease
+        again), so another dispatcher follows on at once."""
+        if self.leading:
+            await self.store.release(self.name, self.owner)
+            emit(Event.TRIGGER_RELEASED, trigger=self.name, owner=self.owner)
+
+    async def _acquire(self) -> TriggerState:
+        while True:
+            try:
+                state = await self.store.acquire(self.name, self.owner, self.lease_seconds)
+                if state is not None:
+                    return state
+            except PyMongoError as exc:
+                error = str(exc)[:200]
+                emit(Event.MONGO_UNAVAILABLE, level="warning", op="trigger.acquire", error=error)
+            await asyncio.sleep(self.poll_s)
+
+    async def _checkpoint(
+        self,
+        token: Mapping[str, Any] | None = None,
+        made: int = 0,
+        last_change_at: datetime | None = None,
+    ) -> TriggerState:
+        """Renew the lease (and save `token`, whose changes all have their jobs); through a
+        failover. `LeaseLost` if another follower holds it now."""
+        state = await _persist(
+            "trigger.checkpoint",
+            lambda: self.store.checkpoint(
+                self.name,
+                self.owner,
+                self.lease_seconds,
+                token=token,
+                handled_through=token_time(token),
+                made=made,
+                last_change_at=last_change_at,
+            ),
+        )
+        if state is None:
+            raise LeaseLost(self.name)
+        self._renewed = time.monotonic()
+        if token is not None:
+            self._token, self._saved_at = token, self._renewed
+        return state
+
+    async def _lead(self, state: TriggerState) -> None:
+        self._token, self._start_at = state.token, state.start_at
+        self._renewed = time.monotonic()
+        backoff = Backoff(0.1, 5.0)
+        while True:
+            if state.paused:
+                await asyncio.sleep(self.renew_s)
+                state = await self._checkpoint()
+                continue
+            try:
+                state = await self._follow(backoff) or await self._checkpoint()
+            except OperationFailure as exc:
+                if is_history_lost(exc):
+                    state = await self._history_lost(exc)
+                    continue
+                emit(
+                    Event.TRIGGER_ERROR,
+                    level="warning",
+                    trigger=self.name,
+                    code=exc.code,
+                    error=str(exc)[:300],
+                )
+                await asyncio.sleep(backoff.next())
+                state = await self._checkpoint()
+            except PyMongoError as exc:
+                emit(Event.TRIGGER_ERROR, level="warning", trigger=self.name, error=str(exc)[:300])
+                await asyncio.sleep(backoff.next())
+                state = await self._checkpoint()
+
+    async def _history_lost(self, exc: OperationFailure) -> TriggerState:
+        TRIGGER_HISTORY_LOST.labels(trigger=self.name).inc()
+        emit(
+            Event.TRIGGER_HISTORY_LOST,
+            level="warning",
+            trigger=self.name,
+            code=exc.code,
+            error=str(exc)[:300],
+            resumes="from now: changes the oplog no longer held made no job",
+        )
+        state = await _persist(
+            "trigger.history_lost", lambda: self.store.lost_history(self.name, self.owner)
+        )
+        if state is None:
+            raise LeaseLost(self.name)
+        self._token = self._start_at = None
+        return state
+
+    async def _follow(self, backoff: Backoff) -> TriggerState | None:
+        """Follow the stream from the saved token until the trigger is paused (its state
+        returned) or the stream ends (an invalidation: its token is saved, and the caller
+        opens the stream again after it; None)."""
+        async with await self.store.watch(
+            self.trigger,
+            start_after=self._token,
+            start_at=self._start_at,
+            max_await_ms=self.max_await_ms,
+        ) as stream:
+            emit(
+                Event.TRIGGER_OPENED,
+                trigger=self.name,
+                collection=self.trigger.collection,
+                db=self.trigger.db,
+                resumed=self._token is not None,
+            )
+            if self._token is None:  # from a start time or from now: save where it stands
+                await self._checkpoint(stream.resume_token or None)
+            while stream.alive:
+                changes = await self._collect(stream)
+                state = await self._handle(changes, stream.resume_token)
+                backoff.reset()
+                if state is not None and state.paused:
+                    return state
+        return None
+
+    async def _collect(self, stream: AsyncChangeStream[Doc]) -> list[Doc]:
+        """The changes the stream holds now (one getMore's worth, up to BATCH), or none
+        after waiting up to `max_await_ms`."""
+        changes: list[Doc] = []
+        while len(changes) < BATCH:
+            change = await stream.try_next()
+            if change is None:
+                break
+            changes.append(change)
+            if change["operationType"] in INVALIDATING or buffered(stream) == 0:
+                break
+        return changes
+
+    async def _handle(
+        self, changes: Sequence[Doc], token: Mapping[str, Any] | None
+    ) -> TriggerState | None:
+        """Submit the jobs of `changes`, then save `token` (just past them); or, with none,
+        save a newer token now and then and renew the lease. The state it wrote, if any."""
+        wanted = [c for c in changes if c["operationType"] in self.trigger.operations]
+        for change in changes:
+            if change["operationType"] in INVALIDATING:
+                emit(
+                    Event.TRIGGER_INVALIDATED,
+                    level="warning",
+                    trigger=self.name,
+                    op=change["operationType"],
+                    collection=self.trigger.collection,
+                )
+        made = await self._submit(wanted) if wanted else 0
+        now = time.monotonic()
+        newer = token is not None and token != self._token
+        if changes or (newer and now - self._saved_at >= SAVE_EVERY_S):
+            last = wanted[-1].get("wallTime") if wanted else None
+            return await self._checkpoint(token, made, last)
+        if now - self._renewed >= self.renew_s:
+            return await self._checkpoint()
+        return None
+
+    async def _submit(self, changes: Sequence[Doc]) -> int:
+        """Submit one job per change (one majority write); how many changes now have their
+        job. Every one counts, those whose job a follower that died before saving its token
+        had made already included: the count moves with the token, in the same write, so
+        each change is counted by the one save that moves the token past it."""
+        specs = [self._spec(c) for c in changes]
+        submitted = await _persist("trigger.submit", lambda: self.jobs.submit_many(specs))
+        new = 0
+        for s in submitted:
+            if s.created:
+                new += 1
+                emit(Event.JOB_SUBMITTED, **job_fields(s.job), queue=s.job.queue, trigger=self.name)
+            else:  # a change replayed after a takeover: its job exists
+                emit(Event.JOB_DEDUPLICATED, level="debug", **job_fields(s.job), trigger=self.name)
+        if new:
+            TRIGGER_JOBS.labels(trigger=self.name).inc(new)
+        return len(submitted)
+
+    def _spec(self, change: Doc) -> JobSpec:
+        t = self.trigger
+        trace = None
+        if tracing.active():
+            # A span for the change, the job's parent: its run continues this trace.
+            with tracing.span(
+                f"brook.trigger {t.name}",
+                kind="CONSUMER",
+                attributes={
+                    "brook.trigger": t.name,
+                    "brook.operation": change["operationType"],
+                    "brook.change_id": change["_id"]["_data"],
+                    "db.collection.name": t.collection,
+                    "brook.document_key": str((change.get("documentKey") or {}).get("_id")),
+                },
+            ):
+                trace = tracing.inject()
+        return JobSpec(
+            task=t.task,
+            payload=change_payload(t, change),
+            queue=t.queue,
+            max_attempts=t.max_attempts,
+            idempotency_key=change_key(t.name, change["_id"]),
+            trigger={
+                "name": t.name,
+                "operation": change["operationType"],
+                "change_id": change["_id"]["_data"],
+            },
+            trace=trace,
+        )
+
+
+class TriggerRunner:
+    """The dispatcher's triggers: declared once at start, then one follower each."""
+
+    def __init__(
+        self,
+        triggers: Sequence[Trigger],
+        jobs: JobStore,
+        owner: str,
+        lease_seconds: float,
+    ) -> None:
+        self.triggers = list(triggers)
+        self.store = TriggerStore(jobs.db)
+        self.owner = owner
+        self.followers = [
+            TriggerFollower(t, jobs, self.store, owner, lease_seconds) for t in self.triggers
+        ]
+        self._running: list[asyncio.Future[None]] = []
+
+    async def run(self) -> None:
+        if not self.triggers:
+            return
+        await _persist("triggers.declare", lambda: self.store.declare(self.triggers, self.owner))
+        for t in self.triggers:
+            emit(
+                Event.TRIGGER_DECLARED,
+                trigger=t.name,
+                collection=t.collection,
+                db=t.db,
+                operations=list(t.operations),
+                task=t.task,
+            )
+        self._running = [asyncio.ensure_future(f.run()) for f in self.followers]
+        await asyncio.gather(*self._running)
+
+    async def release(self) -> None:
+        """Stop following, then give every lease held up."""
+        for task in self._running:
+            task.cancel()
+        if self._running:
+            await asyncio.wait(self._running, timeout=0.2)
+        await asyncio.gather(*(f.release() for f in self.followers), return_exceptions=True)

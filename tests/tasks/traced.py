@@ -1,0 +1,17 @@
+"""Tasks for the tracing tests (`BROOK_TASKS=tests.tasks.basic,tests.tasks.traced`): a task
+that submits a child job with `ctx.submit`, and a trigger on `traced_orders`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from brook import TaskContext, task, trigger
+
+
+@task("traced_parent")
+async def traced_parent(payload: dict[str, Any], ctx: TaskContext) -> str:
+    child = await ctx.submit("echo", {"parent": ctx.job_id})
+    return child.id
+
+
+trigger("traced-orders", collection="traced_orders", operations=["insert"], task="echo")
