@@ -115,7 +115,7 @@ class Claimer:
         # Worker processes free now (the dispatcher sets it: the runner's count).
         self.free_workers: Callable[[], int] = lambda: self.settings.worker_slots
         self.clock = clock = wiring.clock
-        self.timer = DueTimer(self._next_due, clock, self.signal)
+        self.timer = DueTimer(self._next_due, clock, self._due_timer_fired)
         self._wake = asyncio.Event()
         self._stopping = False
         # `_signals` counts reasons to look for work; `_maybe_more` says the last look may
@@ -154,7 +154,11 @@ class Claimer:
         self._wake.set()
 
     def due_at(
-        self, run_at: datetime | None, priority: int | None = None, queue: str | None = None
+        self,
+        run_at: datetime | None,
+        priority: int | None = None,
+        queue: str | None = None,
+        key: str | None = None,
     ) -> None:
         """A job became pending (in `queue`, when known): look now, or when it is due. A
         due job that outranks every job claimed ahead is claimed at once, alone, even while
@@ -162,7 +166,7 @@ class Claimer:
         most one job over its slots plus prefetch), not when the buffer would next be
         refilled."""
         if queue is not None:
-            self.limits.saw(queue)
+            self.limits.saw(queue, key)
         if run_at is not None and run_at.timestamp() > self.clock.now() + 0.002:
             self.timer.at(run_at.timestamp())
             return
@@ -180,6 +184,10 @@ class Claimer:
         # at most the room there was when it was sent.
         if self._room_of(target, urgent=True) > 0:
             await self._claim_for(target, 1)
+
+    def _due_timer_fired(self) -> None:
+        self.limits.keys_stale()  # a job now due may be of a key its queue's turns dropped
+        self.signal()
 
     def _limits_opened(self, queue: str | None) -> None:
         """A limited queue may start jobs again (None: the limits changed): its due jobs

@@ -66,7 +66,7 @@ def _spec(args: argparse.Namespace) -> JsonObject:
         "priority": args.priority,
         "max_attempts": args.max_attempts,
     }
-    for key in ("run_at", "timeout_s", "idempotency_key", "depends_on"):
+    for key in ("run_at", "timeout_s", "idempotency_key", "depends_on", "key"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
     if args.run_on_parent_failure:
@@ -225,6 +225,13 @@ def _limits(q: JsonObject) -> str:
         rate = q["rate"]
         window = f" ({q['starts_in_window']} in window)" if q.get("starts_in_window") else ""
         parts.append(f"rate={rate['limit']}/{rate['per_seconds']:g}s{window}")
+    if q.get("key_concurrency") is not None:
+        parts.append(f"key_concurrency={q['key_concurrency']}")
+    if q.get("key_rate"):
+        rate = q["key_rate"]
+        parts.append(f"key_rate={rate['limit']}/{rate['per_seconds']:g}s")
+    elif q.get("fair") and q.get("key_concurrency") is None:
+        parts.append("fair")
     if q.get("paused"):
         parts.append("paused")
     return " ".join(parts) or "-"
@@ -245,9 +252,14 @@ def cmd_queue_set(settings: Settings, args: argparse.Namespace) -> int:
 
     body: JsonObject = {}
     if args.action == "set":
-        if args.concurrency is UNSET and args.rate is UNSET:
-            die("brook queue set needs --concurrency and/or --rate", 2)
-        for key in ("concurrency", "rate"):
+        names = ("concurrency", "rate", "key_concurrency", "key_rate", "fair")
+        if all(getattr(args, key) is UNSET for key in names):
+            die(
+                "brook queue set needs --concurrency, --rate, --key-concurrency,"
+                " --key-rate and/or --fair",
+                2,
+            )
+        for key in names:
             if getattr(args, key) is not UNSET:
                 body[key] = getattr(args, key)
     else:

@@ -76,6 +76,29 @@ def _add_queue_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="N/S",
         help="starts per window of S seconds at most, e.g. 20/2 (none: no limit)",
     )
+    qset.add_argument(
+        "--key-concurrency",
+        dest="key_concurrency",
+        type=parse_concurrency,
+        default=UNSET,
+        metavar="N",
+        help="running jobs per key (a job's key) at most, cluster-wide (none: no limit)",
+    )
+    qset.add_argument(
+        "--key-rate",
+        dest="key_rate",
+        type=parse_rate,
+        default=UNSET,
+        metavar="N/S",
+        help="starts per key per window of S seconds at most (none: no limit)",
+    )
+    qset.add_argument(
+        "--fair",
+        dest="fair",
+        action=argparse.BooleanOptionalAction,
+        default=UNSET,
+        help="claims take turns across keys (implied by a key limit)",
+    )
     qset.set_defaults(fn=cmd_queue_set, action="set")
     for action, text in (("pause", "start nothing new"), ("resume", "start jobs again")):
         qp = qs.add_parser(action, help=f"{text} in a queue, cluster-wide")
@@ -115,6 +138,7 @@ def _submit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--run-at", dest="run_at", help="ISO-8601 datetime")
     s.add_argument("--timeout", dest="timeout_s", type=float)
     s.add_argument("--idempotency-key", dest="idempotency_key")
+    s.add_argument("--key", help="whose job it is (per-key limits, fair claiming)")
     s.add_argument(
         "--depends-on",
         dest="depends_on",

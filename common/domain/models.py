@@ -43,6 +43,19 @@ class JobSpec:
     depends_on: tuple[str, ...] = ()
     ref: str | None = None  # a name other specs of the same batch may depend on
     run_on_parent_failure: bool = False  # run once every parent ended, however it ended
+    # Whose job this is (a customer, an API key): a queue's per-key limits and its fair
+    # claiming count jobs by it.
+    key: str | None = None
+    # Debounce: submits with the same `debounce_key` while its job is pending become that
+    # one job, with the latest payload, due once no submit came for `debounce_s` and never
+    # later than `debounce_max_s` after the first.
+    debounce_key: str | None = None
+    debounce_s: float | None = None
+    debounce_max_s: float | None = None
+
+
+# Without `debounce_max_s`, a debounced job waits at most this many times `debounce_s`.
+DEBOUNCE_MAX_FACTOR = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +94,9 @@ class Job:
     # When the current attempt was claimed (the server's clock), or None if not known. Not
     # its start: a claimed job may wait in its dispatcher's prefetch buffer.
     claimed_at: datetime | None = None
+    key: str | None = None  # whose job it is: per-key limits and fair claiming
+    debounce_key: str | None = None
+    debounced: int = 0  # submits this debounced job took (the first included)
 
     @property
     def job_id(self) -> str:
@@ -131,6 +147,9 @@ class Job:
             ref=doc.get("ref"),
             run_on_parent_failure=bool(doc.get("run_on_parent_failure", False)),
             has_dependents=bool(doc.get("has_dependents", False)),
+            key=doc.get("key"),
+            debounce_key=doc.get("debounce_key"),
+            debounced=int(doc.get("debounced", 0)),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -166,4 +185,7 @@ class Job:
             "parents_left": self.parents_left,
             "ref": self.ref,
             "run_on_parent_failure": self.run_on_parent_failure,
+            "key": self.key,
+            "debounce_key": self.debounce_key,
+            "debounced": self.debounced,
         }

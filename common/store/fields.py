@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from common.domain.models import Doc, Job, JobSpec, whole_ms
+from common.domain.models import DEBOUNCE_MAX_FACTOR, Doc, Job, JobSpec, whole_ms
 from common.domain.status import JobStatus
 from common.store.records import Lease, RunTimes
 
@@ -121,6 +121,12 @@ def new_job(
         fields["retention_s"] = spec.retention_s
     if spec.schedule is not None:
         fields["schedule"] = value(spec.schedule)
+    if spec.key is not None:
+        fields["key"] = value(spec.key)
+    if spec.debounce_key is not None and spec.debounce_s is not None:
+        fields["debounce_key"] = value(spec.debounce_key)
+        longest = spec.debounce_max_s or spec.debounce_s * DEBOUNCE_MAX_FACTOR
+        fields["debounce_until"] = at(longest * 1000)
     return fields
 
 

@@ -148,6 +148,34 @@ def new_job_upsert(job_id: str, spec: JobSpec) -> UpdateOne:
     return UpdateOne(write.filter, write.update, upsert=True)
 
 
+def debounced(job_id: str, spec: JobSpec) -> Write:
+    """Join the pending job of `spec.debounce_key`, or start it (an upsert under the fresh
+    `job_id`; the unique index `debounce_pending` keeps one pending job per key, so racing
+    submitters, in any API process, all end in the same job): the latest payload, due once
+    no submit joined for `debounce_s`, never later than its `debounce_until` (the first
+    submit plus the longest wait). A job already claimed is not pending: the next submit
+    starts a new one."""
+    if spec.debounce_key is None or spec.debounce_s is None:
+        raise ValueError("not a debounced spec")
+    fresh = {"$eq": [{"$type": "$created_at"}, "missing"]}
+    first = {k: {"$cond": [fresh, v, f"${k}"]} for k, v in new_job(spec).items()}
+    first["_id"] = {"$ifNull": ["$_id", lit(job_id)]}
+    return Write(
+        filter={"debounce_key": spec.debounce_key, "status": P},
+        update=[
+            {"$set": first},
+            {
+                "$set": {
+                    "payload": lit(spec.payload),
+                    "run_at": {"$min": [after(spec.debounce_s * 1000), "$debounce_until"]},
+                    "debounced": {"$add": [{"$ifNull": ["$debounced", 0]}, 1]},
+                    "updated_at": NOW,
+                }
+            },
+        ],
+    )
+
+
 def key_released(job_id: str, key: str | None) -> Write:
     """Free a key whose unique window is over (by the server's clock): the old job keeps it
     as `released_key`."""

@@ -52,6 +52,13 @@ C, F, D = JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.COMPLETED
 CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
     "submitted": (queries.submitted("j1", JobSpec(task="noop", payload={})), set(), {P}),
     "key_released": (queries.key_released("j1", "k"), set(), set()),
+    "debounced": (
+        queries.debounced(
+            "j1", JobSpec(task="noop", payload={"n": 1}, debounce_key="doc-7", debounce_s=2)
+        ),
+        {P},
+        {P},
+    ),
     "claimed": (queries.claimed(OWNER, 30, tasks={"noop"}), {P}, {R}),
     "claimed_as_read": (
         queries.claimed_as_read([{"_id": "j1", "attempts": 2}], OWNER, 30, "tag"),

@@ -4,6 +4,7 @@ their claim under the slots it took (`common.store.queues`); the next due time."
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Collection, Sequence
 from datetime import datetime
@@ -11,7 +12,7 @@ from typing import Any
 
 from pymongo import ASCENDING, ReturnDocument
 
-from common.domain.models import Job
+from common.domain.models import Doc, Job
 from common.store import queries
 from common.store.fields import P, R, as_claimed
 from common.store.jobs.base import JobsCollection
@@ -153,3 +154,27 @@ class JobClaims(JobsCollection):
         ).to_list()
         won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
         return [Job.from_doc(d) for d in won]
+
+    async def pending_keys(self, queue: str) -> list[str | None]:
+        """The keys with pending jobs in `queue`, jobs without a key under None (one distinct
+        scan of `claim_by_key`: a seek per key, however many jobs each has)."""
+        keys = await self.jobs.distinct("key", {"status": P, "queue": queue})
+        return [None, *sorted(str(k) for k in keys if k is not None)]
+
+    async def key_candidates(
+        self, queue: str, keys: Sequence[str | None], per_key: int, *, tasks: Collection[str] | None
+    ) -> dict[str | None, list[Doc]]:
+        """The best due pending jobs of each of `keys` in `queue`, at most `per_key` each (None:
+        the jobs without a key): one index range of `claim_by_key` per key, all at once."""
+
+        async def best(key: str | None) -> list[Doc]:
+            return await self.jobs.find(
+                {**claim_filter(tasks, queue), "key": key},
+                projection={"_id": 1, "key": 1, "priority": 1},
+                sort=CLAIM_SORT,
+                limit=per_key,
+                hint="claim_by_key",
+            ).to_list()
+
+        found = await asyncio.gather(*(best(k) for k in keys))
+        return dict(zip(keys, found, strict=True))
