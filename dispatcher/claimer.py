@@ -26,6 +26,7 @@ from common.runtime.log_events import Event, emit
 from common.runtime.metrics import CLAIMS
 from common.runtime.supervision import spawn_logged
 from common.store.clock import ServerClock
+from dispatcher.aging import Aging
 from dispatcher.limits import Limits
 from dispatcher.wiring import Wiring
 
@@ -128,6 +129,8 @@ class Claimer:
         self._urgent = False  # news of a job that outranks all claimed ahead
         self._claiming = False  # a look's claims are in flight
         self._jump: asyncio.Task[None] | None = None  # an urgent claim beside them
+        aging = settings.priority_aging_seconds
+        self.aging = Aging(wiring, aging) if aging is not None else None
 
     def runs(self, task: object, queue: object) -> bool:
         """Whether a job of this task in this queue is one this dispatcher would claim."""
@@ -350,6 +353,10 @@ class Claimer:
         to another dispatcher's race."""
         try:
             exclude, among = await self._scope(target)
+            aged = await self._claim_aged(n, target, exclude, among)
+            n -= len(aged)
+            if n == 0:
+                return [True] * len(aged)
             owner, lease, tasks = self.owner, self.settings.lease_seconds, self.tasks
             if n == 1:
                 job = await self.store.claim(
@@ -368,7 +375,25 @@ class Claimer:
             _claimed(job)
             self.start(job)
         unfilled: bool | None = None if dry else False
-        return [True] * len(jobs) + [unfilled] * (n - len(jobs))
+        return [True] * (len(aged) + len(jobs)) + [unfilled] * (n - len(jobs))
+
+    async def _claim_aged(
+        self,
+        n: int,
+        target: Target,
+        exclude: frozenset[str],
+        among: frozenset[str] | None,
+    ) -> list[Job]:
+        """With priority aging, the old jobs whose effective priority beats the claim
+        order's first (at most once per check interval), claimed first."""
+        if self.aging is None:
+            return []
+        aged = await self.aging.claim(n, queue=target, exclude=exclude, among=among)
+        self.limits.adopt_strays(aged)
+        for job in aged:
+            _claimed(job)
+            self.start(job)
+        return aged
 
     async def _claim_failed(self, exc: PyMongoError) -> None:
         """No primary (or similar): wait a little, look again."""

@@ -185,9 +185,36 @@ def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_cancel(settings: Settings, args: argparse.Namespace) -> int:
-    print_json(call_api(settings, "POST", f"/jobs/{args.id}/cancel"))
+BULK_FILTERS = (
+    "status",
+    "task",
+    "queue",
+    "key",
+    "error_type",
+    "finished_since",
+    "finished_until",
+    "created_since",
+    "created_until",
+)
+
+
+def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
+    """`brook retry|cancel` with filters: `POST /jobs/retry|cancel`, prints `{"count": n}`."""
+    body: JsonObject = {k: getattr(args, k) for k in BULK_FILTERS if getattr(args, k)}
+    if args.id is not None:
+        if body or args.dry_run:
+            die(f"brook {action} takes a job ID or filters, not both", 2)
+        print_json(call_api(settings, "POST", f"/jobs/{args.id}/{action}"))
+        return 0
+    if not body:
+        die(f"brook {action} needs a job ID or at least one filter (--status, --task, ...)", 2)
+    body["dry_run"] = bool(args.dry_run)
+    print_json(call_api(settings, "POST", f"/jobs/{action}", body))
     return 0
+
+
+def cmd_cancel(settings: Settings, args: argparse.Namespace) -> int:
+    return _bulk(settings, args, "cancel")
 
 
 def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
@@ -212,8 +239,7 @@ def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
-    print_json(call_api(settings, "POST", f"/jobs/{args.id}/retry"))
-    return 0
+    return _bulk(settings, args, "retry")
 
 
 def _limits(q: JsonObject) -> str:

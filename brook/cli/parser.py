@@ -164,6 +164,23 @@ def _submit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.set_defaults(fn=cmd_submit)
 
 
+def _add_bulk_filters(p: argparse.ArgumentParser) -> None:
+    """The filter of `brook retry` / `brook cancel` without an ID (`POST /jobs/retry|cancel`)."""
+    statuses = sorted(s.value for s in JobStatus)
+    p.add_argument("--status", action="append", choices=statuses, help="repeat for several")
+    p.add_argument("--task")
+    p.add_argument("--queue")
+    p.add_argument("--key", help="the jobs of this key")
+    p.add_argument("--error-type", dest="error_type", help="the error.type they ended with")
+    p.add_argument("--since", dest="finished_since", metavar="ISO", help="finished at or after")
+    p.add_argument("--until", dest="finished_until", metavar="ISO", help="finished before")
+    p.add_argument("--created-since", dest="created_since", metavar="ISO")
+    p.add_argument("--created-until", dest="created_until", metavar="ISO")
+    p.add_argument(
+        "--dry-run", dest="dry_run", action="store_true", help="only count the jobs it would change"
+    )
+
+
 def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st = sub.add_parser("status", help="show a job")
     st.add_argument("id")
@@ -182,15 +199,17 @@ def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     w.add_argument("--queue")
     w.add_argument("--json", action="store_true", help="print each job as one JSON line")
     w.set_defaults(fn=cmd_watch)
-    c = sub.add_parser("cancel", help="cancel a job")
-    c.add_argument("id")
+    c = sub.add_parser("cancel", help="cancel a job, or every job a filter names")
+    c.add_argument("id", nargs="?", help="one job (or give filters instead)")
+    _add_bulk_filters(c)
     c.set_defaults(fn=cmd_cancel)
     sc = sub.add_parser("schedules", help="list cron schedules, or pause / resume one")
     sc.add_argument("action", nargs="?", choices=["ls", "pause", "resume"], default="ls")
     sc.add_argument("name", nargs="?", metavar="NAME")
     sc.set_defaults(fn=cmd_schedules)
-    r = sub.add_parser("retry", help="retry a failed or cancelled job")
-    r.add_argument("id")
+    r = sub.add_parser("retry", help="retry a failed or cancelled job, or every one a filter names")
+    r.add_argument("id", nargs="?", help="one job (or give filters instead)")
+    _add_bulk_filters(r)
     r.set_defaults(fn=cmd_retry)
     _add_queue_commands(sub)
 

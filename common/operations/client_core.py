@@ -31,6 +31,7 @@ from common.domain.queues import validate_queue_update
 from common.domain.status import TERMINAL, JobStatus
 from common.domain.validation import validate_batch, validate_spec
 from common.domain.workflows import external_parents, unknown_parents_detail
+from common.operations.bulk import BulkOperations
 from common.operations.dependents import recheck, settle
 from common.operations.task_directory import TaskDirectory
 from common.runtime.backoff import Backoff
@@ -242,7 +243,7 @@ class Submitting:
         raise NotImplementedError
 
 
-class ClientCore(Submitting):
+class ClientCore(Submitting, BulkOperations):
     def __init__(
         self,
         store: JobStore,

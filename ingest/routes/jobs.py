@@ -7,11 +7,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import JSONResponse
 
+from common.domain.bulk import BulkBody
 from common.domain.errors import JobConflict, JobNotFound
 from common.domain.models import QUEUE_NAME, JobSpec
 from common.domain.status import JobStatus
 from common.domain.validation import MAX_BATCH, SubmitJob
-from ingest.deps import Core, Store, batch_body, submit_body
+from ingest.deps import Core, Store, batch_body, json_body, submit_body
 from ingest.encoding import job_response, json_response
 
 router = APIRouter(tags=["jobs"])
@@ -92,6 +93,35 @@ async def submit_batch(
     on each other by `ref` (a whole DAG); a cycle or an unknown parent → `422`."""
     submitted = await core.submit_specs(specs)
     return json_response({"jobs": [s.job.to_api() for s in submitted]}, 202)
+
+
+_BULK_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": BulkBody.model_json_schema()}},
+    }
+}
+_BULK_ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {"description": "body over the limit"},
+    422: {"description": "a bad filter, or none; nothing changed"},
+}
+
+
+@router.post("/jobs/retry", openapi_extra=_BULK_OPENAPI, responses=_BULK_ERRORS)
+async def retry_many(body: Annotated[object, Depends(json_body)], core: Core) -> JSONResponse:
+    """Retry every failed or cancelled job the filter names (`status`, `task`, `queue`,
+    `key`, `error_type`, `created_since`/`created_until`, `finished_since`/`finished_until`),
+    in pages: `{"count": n}`, the jobs retried (with `dry_run: true`, the jobs it would
+    retry, changing nothing). Sent again, it retries nothing more."""
+    return json_response({"count": await core.bulk("retry", body)})
+
+
+@router.post("/jobs/cancel", openapi_extra=_BULK_OPENAPI, responses=_BULK_ERRORS)
+async def cancel_many(body: Annotated[object, Depends(json_body)], core: Core) -> JSONResponse:
+    """Cancel every waiting or pending job the filter names and ask the running ones to
+    stop (the filter as for `POST /jobs/retry`): `{"count": n}`, the jobs changed (with
+    `dry_run: true`, that would be). Sent again, it changes nothing more."""
+    return json_response({"count": await core.bulk("cancel", body)})
 
 
 @router.get("/jobs/{job_id}", responses=_ERRORS)

@@ -153,3 +153,21 @@ def test_a_debounce_join_keeps_the_first_submits_fields_and_takes_the_latest_pay
     assert latest["$set"]["payload"] == {"$literal": {"v": 2}}
     # Due once quiet for 2 s, never after the first submit's longest wait.
     assert latest["$set"]["run_at"] == {"$min": [{"$add": ["$$NOW", 2000]}, "$debounce_until"]}
+
+
+def test_effective_priority_rises_by_one_per_interval_waited() -> None:
+    from dispatcher.aging import effective
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    doc = {"priority": 3, "run_at": now - timedelta(seconds=2.6)}
+    assert effective(doc, now, 0.5) == 3 + 5
+    assert effective({"priority": 0, "run_at": now + timedelta(seconds=9)}, now, 1.0) == 0
+
+
+def test_priority_aging_is_a_setting_off_by_default() -> None:
+    from common.runtime.settings import Settings
+
+    assert Settings().priority_aging_seconds is None
+    assert Settings(priority_aging_seconds=30).priority_aging_seconds == 30
+    with pytest.raises(ValueError):
+        Settings(priority_aging_seconds=0)

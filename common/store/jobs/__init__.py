@@ -9,7 +9,8 @@ clock (`$$NOW`, or `ServerClock` where no write can read it).
 The concerns, each a class over the same collection (`JobsCollection`):
 `submits` (JobSubmits, with `workflows`: JobWorkflows), `claims` (JobClaims), `attempts`
 (JobAttempts: leases, progress, starts, expired leases), `outcomes` (JobOutcomes),
-`commands` (JobCommands: cancel, retry), `reads` (JobReads) and `changes` (JobChanges).
+`commands` (JobCommands: cancel, retry), `bulk` (JobBulk: retry and cancel by filter),
+`reads` (JobReads) and `changes` (JobChanges).
 A `JobStore` is all of them over one database, with handles on the two small collections
 every Brook process uses beside it: `presence` (`brook_dispatchers`) and `tokens`
 (`brook_state`), and the process's one `clock`.
@@ -25,6 +26,7 @@ from common.store.clock import ServerClock
 from common.store.db import ensure_indexes
 from common.store.jobs.attempts import JobAttempts
 from common.store.jobs.base import JOBS, JobsCollection
+from common.store.jobs.bulk import JobBulk
 from common.store.jobs.changes import JobChanges, buffered
 from common.store.jobs.claims import JobClaims
 from common.store.jobs.commands import JobCommands
@@ -60,7 +62,9 @@ __all__ = [
 ]
 
 
-class JobStore(JobSubmits, JobClaims, JobAttempts, JobOutcomes, JobCommands, JobReads, JobChanges):
+class JobStore(
+    JobSubmits, JobClaims, JobAttempts, JobOutcomes, JobCommands, JobBulk, JobReads, JobChanges
+):
     """The jobs collection's operations, one class per concern, over one database."""
 
     def __init__(

@@ -178,3 +178,41 @@ class JobClaims(JobsCollection):
 
         found = await asyncio.gather(*(best(k) for k in keys))
         return dict(zip(keys, found, strict=True))
+
+    async def oldest_due(
+        self,
+        limit: int,
+        *,
+        tasks: Collection[str] | None,
+        queue: str | None = None,
+        exclude: Collection[str] = (),
+        among: Collection[str] | None = None,
+    ) -> list[Doc]:
+        """The `limit` due pending jobs that have waited longest (priority aging's look: the
+        `due` index, in due order)."""
+        cursor = self.jobs.find(
+            claim_filter(tasks, queue, exclude, among),
+            projection={"priority": 1, "run_at": 1},
+            sort=[("run_at", ASCENDING)],
+            limit=limit,
+        )
+        if tasks is not None and len(tasks) <= queries.MAX_MERGED_SCANS:
+            cursor = cursor.hint("due")
+        return await cursor.to_list()
+
+    async def best_priority(
+        self,
+        *,
+        tasks: Collection[str] | None,
+        queue: str | None = None,
+        exclude: Collection[str] = (),
+        among: Collection[str] | None = None,
+    ) -> int | None:
+        """The stored priority of the job a claim would take now (None: none is due)."""
+        doc = await self.jobs.find_one(
+            claim_filter(tasks, queue, exclude, among),
+            projection={"priority": 1},
+            sort=CLAIM_SORT,
+            hint=claim_index(tasks, queue, among),
+        )
+        return int(doc.get("priority", 0)) if doc is not None else None

@@ -83,6 +83,20 @@ INDEXES = [
         unique=True,
         partialFilterExpression={"idempotency_key": {"$type": "string"}},
     ),
+    # Bulk retry (`POST /jobs/retry`): failed or cancelled jobs by error type and finish time
+    # (finished jobs of other statuses cost it nothing) ...
+    IndexModel(
+        [("status", ASCENDING), ("error.type", ASCENDING), ("finished_at", ASCENDING)],
+        name="failures",
+        partialFilterExpression={"status": {"$in": ["cancelled", "failed"]}},
+    ),
+    # ... and jobs by key (a bulk cancel of one tenant's jobs; jobs without a key cost it
+    # nothing).
+    IndexModel(
+        [("key", ASCENDING), ("status", ASCENDING), ("_id", DESCENDING)],
+        name="by_key",
+        partialFilterExpression={"key": {"$type": "string"}},
+    ),
     # Debounce: one pending job per debounce key (racing submits join it; once claimed, it
     # leaves the index and the next submit starts a new one).
     IndexModel(
