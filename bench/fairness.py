@@ -180,3 +180,90 @@ def summary(res: dict[str, Any]) -> list[str]:
         d = res[label]
         lines.append(f"  {label:<20} {d['jobs']} jobs, {d['jobs_per_s']} jobs/s")
     return lines
+
+
+# -- bulk operations: the plans of their filters ---------------------------------------------
+
+
+def _plan_summary(explain: dict[str, Any]) -> dict[str, Any]:
+    stats = explain["executionStats"]
+    stage = explain["queryPlanner"]["winningPlan"]
+    indexes: list[str] = []
+    while stage:
+        if "indexName" in stage:
+            indexes.append(stage["indexName"])
+        stage = stage.get("inputStage") or (stage.get("inputStages") or [None])[0]
+    return {
+        "index": indexes[0] if indexes else "COLLSCAN",
+        "returned": stats["nReturned"],
+        "keys_examined": stats["totalKeysExamined"],
+        "docs_examined": stats["totalDocsExamined"],
+    }
+
+
+def bulk_plans(ctx: Context, jobs: int) -> dict[str, Any]:
+    """The plans of the bulk filters on `jobs` finished jobs (a tenth failed with one of
+    ten error types, a tenth of those cancelled), a fifth with a key, plus as many pending."""
+    from datetime import UTC, datetime, timedelta
+
+    from common.domain.bulk import JobFilter
+    from common.domain.status import JobStatus
+    from common.store.queries import bulk_index, bulk_match
+
+    db = ctx.new_db("bulkplans")
+    now = datetime.now(UTC)
+
+    async def fill(store: JobStore) -> None:
+        await store.ensure_indexes()
+        docs = []
+        for i in range(2 * jobs):
+            failed = i % 10 == 0 and i < jobs
+            created = now - timedelta(seconds=jobs - i)
+            status = "pending" if i >= jobs else ("failed" if failed else "completed")
+            if failed and i % 100 == 0:
+                status = "cancelled"
+            docs.append(
+                {
+                    "_id": f"{i:024x}",
+                    "task": f"t{i % 5}",
+                    "queue": "default",
+                    "status": status,
+                    "priority": 0,
+                    "run_at": now,
+                    "created_at": created,
+                    "finished_at": None if status == "pending" else created,
+                    "error": {"type": f"E{i % 7}", "message": "x"} if failed else None,
+                    **({"key": f"k{i % 50}"} if i % 5 == 0 else {}),
+                }
+            )
+        for start in range(0, len(docs), 5000):
+            await store.jobs.insert_many(docs[start : start + 5000])
+
+    _store_call(ctx, db, fill)
+    since = now - timedelta(seconds=jobs // 2)
+    cases = {
+        "retry error_type=E3 finished_since": (
+            "retry",
+            JobFilter(error_type="E3", finished_since=since),
+        ),
+        "retry status=failed task=t1": (
+            "retry",
+            JobFilter(statuses=frozenset({JobStatus.FAILED}), task="t1"),
+        ),
+        "cancel key=k10": ("cancel", JobFilter(key="k10")),
+        "cancel status=pending queue=default": (
+            "cancel",
+            JobFilter(statuses=frozenset({JobStatus.PENDING}), queue="default"),
+        ),
+    }
+
+    async def explain(store: JobStore) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for label, (action, f) in cases.items():
+            cursor = store.jobs.find(bulk_match(f, action))  # type: ignore[arg-type]
+            hint = bulk_index(f, action)  # type: ignore[arg-type]
+            plan = await (cursor.hint(hint) if hint else cursor).explain()
+            out[label] = _plan_summary(plan)
+        return out
+
+    return {"jobs": 2 * jobs, "plans": _store_call(ctx, db, explain)}

@@ -8,6 +8,7 @@
     python -m bench.run --scenario failover [--jobs 50000] [--clients 32]
     python -m bench.run --scenario costs
     python -m bench.run --scenario fairness [--jobs 10000]
+    python -m bench.run --scenario bulkplans [--jobs 100000]
 
 `fairness` (`bench/fairness.py`) and the seven before it (`bench/scale.py`,
 `bench/failover.py`, `bench/costs.py`) are not part of
@@ -61,6 +62,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=[
             "latency", "throughput", "batch", "probe", "events", "limits", "all",
             "enqueue", "startup", "drain", "backlog", "failover", "costs", "e2e", "fairness",
+            "bulkplans",
         ],
         default="all",
     )
@@ -407,6 +409,7 @@ def _scale_plan(
         "backlog": [("backlog", lambda: scale.backlog(ctx, sizes))],
         "costs": [("costs", lambda: costs.costs(ctx))],
         "fairness": [("fairness", lambda: fairness.fairness(ctx, args.jobs))],
+        "bulkplans": [("bulkplans", lambda: fairness.bulk_plans(ctx, args.jobs))],
         "failover": [
             ("failover", lambda: failover.failover(ctx, args.jobs, args.clients or 32))
         ],

@@ -60,7 +60,12 @@ def _add_queue_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     qs.add_parser(
         "ls", help="each queue: its jobs by status, limits and slots in use"
     ).set_defaults(fn=cmd_queue_ls)
-    qset = qs.add_parser("set", help="set a queue's cluster-wide limits")
+    qset = qs.add_parser(
+        "set",
+        help="set a queue's cluster-wide limits",
+        usage="brook queue set NAME [--concurrency N] [--rate N/S] [--key-concurrency N]"
+        " [--key-rate N/S] [--fair | --no-fair]",
+    )
     qset.add_argument("name", metavar="NAME")
     qset.add_argument(
         "--concurrency",

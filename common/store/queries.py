@@ -602,6 +602,10 @@ def bulk_match(f: JobFilter, action: BulkAction) -> dict[str, Any]:
     ):
         if value is not None:
             query[field] = {"$eq": value}
+    if f.key is not None:
+        # Says what the partial index `by_key` holds: without it, the planner cannot tell
+        # the query fits that index and scans all of it.
+        query["key"]["$type"] = "string"
     for field, since, until in (
         ("created_at", f.created_since, f.created_until),
         ("finished_at", f.finished_since, f.finished_until),

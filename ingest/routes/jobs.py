@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -140,12 +141,58 @@ async def list_jobs(
     queue: Annotated[str | None, Query(pattern=QUEUE_NAME)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     after: Annotated[str | None, Query(max_length=64)] = None,
+    key: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+    error: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> JSONResponse:
-    """Jobs newest first; pass `next` back as `after` for the following page."""
+    """Jobs newest first; pass `next` back as `after` for the following page. Search by
+    `key`, `error` (a piece of the error's type or message, any case) and `since`/`until`
+    (created at or after / before, ISO-8601)."""
     jobs, nxt = await store.list_jobs(
-        status=status, task=task, queue=queue, limit=limit, after=after
+        status=status,
+        task=task,
+        queue=queue,
+        limit=limit,
+        after=after,
+        key=key,
+        error=error,
+        since=_utc(since),
+        until=_utc(until),
     )
     return json_response({"jobs": [j.to_api() for j in jobs], "next": nxt})
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    if at is None:
+        return None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
+
+
+@router.get("/failures")
+async def failures(
+    store: Store,
+    since: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> JSONResponse:
+    """Jobs with an error, grouped by error type and task (the dashboard's failures view):
+    `{"groups": [{"error_type", "task", "failed", "retrying", "latest": {"id", "error",
+    "at"}}]}`, the most recent groups first; `since`: failed jobs finished at or after."""
+    groups = await store.failure_groups(_utc(since), limit)
+    return json_response(
+        {
+            "groups": [
+                {
+                    "error_type": g["_id"].get("type"),
+                    "task": g["_id"].get("task"),
+                    "failed": g["failed"],
+                    "retrying": g["retrying"],
+                    "latest": g["latest"],
+                }
+                for g in groups
+            ]
+        }
+    )
 
 
 @router.post("/jobs/{job_id}/cancel", responses=_ERRORS)

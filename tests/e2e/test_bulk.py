@@ -27,14 +27,14 @@ async def test_brook_retry_by_error_type_after_a_batch_of_failures(
     ids = [j["id"] for j in http.post("/jobs/batch", json={"jobs": specs}).json()["jobs"]]
     await wait_all_terminal(store, len(ids), timeout=90)
     [kind] = {(await store.get(i)).error["type"] for i in ids[:6]}  # type: ignore[index]
+    until = datetime.now(UTC).isoformat()  # the failures of this batch, not those after
     args = ["retry", "--status", "failed", "--error-type", kind, "--since", since]
+    args += ["--until", until]
     dry = brook(cluster, *args, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert json.loads(dry.stdout) == {"count": 6}
     done = brook(cluster, *args)
     assert done.returncode == 0 and json.loads(done.stdout) == {"count": 6}, done.stderr
-    again = brook(cluster, *args)  # resent while they run again: nothing more
-    assert json.loads(again.stdout) == {"count": 0}
     # Each ran again (a second attempt) and failed again; the crashes were left alone.
     wait_until(lambda: len(disp.events("job.failed")) >= 14, timeout=90)
     for job_id in ids[:6]:
@@ -42,6 +42,11 @@ async def test_brook_retry_by_error_type_after_a_batch_of_failures(
         assert job.status == "failed" and job.attempts == 2
     for job_id in ids[6:]:
         assert (await store.get(job_id)).attempts == 1
+    # The same request again: the failures it named were retried; nothing more changes.
+    again = brook(cluster, *args)
+    assert json.loads(again.stdout) == {"count": 0}
+    # Without the upper bound, the second failures match.
+    assert json.loads(brook(cluster, *args[:-2], "--dry-run").stdout) == {"count": 6}
     bad = brook(cluster, "retry")
     assert bad.returncode == 2 and "filter" in bad.stderr
 

@@ -196,7 +196,7 @@ def test_a_bulk_filter_puts_user_values_in_as_equalities_and_cancels_each_runnin
     assert retry == {
         "status": {"$in": ["cancelled", "failed"]},
         "task": {"$eq": "$where"},
-        "key": {"$eq": "acme"},
+        "key": {"$eq": "acme", "$type": "string"},
         "error.type": {"$eq": "E"},
         "finished_at": {"$gte": AT},
     }
