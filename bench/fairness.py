@@ -267,3 +267,51 @@ def bulk_plans(ctx: Context, jobs: int) -> dict[str, Any]:
         return out
 
     return {"jobs": 2 * jobs, "plans": _store_call(ctx, db, explain)}
+
+
+# -- key limits at scale: the drain rate with many keys in a big backlog ----------------------
+
+
+def _drain_for(ctx: Context, label: str, jobs: int, keys: int, seconds: float) -> dict[str, Any]:
+    """One dispatcher on a backlog of `jobs` noop jobs (over `keys` keys with
+    `key_concurrency` 2, or none): jobs finished per second over `seconds`, once it runs."""
+    db = ctx.new_db(label)
+    queue = "shared"
+
+    async def prepare(store: JobStore) -> None:
+        await store.ensure_indexes()
+        if keys:
+            await QueueStore(store.db).set_limits(queue, {"key_concurrency": 2})
+        await _fill(store, queue, [f"k{i}" for i in range(keys)] if keys else [None], jobs)
+
+    _store_call(ctx, db, prepare)
+    coll = ctx.client[db]["jobs"]
+    with _dispatchers(ctx, db, label, 1) as procs:
+        deadline = time.monotonic() + 300
+        while not coll.find_one({"status": "completed"}, {"_id": 1}):
+            procs[0].check_alive()
+            if time.monotonic() > deadline:
+                raise BenchError(f"{label}: nothing completed in 300 s")
+            time.sleep(0.2)
+        start = coll.count_documents({"status": "completed"})
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        done = coll.count_documents({"status": "completed"}) - start
+        elapsed = time.monotonic() - t0
+    return {
+        "pending_at_start": jobs,
+        "keys": keys,
+        "key_concurrency": 2 if keys else None,
+        "seconds": round(elapsed, 1),
+        "jobs_per_s": round(done / elapsed, 1),
+    }
+
+
+def keyscale(ctx: Context, jobs: int, keys: int = 10_000, seconds: float = 30.0) -> dict[str, Any]:
+    plain = _drain_for(ctx, "scaleplain", jobs, 0, seconds)
+    keyed = _drain_for(ctx, "scalekeys", jobs, keys, seconds)
+    return {
+        "no_keys": plain,
+        "key_concurrency": keyed,
+        "ratio": round(keyed["jobs_per_s"] / max(plain["jobs_per_s"], 1e-9), 2),
+    }

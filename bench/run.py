@@ -9,6 +9,7 @@
     python -m bench.run --scenario costs
     python -m bench.run --scenario fairness [--jobs 10000]
     python -m bench.run --scenario bulkplans [--jobs 100000]
+    python -m bench.run --scenario keyscale [--jobs 1000000]
 
 `fairness` (`bench/fairness.py`) and the seven before it (`bench/scale.py`,
 `bench/failover.py`, `bench/costs.py`) are not part of
@@ -62,7 +63,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=[
             "latency", "throughput", "batch", "probe", "events", "limits", "all",
             "enqueue", "startup", "drain", "backlog", "failover", "costs", "e2e", "fairness",
-            "bulkplans",
+            "bulkplans", "keyscale",
         ],
         default="all",
     )
@@ -410,6 +411,7 @@ def _scale_plan(
         "costs": [("costs", lambda: costs.costs(ctx))],
         "fairness": [("fairness", lambda: fairness.fairness(ctx, args.jobs))],
         "bulkplans": [("bulkplans", lambda: fairness.bulk_plans(ctx, args.jobs))],
+        "keyscale": [("keyscale", lambda: fairness.keyscale(ctx, args.jobs))],
         "failover": [
             ("failover", lambda: failover.failover(ctx, args.jobs, args.clients or 32))
         ],

@@ -263,6 +263,12 @@ class Claimer:
             soon = self.holdings.frees_within(self._slots(target), RATE_START_MARGIN_S / 2)
             rated = self.holdings.count_waiting(lambda j: self.limits.start_by(j.id) is not None)
             room = min(room, self.free_workers() + soon - rated)
+        elif self.limits.keyed(target):
+            # Turns across keys decide the order of what is claimed, not of what waits in
+            # the buffer: keep it short (at most `slots` jobs waiting for a worker), so a
+            # key's new job starts within about one claim, not behind a long buffer.
+            waiting = self.holdings.count_waiting(lambda j: j.queue == target)
+            room = min(room, self._slots(target) - waiting)
         return room
 
     def _rooms(self) -> list[Target]:

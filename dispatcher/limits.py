@@ -313,7 +313,9 @@ class Limits:
                 turns.refreshed(await self.store.pending_keys(queue))
                 refreshed = True
             now = self.clock.now()
-            picked = turns.pick(want, now, gen)
+            # A few keys more than jobs wanted (a key may be full, or its job won by a
+            # racing claim); each key's share of the candidates wanted.
+            picked = turns.pick(want // 2 + 1, now, gen)
             if not picked:
                 return [], {}, not turns.waiting(now, gen)
             per_key = max(1, -(-want // len(picked)))
@@ -504,6 +506,12 @@ class Limits:
         """Whether `queue` has a rate (its claims wait for a free worker: no claim ahead)."""
         limits = self.view.get(queue) if queue is not None else None
         return limits is not None and limits.rated
+
+    def keyed(self, queue: str | None) -> bool:
+        """Whether `queue` is claimed by turns across keys (its claims keep a short buffer,
+        so that a key's new job does not wait behind many claimed ahead)."""
+        limits = self.view.get(queue) if queue is not None else None
+        return limits is not None and limits.keyed
 
     def start_by(self, job_id: str) -> float | None:
         """The latest `time.monotonic()` this held job's task may start (None: no limit)."""

@@ -4,7 +4,6 @@ their claim under the slots it took (`common.store.queues`); the next due time."
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import Collection, Sequence
 from datetime import datetime
@@ -15,7 +14,7 @@ from pymongo import ASCENDING, ReturnDocument
 from common.domain.models import Doc, Job
 from common.store import queries
 from common.store.fields import P, R, as_claimed
-from common.store.jobs.base import JobsCollection
+from common.store.jobs.base import JOBS, JobsCollection
 from common.store.queries import CLAIM_SORT, claim_filter, claim_index
 
 
@@ -165,19 +164,28 @@ class JobClaims(JobsCollection):
         self, queue: str, keys: Sequence[str | None], per_key: int, *, tasks: Collection[str] | None
     ) -> dict[str | None, list[Doc]]:
         """The best due pending jobs of each of `keys` in `queue`, at most `per_key` each (None:
-        the jobs without a key): one index range of `claim_by_key` per key, all at once."""
+        the jobs without a key): one aggregation, one index range of `claim_by_key` per key
+        (`$unionWith`), in one round trip however many keys."""
+        if not keys:
+            return {}
 
-        async def best(key: str | None) -> list[Doc]:
-            return await self.jobs.find(
-                {**claim_filter(tasks, queue), "key": key},
-                projection={"_id": 1, "key": 1, "priority": 1},
-                sort=CLAIM_SORT,
-                limit=per_key,
-                hint="claim_by_key",
-            ).to_list()
+        def best(key: str | None) -> list[dict[str, Any]]:
+            return [
+                {"$match": {**claim_filter(tasks, queue), "key": key}},
+                {"$sort": dict(CLAIM_SORT)},
+                {"$limit": per_key},
+                {"$project": {"_id": 1, "key": 1, "priority": 1}},
+            ]
 
-        found = await asyncio.gather(*(best(k) for k in keys))
-        return dict(zip(keys, found, strict=True))
+        pipeline = best(keys[0]) + [
+            {"$unionWith": {"coll": JOBS, "pipeline": best(k)}} for k in keys[1:]
+        ]
+        docs = await (await self.jobs.aggregate(pipeline, hint="claim_by_key")).to_list()
+        found: dict[str | None, list[Doc]] = {k: [] for k in keys}
+        for doc in docs:
+            key = doc.get("key")
+            found.setdefault(str(key) if key is not None else None, []).append(doc)
+        return found
 
     async def oldest_due(
         self,
