@@ -325,8 +325,10 @@ class Limits:
             if docs or refreshed:
                 break
             turns.stale = True  # nothing due in the keys it knew: look for keys it missed
-        # Dry: every key that may start a job was looked at, and none had more.
-        dry = len(picked) == len(turns) and all(len(v) < per_key for v in found.values())
+        # Dry: every key that may start a job was looked at (none is left that was not),
+        # and none had more. (Keys found empty have left the turns by now.)
+        others = [k for k in turns.pick(len(turns), self.clock.now(), gen) if k not in found]
+        dry = not others and all(len(v) < per_key for v in found.values())
         return (
             [str(d["_id"]) for d in docs],
             {str(d["_id"]): _key_of(d) for d in docs},
