@@ -37,6 +37,9 @@ class KeyTurns:
         self._order: OrderedDict[Key, None] = OrderedDict()
         self._waits: dict[str, Wait] = {}
         self._seen_since: set[Key] = set()
+        # Keys heard of since the current look began: a look that found them empty read
+        # before their job was there, so it must not drop them.
+        self._recent: set[Key] = set()
         self.stale = True
 
     def __len__(self) -> int:
@@ -48,9 +51,13 @@ class KeyTurns:
     def saw(self, key: Key) -> None:
         """A job of `key` became pending: a key not in the order comes in at the front."""
         self._seen_since.add(key)
+        self._recent.add(key)
         if key not in self._order:
             self._order[key] = None
             self._order.move_to_end(key, last=False)
+
+    def look_started(self) -> None:
+        self._recent = set()
 
     def refresh_started(self) -> None:
         self._seen_since = set()
@@ -58,7 +65,7 @@ class KeyTurns:
     def refreshed(self, keys: Iterable[Key]) -> None:
         """The keys with pending jobs, as a distinct scan found them (plus those seen since
         it began): known keys keep their turn, new ones come in at the front."""
-        fresh = set(keys) | self._seen_since
+        fresh = set(keys) | self._seen_since | self._recent
         for key in [k for k in self._order if k not in fresh]:
             del self._order[key]
         for key in sorted((k for k in fresh if k not in self._order), key=str, reverse=True):
@@ -100,9 +107,11 @@ class KeyTurns:
             self._waits[key] = Wait(until, generation)
 
     def dry(self, keys: Iterable[Key]) -> None:
-        """These keys had nothing due: out of the order until seen again."""
+        """These keys had nothing due: out of the order until seen again (but for those
+        heard of since the look began)."""
         for key in keys:
-            self._order.pop(key, None)
+            if key not in self._recent:
+                self._order.pop(key, None)
 
     def served(self, keys: Sequence[Key]) -> None:
         """These keys got jobs (in this order): to the back."""

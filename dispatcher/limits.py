@@ -306,6 +306,7 @@ class Limits:
         """A keyed queue's candidates, by turns across its keys (`dispatcher.key_turns`): the
         ids, each one's key, and whether the queue may have run dry."""
         turns = self.turns.setdefault(queue, KeyTurns())
+        turns.look_started()
         refreshed = False
         while True:
             if turns.stale:

@@ -171,3 +171,17 @@ def test_priority_aging_is_a_setting_off_by_default() -> None:
     assert Settings(priority_aging_seconds=30).priority_aging_seconds == 30
     with pytest.raises(ValueError):
         Settings(priority_aging_seconds=0)
+
+
+def test_a_key_heard_of_during_a_look_is_not_dropped_by_that_looks_empty_read() -> None:
+    # The look read before the job was there (a job heard of from the oplog before it is
+    # majority-committed): dropping its key would leave the job to the next sweep.
+    turns = KeyTurns()
+    turns.refreshed(["b"])
+    turns.look_started()
+    turns.saw("b")  # a new job of b, while the look reads
+    turns.dry(["b"])
+    assert turns.keys() == ["b"]
+    turns.look_started()
+    turns.dry(["b"])  # the next look finds it empty too: now it goes
+    assert turns.keys() == []

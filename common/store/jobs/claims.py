@@ -10,6 +10,8 @@ from datetime import datetime
 from typing import Any
 
 from pymongo import ASCENDING, ReturnDocument
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.read_concern import ReadConcern
 
 from common.domain.models import Doc, Job
 from common.store import queries
@@ -154,10 +156,16 @@ class JobClaims(JobsCollection):
         won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
         return [Job.from_doc(d) for d in won]
 
+    def _primary(self) -> AsyncCollection[Doc]:
+        """The jobs as the primary has them (local read concern): a job a dispatcher heard
+        of from the oplog (before it is majority-committed) is a candidate at once, as
+        for the plain claim (a write on the primary); the claim itself is fenced."""
+        return self.jobs.with_options(read_concern=ReadConcern("local"))
+
     async def pending_keys(self, queue: str) -> list[str | None]:
         """The keys with pending jobs in `queue`, jobs without a key under None (one distinct
         scan of `claim_by_key`: a seek per key, however many jobs each has)."""
-        keys = await self.jobs.distinct("key", {"status": P, "queue": queue})
+        keys = await self._primary().distinct("key", {"status": P, "queue": queue})
         return [None, *sorted(str(k) for k in keys if k is not None)]
 
     async def key_candidates(
@@ -180,7 +188,8 @@ class JobClaims(JobsCollection):
         pipeline = best(keys[0]) + [
             {"$unionWith": {"coll": JOBS, "pipeline": best(k)}} for k in keys[1:]
         ]
-        docs = await (await self.jobs.aggregate(pipeline, hint="claim_by_key")).to_list()
+        jobs = self._primary()
+        docs = await (await jobs.aggregate(pipeline, hint="claim_by_key")).to_list()
         found: dict[str | None, list[Doc]] = {k: [] for k in keys}
         for doc in docs:
             key = doc.get("key")
