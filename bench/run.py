@@ -7,8 +7,12 @@
     python -m bench.run --scenario e2e [--jobs 5000]
     python -m bench.run --scenario failover [--jobs 50000] [--clients 32]
     python -m bench.run --scenario costs
+    python -m bench.run --scenario fairness [--jobs 10000]
+    python -m bench.run --scenario bulkplans [--jobs 100000]
+    python -m bench.run --scenario keyscale [--jobs 1000000]
 
-The last seven (`bench/scale.py`, `bench/failover.py`, `bench/costs.py`) are not part of
+`fairness` (`bench/fairness.py`) and the seven before it (`bench/scale.py`,
+`bench/failover.py`, `bench/costs.py`) are not part of
 `all`: `backlog` at a million jobs takes a while and a few GB of disk; `failover` kills a
 member of the embedded set; `costs` measures MongoDB alone (raw PyMongo, no Brook role).
 
@@ -34,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import costs, failover, limits, scale
+from bench import costs, failover, fairness, limits, scale
 from bench.events import enable_post_images, events_fanout
 from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
@@ -58,7 +62,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--scenario",
         choices=[
             "latency", "throughput", "batch", "probe", "events", "limits", "all",
-            "enqueue", "startup", "drain", "backlog", "failover", "costs", "e2e",
+            "enqueue", "startup", "drain", "backlog", "failover", "costs", "e2e", "fairness",
+            "bulkplans", "keyscale",
         ],
         default="all",
     )
@@ -299,6 +304,8 @@ def summarize(results: dict[str, Any]) -> str:
         ]
     if "limits" in results:
         lines += limits.summary(results["limits"])
+    if "fairness" in results:
+        lines += fairness.summary(results["fairness"])
     lines += _scale_summary(results)
     for label, prof in results.get("profiles", {}).items():
         if prof.get("samples"):
@@ -402,6 +409,9 @@ def _scale_plan(
         "e2e": [("e2e", lambda: scale.e2e(ctx, args.jobs))],
         "backlog": [("backlog", lambda: scale.backlog(ctx, sizes))],
         "costs": [("costs", lambda: costs.costs(ctx))],
+        "fairness": [("fairness", lambda: fairness.fairness(ctx, args.jobs))],
+        "bulkplans": [("bulkplans", lambda: fairness.bulk_plans(ctx, args.jobs))],
+        "keyscale": [("keyscale", lambda: fairness.keyscale(ctx, args.jobs))],
         "failover": [
             ("failover", lambda: failover.failover(ctx, args.jobs, args.clients or 32))
         ],

@@ -181,6 +181,8 @@ class Client:
     set_queue = blocking(ClientCore.set_queue)
     cancel = blocking(ClientCore.cancel)
     retry = blocking(ClientCore.retry)
+    retry_many = blocking(ClientCore.retry_many)
+    cancel_many = blocking(ClientCore.cancel_many)
     wait = blocking(ClientCore.wait)
     parent_results = blocking(ClientCore.parent_results)
     signal = blocking(ClientCore.signal)

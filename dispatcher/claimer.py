@@ -26,6 +26,7 @@ from common.runtime.log_events import Event, emit
 from common.runtime.metrics import CLAIMS
 from common.runtime.supervision import spawn_logged
 from common.store.clock import ServerClock
+from dispatcher.aging import Aging
 from dispatcher.limits import Limits
 from dispatcher.wiring import Wiring
 
@@ -115,7 +116,7 @@ class Claimer:
         # Worker processes free now (the dispatcher sets it: the runner's count).
         self.free_workers: Callable[[], int] = lambda: self.settings.worker_slots
         self.clock = clock = wiring.clock
-        self.timer = DueTimer(self._next_due, clock, self.signal)
+        self.timer = DueTimer(self._next_due, clock, self._due_timer_fired)
         self._wake = asyncio.Event()
         self._stopping = False
         # `_signals` counts reasons to look for work; `_maybe_more` says the last look may
@@ -128,6 +129,8 @@ class Claimer:
         self._urgent = False  # news of a job that outranks all claimed ahead
         self._claiming = False  # a look's claims are in flight
         self._jump: asyncio.Task[None] | None = None  # an urgent claim beside them
+        aging = settings.priority_aging_seconds
+        self.aging = Aging(wiring, aging) if aging is not None else None
 
     def runs(self, task: object, queue: object) -> bool:
         """Whether a job of this task in this queue is one this dispatcher would claim."""
@@ -154,7 +157,11 @@ class Claimer:
         self._wake.set()
 
     def due_at(
-        self, run_at: datetime | None, priority: int | None = None, queue: str | None = None
+        self,
+        run_at: datetime | None,
+        priority: int | None = None,
+        queue: str | None = None,
+        key: str | None = None,
     ) -> None:
         """A job became pending (in `queue`, when known): look now, or when it is due. A
         due job that outranks every job claimed ahead is claimed at once, alone, even while
@@ -162,7 +169,7 @@ class Claimer:
         most one job over its slots plus prefetch), not when the buffer would next be
         refilled."""
         if queue is not None:
-            self.limits.saw(queue)
+            self.limits.saw(queue, key)
         if run_at is not None and run_at.timestamp() > self.clock.now() + 0.002:
             self.timer.at(run_at.timestamp())
             return
@@ -180,6 +187,10 @@ class Claimer:
         # at most the room there was when it was sent.
         if self._room_of(target, urgent=True) > 0:
             await self._claim_for(target, 1)
+
+    def _due_timer_fired(self) -> None:
+        self.limits.keys_stale()  # a job now due may be of a key its queue's turns dropped
+        self.signal()
 
     def _limits_opened(self, queue: str | None) -> None:
         """A limited queue may start jobs again (None: the limits changed): its due jobs
@@ -252,6 +263,12 @@ class Claimer:
             soon = self.holdings.frees_within(self._slots(target), RATE_START_MARGIN_S / 2)
             rated = self.holdings.count_waiting(lambda j: self.limits.start_by(j.id) is not None)
             room = min(room, self.free_workers() + soon - rated)
+        elif self.limits.keyed(target):
+            # Turns across keys decide the order of what is claimed, not of what waits in
+            # the buffer: keep it short (at most `slots` jobs waiting for a worker), so a
+            # key's new job starts within about one claim, not behind a long buffer.
+            waiting = self.holdings.count_waiting(lambda j: j.queue == target)
+            room = min(room, self._slots(target) - waiting)
         return room
 
     def _rooms(self) -> list[Target]:
@@ -342,6 +359,10 @@ class Claimer:
         to another dispatcher's race."""
         try:
             exclude, among = await self._scope(target)
+            aged = await self._claim_aged(n, target, exclude, among)
+            n -= len(aged)
+            if n == 0:
+                return [True] * len(aged)
             owner, lease, tasks = self.owner, self.settings.lease_seconds, self.tasks
             if n == 1:
                 job = await self.store.claim(
@@ -360,7 +381,25 @@ class Claimer:
             _claimed(job)
             self.start(job)
         unfilled: bool | None = None if dry else False
-        return [True] * len(jobs) + [unfilled] * (n - len(jobs))
+        return [True] * (len(aged) + len(jobs)) + [unfilled] * (n - len(jobs))
+
+    async def _claim_aged(
+        self,
+        n: int,
+        target: Target,
+        exclude: frozenset[str],
+        among: frozenset[str] | None,
+    ) -> list[Job]:
+        """With priority aging, the old jobs whose effective priority beats the claim
+        order's first (at most once per check interval), claimed first."""
+        if self.aging is None:
+            return []
+        aged = await self.aging.claim(n, queue=target, exclude=exclude, among=among)
+        self.limits.adopt_strays(aged)
+        for job in aged:
+            _claimed(job)
+            self.start(job)
+        return aged
 
     async def _claim_failed(self, exc: PyMongoError) -> None:
         """No primary (or similar): wait a little, look again."""

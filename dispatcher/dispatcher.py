@@ -282,10 +282,12 @@ class Dispatcher:
             self.limits.requeued()
         priority = (inserted or {}).get("priority")
         queue = (inserted or {}).get("queue")
+        key = (inserted or {}).get("key")
         self.claimer.due_at(
             fields.get("run_at") or (inserted or {}).get("run_at"),
             priority if isinstance(priority, int) else None,
             queue if isinstance(queue, str) else None,
+            key if isinstance(key, str) else None,
         )
 
     # -- one attempt -----------------------------------------------------------------------

@@ -41,6 +41,7 @@ from common.domain.queues import RATE_START_MARGIN_S, BlockReason, QueueDoc, Que
 from common.runtime.backoff import Backoff
 from common.runtime.log_events import Event, emit
 from common.store.queues import CONFIG_FIELDS, Pruned, QueueStore, Taken
+from dispatcher.key_turns import KeyTurns, interleave
 from dispatcher.wiring import Wiring
 
 # How long a claim may take after writing its slots: after `claim_by`, no claim can use
@@ -166,6 +167,8 @@ class Limits:
         self._seen_since: set[str] = set()
         self._pending_stale = True
         self.gates = Gates(self.clock, lambda queue: self.on_open(queue))
+        # The turns of each keyed queue's keys (fair claiming, per-key limits).
+        self.turns: dict[str, KeyTurns] = {}
         # Set by the claimer: a queue may be claimed again (None: any queue may).
         self.on_open: Callable[[str | None], None] = lambda _queue: None
         self.loaded = asyncio.Event()
@@ -183,10 +186,18 @@ class Limits:
         limits = self.view.get(queue)
         return limits is not None and not limits.paused and self.gates.is_open(queue)
 
-    def saw(self, queue: str) -> None:
-        """A job was inserted into `queue`."""
+    def saw(self, queue: str, key: str | None = None) -> None:
+        """A job (of `key`) was inserted into `queue`."""
         self._pending_queues.add(queue)
         self._seen_since.add(queue)
+        turns = self.turns.get(queue)
+        if turns is not None:
+            turns.saw(key)
+
+    def keys_stale(self) -> None:
+        """Keyed queues may hold keys their turns do not know (a requeue, a due timer)."""
+        for turns in self.turns.values():
+            turns.stale = True
 
     async def plain_queues(self) -> frozenset[str] | None:
         """What a claim across every queue may take: None without limits anywhere (any
@@ -228,6 +239,7 @@ class Limits:
                 rate=str(limits.rate) if limits and limits.rate else None,
                 paused=limits.paused if limits else False,
             )
+            self.turns.pop(queue, None)  # new limits: the turns start afresh
             self.gates.forget(queue)
             self.gates.open(queue)
         self._adopt(j for j in self.held_jobs() if j.queue in became_limited)
@@ -245,19 +257,33 @@ class Limits:
     async def claim(self, queue: str, n: int, tasks: frozenset[str]) -> LimitedClaim:
         """Claim up to `n` due jobs of `queue` within its limits: their slots first."""
         gen = self.gates.generation(queue)
+        limits = self.view.get(queue)
+        keys: dict[str, str | None] | None = None
         # More candidates than slots wanted: the best ones may be held by racing claims.
-        ids = await self.store.candidates(2 * n + 2, tasks=tasks, queue=queue)
+        want = 2 * n + 2
+        if limits is not None and limits.keyed:
+            ids, keys, dry = await self._key_candidates(queue, want, tasks, gen)
+            if not ids and not dry:
+                self._keys_all_wait(queue, gen)
+                return LimitedClaim(queue=queue, jobs=[], blocked=not self.gates.is_open(queue))
+        else:
+            ids = await self.store.candidates(want, tasks=tasks, queue=queue)
+            dry = len(ids) < want
         if not ids:
-            return LimitedClaim(queue=queue, jobs=[], dry=True)
+            return LimitedClaim(
+                queue=queue, jobs=[], dry=dry, blocked=not self.gates.is_open(queue)
+            )
         tag = secrets.token_hex(8)
-        taken = await self._take(queue, ids, tag, n)
+        taken = await self._take(queue, ids, tag, n, keys)
         if not taken.slots:
-            taken = await self._refused(queue, gen, ids, tag, n, taken)
+            taken = await self._refused(queue, gen, ids, tag, n, taken, keys)
         if not taken.slots or taken.queue is None:
             return LimitedClaim(queue=queue, jobs=[], blocked=not self.gates.is_open(queue))
         self.gates.claimed(queue)
         asked = tuple(s.job for s in taken.slots)
-        rated = taken.queue.limits.rate is not None
+        if keys is not None:
+            self._served(queue, taken, gen)
+        rated = taken.queue.limits.rated
         # Sent before the claim: its `claimed_at` (the time the rate records) is later.
         start_by = time.monotonic() + RATE_START_MARGIN_S if rated else None
         jobs = await self.store.claim_tagged(
@@ -271,8 +297,65 @@ class Limits:
             tag=tag,
             asked=asked,
             rated=rated,
-            dry=len(ids) < 2 * n + 2 and len(jobs) < n,
+            dry=dry and len(jobs) < n,
         )
+
+    async def _key_candidates(
+        self, queue: str, want: int, tasks: frozenset[str], gen: int
+    ) -> tuple[list[str], dict[str, str | None], bool]:
+        """A keyed queue's candidates, by turns across its keys (`dispatcher.key_turns`): the
+        ids, each one's key, and whether the queue may have run dry."""
+        turns = self.turns.setdefault(queue, KeyTurns())
+        turns.look_started()
+        refreshed = False
+        while True:
+            if turns.stale:
+                turns.refresh_started()
+                turns.refreshed(await self.store.pending_keys(queue))
+                refreshed = True
+            now = self.clock.now()
+            # A few keys more than jobs wanted (a key may be full, or its job won by a
+            # racing claim); each key's share of the candidates wanted.
+            picked = turns.pick(want // 2 + 1, now, gen)
+            if not picked:
+                return [], {}, not turns.waiting(now, gen)
+            per_key = max(1, -(-want // len(picked)))
+            found = await self.store.key_candidates(queue, picked, per_key, tasks=tasks)
+            turns.dry(k for k, docs in found.items() if not docs)
+            docs = interleave(found)
+            if docs or refreshed:
+                break
+            turns.stale = True  # nothing due in the keys it knew: look for keys it missed
+        # Dry: every key that may start a job was looked at (none is left that was not),
+        # and none had more. (Keys found empty have left the turns by now.)
+        others = [k for k in turns.pick(len(turns), self.clock.now(), gen) if k not in found]
+        dry = not others and all(len(v) < per_key for v in found.values())
+        return (
+            [str(d["_id"]) for d in docs],
+            {str(d["_id"]): _key_of(d) for d in docs},
+            dry,
+        )
+
+    def _keys_all_wait(self, queue: str, gen: int) -> None:
+        """Every key of a keyed queue waits: the queue waits for a release, or for the first
+        key rate window to move (an event meanwhile and it is looked at again)."""
+        free = self.turns[queue].next_free()
+        if free is not None:
+            self.gates.close(queue, "rate", free, gen)
+        else:
+            self.gates.close(queue, "full", None, gen)
+
+    def _served(self, queue: str, taken: Taken, gen: int) -> None:
+        """After a take in a keyed queue: the keys served go to the back of the turns, and
+        the keys the queue shows full wait for a release (or their rate window)."""
+        turns = self.turns.get(queue)
+        doc = taken.queue
+        if turns is None or doc is None:
+            return
+        turns.served([s.key for s in taken.slots])
+        now = datetime.fromtimestamp(self.clock.now(), UTC)
+        keys = {s.key for s in doc.slots if s.key is not None}
+        turns.wait(_timestamps(doc.key_waits(keys, now)), gen)
 
     async def settle(self, claim: LimitedClaim) -> None:
         """After the claim: give back the slots of the jobs another dispatcher won, and with a
@@ -290,23 +373,41 @@ class Limits:
             return
         try:
             await self.queues.settle(
-                claim.queue, claim.tag, lost=lost, started=claimed if claim.rated else None
+                claim.queue,
+                claim.tag,
+                lost=lost,
+                started=claimed if claim.rated else None,
+                keys={j.id: j.key for j in claim.jobs},
             )
         except PyMongoError as exc:
             # Until a prune frees them after `claim_by`, the lost jobs' slots stay taken and
             # the won jobs count as starts at `claim_by`: late, never early.
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="settle", error=str(exc)[:200])
 
-    async def _take(self, queue: str, ids: list[str], tag: str, want: int) -> Taken:
+    async def _take(
+        self,
+        queue: str,
+        ids: list[str],
+        tag: str,
+        want: int,
+        keys: Mapping[str, str | None] | None = None,
+    ) -> Taken:
         # No longer than a lease: a dead claimer's slots are free by the time its jobs
         # are requeued.
         window = min(CLAIM_WINDOW_S, self.settings.lease_seconds)
         return await self.queues.take(
-            queue, owner=self.owner, tag=tag, jobs=ids, claim_window_s=window, want=want
+            queue, owner=self.owner, tag=tag, jobs=ids, claim_window_s=window, want=want, keys=keys
         )
 
     async def _refused(
-        self, queue: str, gen: int, ids: list[str], tag: str, want: int, taken: Taken
+        self,
+        queue: str,
+        gen: int,
+        ids: list[str],
+        tag: str,
+        want: int,
+        taken: Taken,
+        keys: Mapping[str, str | None] | None = None,
     ) -> Taken:
         """No slot: why? A full queue that may hold what dead attempts left is pruned and
         tried once more; otherwise the queue is closed until what blocks it can change."""
@@ -317,13 +418,23 @@ class Limits:
             return taken
         now = datetime.fromtimestamp(self.clock.now(), UTC)
         reason, at = doc.blocked(now)
-        if reason == "full" and queue in self._suspect:
+        if (reason == "full" or keys) and queue in self._suspect:
             self._suspect.discard(queue)
             pruned = await self.queues.prune(queue)
             self._reclaimed(queue, pruned)
-            reason = "room" if pruned.slots else reason
+            if pruned.slots:
+                again = await self._take(queue, ids, tag, want, keys)
+                if again.slots or again.queue is None:
+                    return again
+                doc = again.queue
+                reason, at = doc.blocked(now)
+        if reason == "room" and keys:
+            keyed = self._keys_full(queue, doc, keys, gen, now)
+            if keyed is None:
+                return Taken(slots=[], queue=doc)  # other keys may start: claim again
+            reason, at = keyed
         if reason == "room":
-            again = await self._take(queue, ids, tag, want)
+            again = await self._take(queue, ids, tag, want, keys)
             if again.slots or again.queue is None:
                 return again
             reason, at = again.queue.blocked(now)
@@ -333,6 +444,29 @@ class Limits:
                 reason, at = "rate", now
         self.gates.close(queue, reason, at.timestamp() if at else None, gen)
         return Taken(slots=[], queue=doc)
+
+    def _keys_full(
+        self,
+        queue: str,
+        doc: QueueDoc,
+        keys: Mapping[str, str | None],
+        gen: int,
+        now: datetime,
+    ) -> tuple[BlockReason, datetime | None] | None:
+        """The queue had room but the candidates' keys had none: they wait out of turn. None
+        if some other key may start a job now (claim again, without them); else why the
+        whole queue waits, and for the rate, until when."""
+        waits = doc.key_waits(keys.values(), now)
+        if not waits:
+            return "room", now  # not the keys: racing claims, or a clock ahead
+        turns = self.turns.setdefault(queue, KeyTurns())
+        turns.wait(_timestamps(waits), gen)
+        if not turns.waiting(now.timestamp(), gen):
+            return None
+        free = turns.next_free()
+        if free is not None:
+            return "rate", datetime.fromtimestamp(free, UTC)
+        return "full", None
 
     def _reclaimed(self, queue: str, pruned: Pruned) -> None:
         if not pruned.slots:
@@ -353,15 +487,17 @@ class Limits:
         self._adopt(j for j in jobs if j.queue in self._limited and j.id not in self.held)
 
     def _adopt(self, jobs: Iterable[Job]) -> None:
-        by_queue: dict[str, list[tuple[str, int, str]]] = {}
+        by_queue: dict[str, list[tuple[str, int, str, str | None]]] = {}
         for job in jobs:
             tag = secrets.token_hex(8)
             self.held[job.id] = Held(queue=job.queue, tag=tag)
-            by_queue.setdefault(job.queue, []).append((job.id, job.attempts, tag))
+            by_queue.setdefault(job.queue, []).append((job.id, job.attempts, tag, job.key))
         for queue, entries in by_queue.items():
             self.spawn(self._adopt_write(queue, entries), f"adopt:{queue}")
 
-    async def _adopt_write(self, queue: str, entries: list[tuple[str, int, str]]) -> None:
+    async def _adopt_write(
+        self, queue: str, entries: list[tuple[str, int, str, str | None]]
+    ) -> None:
         try:
             await self.queues.adopt(queue, entries)
         except PyMongoError as exc:
@@ -372,7 +508,13 @@ class Limits:
     def rated(self, queue: str | None) -> bool:
         """Whether `queue` has a rate (its claims wait for a free worker: no claim ahead)."""
         limits = self.view.get(queue) if queue is not None else None
-        return limits is not None and limits.rate is not None
+        return limits is not None and limits.rated
+
+    def keyed(self, queue: str | None) -> bool:
+        """Whether `queue` is claimed by turns across keys (its claims keep a short buffer,
+        so that a key's new job does not wait behind many claimed ahead)."""
+        limits = self.view.get(queue) if queue is not None else None
+        return limits is not None and limits.keyed
 
     def start_by(self, job_id: str) -> float | None:
         """The latest `time.monotonic()` this held job's task may start (None: no limit)."""
@@ -400,6 +542,7 @@ class Limits:
         may have a slot to reclaim."""
         self._suspect.update(self._limited)
         self._pending_stale = True
+        self.keys_stale()
         self.gates.open_waiting()
 
     # -- loops -----------------------------------------------------------------------------
@@ -442,4 +585,14 @@ class Limits:
                 continue
             self._suspect.update(self._limited)
             self._pending_stale = True
+            self.keys_stale()
             self.gates.open_waiting()
+
+
+def _key_of(doc: Mapping[str, Any]) -> str | None:
+    key = doc.get("key")
+    return str(key) if key is not None else None
+
+
+def _timestamps(waits: Mapping[str, datetime | None]) -> dict[str, float | None]:
+    return {k: (at.timestamp() if at is not None else None) for k, at in waits.items()}

@@ -68,7 +68,7 @@ def _spec(args: argparse.Namespace) -> JsonObject:
         "priority": args.priority,
         "max_attempts": args.max_attempts,
     }
-    for key in ("run_at", "timeout_s", "idempotency_key", "depends_on"):
+    for key in ("run_at", "timeout_s", "idempotency_key", "depends_on", "key"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
     if args.run_on_parent_failure:
@@ -189,8 +189,31 @@ def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_cancel(settings: Settings, args: argparse.Namespace) -> int:
-    print_json(call_api(settings, "POST", f"/jobs/{args.id}/cancel"))
+BULK_FILTERS = (
+    "status",
+    "task",
+    "queue",
+    "key",
+    "error_type",
+    "finished_since",
+    "finished_until",
+    "created_since",
+    "created_until",
+)
+
+
+def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
+    """`brook retry|cancel` with filters: `POST /jobs/retry|cancel`, prints `{"count": n}`."""
+    body: JsonObject = {k: getattr(args, k) for k in BULK_FILTERS if getattr(args, k)}
+    if args.id is not None:
+        if body or args.dry_run:
+            die(f"brook {action} takes a job ID or filters, not both", 2)
+        print_json(call_api(settings, "POST", f"/jobs/{args.id}/{action}"))
+        return 0
+    if not body:
+        die(f"brook {action} needs a job ID or at least one filter (--status, --task, ...)", 2)
+    body["dry_run"] = bool(args.dry_run)
+    print_json(call_api(settings, "POST", f"/jobs/{action}", body))
     return 0
 
 
@@ -205,6 +228,10 @@ def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
     key = quote(args.key, safe="")
     print_json(call_api(settings, "POST", f"/signals/{key}", {"payload": payload}))
     return 0
+
+
+def cmd_cancel(settings: Settings, args: argparse.Namespace) -> int:
+    return _bulk(settings, args, "cancel")
 
 
 def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
@@ -256,8 +283,7 @@ def cmd_triggers(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
-    print_json(call_api(settings, "POST", f"/jobs/{args.id}/retry"))
-    return 0
+    return _bulk(settings, args, "retry")
 
 
 def _limits(q: JsonObject) -> str:
@@ -269,6 +295,13 @@ def _limits(q: JsonObject) -> str:
         rate = q["rate"]
         window = f" ({q['starts_in_window']} in window)" if q.get("starts_in_window") else ""
         parts.append(f"rate={rate['limit']}/{rate['per_seconds']:g}s{window}")
+    if q.get("key_concurrency") is not None:
+        parts.append(f"key_concurrency={q['key_concurrency']}")
+    if q.get("key_rate"):
+        rate = q["key_rate"]
+        parts.append(f"key_rate={rate['limit']}/{rate['per_seconds']:g}s")
+    elif q.get("fair") and q.get("key_concurrency") is None:
+        parts.append("fair")
     if q.get("paused"):
         parts.append("paused")
     return " ".join(parts) or "-"
@@ -289,9 +322,14 @@ def cmd_queue_set(settings: Settings, args: argparse.Namespace) -> int:
 
     body: JsonObject = {}
     if args.action == "set":
-        if args.concurrency is UNSET and args.rate is UNSET:
-            die("brook queue set needs --concurrency and/or --rate", 2)
-        for key in ("concurrency", "rate"):
+        names = ("concurrency", "rate", "key_concurrency", "key_rate", "fair")
+        if all(getattr(args, key) is UNSET for key in names):
+            die(
+                "brook queue set needs --concurrency, --rate, --key-concurrency,"
+                " --key-rate and/or --fair",
+                2,
+            )
+        for key in names:
             if getattr(args, key) is not UNSET:
                 body[key] = getattr(args, key)
     else:

@@ -62,7 +62,12 @@ def _add_queue_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     qs.add_parser(
         "ls", help="each queue: its jobs by status, limits and slots in use"
     ).set_defaults(fn=cmd_queue_ls)
-    qset = qs.add_parser("set", help="set a queue's cluster-wide limits")
+    qset = qs.add_parser(
+        "set",
+        help="set a queue's cluster-wide limits",
+        usage="brook queue set NAME [--concurrency N] [--rate N/S] [--key-concurrency N]"
+        " [--key-rate N/S] [--fair | --no-fair]",
+    )
     qset.add_argument("name", metavar="NAME")
     qset.add_argument(
         "--concurrency",
@@ -77,6 +82,29 @@ def _add_queue_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         default=UNSET,
         metavar="N/S",
         help="starts per window of S seconds at most, e.g. 20/2 (none: no limit)",
+    )
+    qset.add_argument(
+        "--key-concurrency",
+        dest="key_concurrency",
+        type=parse_concurrency,
+        default=UNSET,
+        metavar="N",
+        help="running jobs per key (a job's key) at most, cluster-wide (none: no limit)",
+    )
+    qset.add_argument(
+        "--key-rate",
+        dest="key_rate",
+        type=parse_rate,
+        default=UNSET,
+        metavar="N/S",
+        help="starts per key per window of S seconds at most (none: no limit)",
+    )
+    qset.add_argument(
+        "--fair",
+        dest="fair",
+        action=argparse.BooleanOptionalAction,
+        default=UNSET,
+        help="claims take turns across keys (implied by a key limit)",
     )
     qset.set_defaults(fn=cmd_queue_set, action="set")
     for action, text in (("pause", "start nothing new"), ("resume", "start jobs again")):
@@ -117,6 +145,7 @@ def _submit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--run-at", dest="run_at", help="ISO-8601 datetime")
     s.add_argument("--timeout", dest="timeout_s", type=float)
     s.add_argument("--idempotency-key", dest="idempotency_key")
+    s.add_argument("--key", help="whose job it is (per-key limits, fair claiming)")
     s.add_argument(
         "--depends-on",
         dest="depends_on",
@@ -142,6 +171,23 @@ def _submit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.set_defaults(fn=cmd_submit)
 
 
+def _add_bulk_filters(p: argparse.ArgumentParser) -> None:
+    """The filter of `brook retry` / `brook cancel` without an ID (`POST /jobs/retry|cancel`)."""
+    statuses = sorted(s.value for s in JobStatus)
+    p.add_argument("--status", action="append", choices=statuses, help="repeat for several")
+    p.add_argument("--task")
+    p.add_argument("--queue")
+    p.add_argument("--key", help="the jobs of this key")
+    p.add_argument("--error-type", dest="error_type", help="the error.type they ended with")
+    p.add_argument("--since", dest="finished_since", metavar="ISO", help="finished at or after")
+    p.add_argument("--until", dest="finished_until", metavar="ISO", help="finished before")
+    p.add_argument("--created-since", dest="created_since", metavar="ISO")
+    p.add_argument("--created-until", dest="created_until", metavar="ISO")
+    p.add_argument(
+        "--dry-run", dest="dry_run", action="store_true", help="only count the jobs it would change"
+    )
+
+
 def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st = sub.add_parser("status", help="show a job")
     st.add_argument("id")
@@ -160,8 +206,9 @@ def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     w.add_argument("--queue")
     w.add_argument("--json", action="store_true", help="print each job as one JSON line")
     w.set_defaults(fn=cmd_watch)
-    c = sub.add_parser("cancel", help="cancel a job")
-    c.add_argument("id")
+    c = sub.add_parser("cancel", help="cancel a job, or every job a filter names")
+    c.add_argument("id", nargs="?", help="one job (or give filters instead)")
+    _add_bulk_filters(c)
     c.set_defaults(fn=cmd_cancel)
     sc = sub.add_parser("schedules", help="list cron schedules, or pause / resume one")
     sc.add_argument("action", nargs="?", choices=["ls", "pause", "resume"], default="ls")
@@ -175,8 +222,9 @@ def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     tr.add_argument("action", nargs="?", choices=["ls", "pause", "resume"], default="ls")
     tr.add_argument("name", nargs="?", metavar="NAME")
     tr.set_defaults(fn=cmd_triggers)
-    r = sub.add_parser("retry", help="retry a failed or cancelled job")
-    r.add_argument("id")
+    r = sub.add_parser("retry", help="retry a failed or cancelled job, or every one a filter names")
+    r.add_argument("id", nargs="?", help="one job (or give filters instead)")
+    _add_bulk_filters(r)
     r.set_defaults(fn=cmd_retry)
     _add_queue_commands(sub)
 

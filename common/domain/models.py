@@ -48,6 +48,19 @@ class JobSpec:
     depends_on: tuple[str, ...] = ()
     ref: str | None = None  # a name other specs of the same batch may depend on
     run_on_parent_failure: bool = False  # run once every parent ended, however it ended
+    # Whose job this is (a customer, an API key): a queue's per-key limits and its fair
+    # claiming count jobs by it.
+    key: str | None = None
+    # Debounce: submits with the same `debounce_key` while its job is pending become that
+    # one job, with the latest payload, due once no submit came for `debounce_s` and never
+    # later than `debounce_max_s` after the first.
+    debounce_key: str | None = None
+    debounce_s: float | None = None
+    debounce_max_s: float | None = None
+
+
+# Without `debounce_max_s`, a debounced job waits at most this many times `debounce_s`.
+DEBOUNCE_MAX_FACTOR = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +107,9 @@ class Job:
     steps: list[dict[str, Any]] = field(default_factory=list)
     steps_bytes: int = 0
     waiting_for: dict[str, Any] | None = None
+    key: str | None = None  # whose job it is: per-key limits and fair claiming
+    debounce_key: str | None = None
+    debounced: int = 0  # submits this debounced job took (the first included)
 
     @property
     def job_id(self) -> str:
@@ -149,6 +165,9 @@ class Job:
             steps=list(doc.get("steps") or []),
             steps_bytes=int(doc.get("steps_bytes", 0)),
             waiting_for=doc.get("waiting_for"),
+            key=doc.get("key"),
+            debounce_key=doc.get("debounce_key"),
+            debounced=int(doc.get("debounced", 0)),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -189,6 +208,9 @@ class Job:
             # Steps without their results (a result can be large): name, at, duration, size.
             "steps": [step_view(e) for e in self.steps],
             "waiting_for": self.waiting_for,
+            "key": self.key,
+            "debounce_key": self.debounce_key,
+            "debounced": self.debounced,
         }
 
     def step_results(self) -> dict[str, Any]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -66,22 +67,43 @@ class QueueLimits:
     concurrency: int | None = None
     rate: Rate | None = None
     paused: bool = False
+    # Per key (a job's `key`): running jobs at most, and starts per window, cluster-wide.
+    key_concurrency: int | None = None
+    key_rate: Rate | None = None
+    # Claimed fairly across keys (round-robin) even without a per-key limit.
+    fair: bool = False
 
     @property
     def limited(self) -> bool:
         """Claims for this queue go through its slots (a paused queue counts: it starts nothing)."""
-        return self.concurrency is not None or self.rate is not None or self.paused
+        return self.concurrency is not None or self.rate is not None or self.paused or self.keyed
+
+    @property
+    def keyed(self) -> bool:
+        """Claims for this queue take turns across keys (`dispatcher.limits`)."""
+        return self.key_concurrency is not None or self.key_rate is not None or self.fair
+
+    @property
+    def rated(self) -> bool:
+        """Starts are counted (a rate on the queue or per key): claims wait for a worker."""
+        return self.rate is not None or self.key_rate is not None
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> QueueLimits:
-        rate = doc.get("rate")
         return cls(
             concurrency=doc.get("concurrency"),
-            rate=Rate(limit=int(rate["limit"]), per_seconds=float(rate["per_seconds"]))
-            if rate
-            else None,
+            rate=_rate(doc.get("rate")),
             paused=bool(doc.get("paused", False)),
+            key_concurrency=doc.get("key_concurrency"),
+            key_rate=_rate(doc.get("key_rate")),
+            fair=bool(doc.get("fair", False)),
         )
+
+
+def _rate(doc: Mapping[str, Any] | None) -> Rate | None:
+    if not doc:
+        return None
+    return Rate(limit=int(doc["limit"]), per_seconds=float(doc["per_seconds"]))
 
 
 UNLIMITED = QueueLimits()
@@ -114,8 +136,20 @@ class QueueUpdate(BaseModel):
     )
     rate: RateSpec | None = Field(default=None, description="starts per window; null: no limit")
     paused: bool | None = Field(default=None, description="true: nothing new starts")
+    key_concurrency: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_CONCURRENCY,
+        description="running jobs per key (a job's `key`) at most; null: no limit",
+    )
+    key_rate: RateSpec | None = Field(
+        default=None, description="starts per window per key; null: no limit"
+    )
+    fair: bool | None = Field(
+        default=None, description="true: claims take turns across keys even without a key limit"
+    )
 
-    @field_validator("paused", mode="before")
+    @field_validator("paused", "fair", mode="before")
     @classmethod
     def _strict_bool(cls, value: Any) -> Any:
         if value is not None and not isinstance(value, bool):
@@ -124,8 +158,9 @@ class QueueUpdate(BaseModel):
 
     @model_validator(mode="after")
     def _paused_is_a_bool(self) -> QueueUpdate:
-        if "paused" in self.model_fields_set and self.paused is None:
-            raise ValueError("paused must be true or false")
+        for name in ("paused", "fair"):
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name} must be true or false")
         return self
 
     def changes(self) -> dict[str, Any]:
@@ -138,6 +173,12 @@ class QueueUpdate(BaseModel):
             out["rate"] = None if self.rate is None else self.rate.model_dump()
         if "paused" in sent:
             out["paused"] = self.paused
+        if "key_concurrency" in sent:
+            out["key_concurrency"] = self.key_concurrency
+        if "key_rate" in sent:
+            out["key_rate"] = None if self.key_rate is None else self.key_rate.model_dump()
+        if "fair" in sent:
+            out["fair"] = self.fair
         return out
 
 
@@ -181,11 +222,13 @@ class QueueSlot:
     claim_by: datetime | None = None
     attempt: int | None = None
     adopted: bool = False
+    key: str | None = None  # the job's key: counted against the queue's per-key limits
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> QueueSlot:
         attempt = doc.get("attempt")
         return cls(
+            key=doc.get("key"),
             job=str(doc["job"]),
             tag=str(doc["tag"]),
             owner=str(doc.get("owner", "")),
@@ -215,6 +258,7 @@ class QueueDoc:
     starts: tuple[datetime, ...] = ()
     used: int = 0  # slots counted against the concurrency
     now: datetime | None = None  # the server's clock when read, when asked for
+    key_starts: tuple[tuple[str, datetime], ...] = ()  # (key, start) in the key rate's window
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> QueueDoc:
@@ -226,7 +270,40 @@ class QueueDoc:
             starts=tuple(doc.get("starts") or ()),
             used=int(doc.get("used", len(slots))),
             now=doc.get("now"),
+            key_starts=tuple((str(k["key"]), k["at"]) for k in doc.get("key_starts") or ()),
         )
+
+    def key_waits(self, keys: Iterable[str | None], now: datetime) -> dict[str, datetime | None]:
+        """Of these keys, those that can start nothing now by the per-key limits, each with
+        when it may again: None for a key at its `key_concurrency` (when a slot of it is
+        released), the moment its rate window frees for one out of starts."""
+        limits = self.limits
+        out: dict[str, datetime | None] = {}
+        per_key = Counter(s.key for s in self.slots if s.key is not None)
+        window = (
+            timedelta(seconds=limits.key_rate.per_seconds + RATE_START_MARGIN_S)
+            if limits.key_rate is not None
+            else None
+        )
+        for key in set(keys):
+            if key is None:
+                continue
+            if limits.key_concurrency is not None and per_key[key] >= limits.key_concurrency:
+                out[key] = None
+                continue
+            if window is None or limits.key_rate is None:
+                continue
+            recent = sorted(
+                [at for k, at in self.key_starts if k == key and at > now - window]
+                + [
+                    s.claim_by
+                    for s in self.slots
+                    if s.key == key and s.claim_by is not None and s.claim_by > now - window
+                ]
+            )
+            if len(recent) >= limits.key_rate.limit:
+                out[key] = recent[len(recent) - limits.key_rate.limit] + window
+        return out
 
     def window_starts(self, now: datetime) -> list[datetime]:
         """Starts that count in the rate window ending `now`: recorded starts, and each

@@ -70,6 +70,27 @@ class SubmitJob(BaseModel):
         max_length=256,
         description="a name the other specs of the same batch may list in depends_on",
     )
+    key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="whose job this is: a queue's per-key limits and fair claiming count by it",
+    )
+    debounce_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="submits with this key while its job is pending join that job",
+    )
+    debounce_s: float | None = Field(
+        default=None, gt=0, le=DAY_S, description="run once no submit joined for this long"
+    )
+    debounce_max_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * DAY_S,
+        description="run at most this long after the first submit (default 10 x debounce_s)",
+    )
     run_on_parent_failure: StrictBool = Field(
         default=False,
         description="run once every parent ended, even if one failed or was cancelled",
@@ -119,7 +140,29 @@ class SubmitJob(BaseModel):
             raise ValueError("give run_at or delay, not both")
         if self.unique_for_s is not None and self.idempotency_key is None:
             raise ValueError("unique_for_s needs an idempotency_key")
+        self._debounce_together()
         return self
+
+    def _debounce_together(self) -> None:
+        if (self.debounce_key is None) != (self.debounce_s is None):
+            raise ValueError("give debounce_key and debounce_s together")
+        if self.debounce_key is None:
+            if self.debounce_max_s is not None:
+                raise ValueError("debounce_max_s needs debounce_key and debounce_s")
+            return
+        others = {
+            "idempotency_key": self.idempotency_key,
+            "run_at": self.run_at,
+            "delay": self.delay,
+            "depends_on": self.depends_on,
+            "ref": self.ref,
+        }
+        given = [name for name, value in others.items() if value is not None]
+        if given:
+            raise ValueError(f"a debounced job takes no {given[0]}")
+        longest, quiet = self.debounce_max_s, self.debounce_s
+        if longest is not None and quiet is not None and longest < quiet:
+            raise ValueError("debounce_max_s must be at least debounce_s")
 
     def to_spec(self) -> JobSpec:
         return JobSpec(
@@ -137,6 +180,10 @@ class SubmitJob(BaseModel):
             depends_on=tuple(self.depends_on or ()),
             ref=self.ref,
             run_on_parent_failure=self.run_on_parent_failure,
+            key=self.key,
+            debounce_key=self.debounce_key,
+            debounce_s=self.debounce_s,
+            debounce_max_s=self.debounce_max_s,
         )
 
 

@@ -32,6 +32,7 @@ from common.domain.status import TERMINAL, JobStatus
 from common.domain.steps import StepError, check_signal_key, check_signal_payload
 from common.domain.validation import validate_batch, validate_spec
 from common.domain.workflows import external_parents, unknown_parents_detail
+from common.operations.bulk import BulkOperations
 from common.operations.dependents import recheck, settle
 from common.operations.task_directory import TaskDirectory
 from common.runtime import tracing
@@ -52,6 +53,7 @@ from common.store.transactions import (
 )
 
 NO_TX_WORKFLOWS = "depends_on cannot be used with session= (submit the dependents after the commit)"
+NO_TX_DEBOUNCE = "debounce_key cannot be used with session= (a debounced job joins outside it)"
 
 # How long one wait on the job's change stream lasts on the server before the driver asks
 # again (a `getMore`, not a read of the job).
@@ -80,6 +82,9 @@ class QueueInfo:
     paused: bool = False
     slots_in_use: int | None = None
     starts_in_window: int | None = None
+    key_concurrency: int | None = None
+    key_rate: dict[str, float] | None = None
+    fair: bool = False
 
     @classmethod
     def of(cls, name: str, counts: dict[str, int], usage: QueueUsage | None) -> QueueInfo:
@@ -94,6 +99,9 @@ class QueueInfo:
             paused=limits.paused,
             slots_in_use=usage.in_use,
             starts_in_window=usage.in_window if limits.rate else None,
+            key_concurrency=limits.key_concurrency,
+            key_rate=limits.key_rate.to_api() if limits.key_rate else None,
+            fair=limits.keyed,
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -105,6 +113,9 @@ class QueueInfo:
             "paused": self.paused,
             "slots_in_use": self.slots_in_use,
             "starts_in_window": self.starts_in_window,
+            "key_concurrency": self.key_concurrency,
+            "key_rate": self.key_rate,
+            "fair": self.fair,
         }
 
 
@@ -172,6 +183,10 @@ class Submitting:
         retention_s: float | None = None,
         depends_on: Sequence[str] | None = None,
         run_on_parent_failure: bool = False,
+        key: str | None = None,
+        debounce_key: str | None = None,
+        debounce_s: float | timedelta | None = None,
+        debounce_max_s: float | timedelta | None = None,
         session: TxSession | None = None,
     ) -> Job:
         """Submit one job and return it (the existing job for a known `idempotency_key`).
@@ -196,6 +211,10 @@ class Submitting:
                 "retention_s": retention_s,
                 "depends_on": None if depends_on is None else list(depends_on),
                 "run_on_parent_failure": run_on_parent_failure,
+                "key": key,
+                "debounce_key": debounce_key,
+                "debounce_s": _seconds(debounce_s),
+                "debounce_max_s": _seconds(debounce_max_s),
             }
         )
         if session is not None:
@@ -220,10 +239,15 @@ class Submitting:
         transaction, on the client this one wraps); nothing is logged. Workflows are not
         staged in a transaction (their parents are marked and re-checked outside it)."""
         for i, spec in enumerate(specs):
-            if spec.depends_on:
-                loc: list[object] = ["jobs", i, "depends_on"] if batch else ["depends_on"]
+            for field, given, msg in (
+                ("depends_on", spec.depends_on, NO_TX_WORKFLOWS),
+                ("debounce_key", spec.debounce_key, NO_TX_DEBOUNCE),
+            ):
+                if not given:
+                    continue
+                loc: list[object] = ["jobs", i, field] if batch else [field]
                 raise InvalidInput(
-                    [{"loc": loc, "msg": NO_TX_WORKFLOWS, "type": "unsupported_with_session"}]
+                    [{"loc": loc, "msg": msg, "type": "unsupported_with_session"}]
                 )
         ops = self._session_ops(session)
         await self._directory.check(specs, batch=batch)
@@ -247,7 +271,7 @@ class Submitting:
         raise NotImplementedError
 
 
-class ClientCore(Submitting):
+class ClientCore(Submitting, BulkOperations):
     def __init__(
         self,
         store: JobStore,
@@ -297,7 +321,10 @@ class ClientCore(Submitting):
         await self._directory.check([spec], batch=False)
         await self._ensure_indexes()
         with _submit_span([spec]) as current:
-            submitted = await self._submit_one(_stamped([spec])[0])
+            # A debounced spec joins its key's job: one conditional upsert, not a group insert.
+            stamped = _stamped([spec])[0]
+            submit = self._store.submit if spec.debounce_key is not None else self._submit_one
+            submitted = await submit(stamped)
             tracing.set_attribute(current, "brook.job.id", submitted.job.id)
         log_submitted(submitted)
         return submitted
@@ -370,14 +397,26 @@ class ClientCore(Submitting):
         concurrency: Any = _KEEP,
         rate: Any = _KEEP,
         paused: Any = _KEEP,
+        key_concurrency: Any = _KEEP,
+        key_rate: Any = _KEEP,
+        fair: Any = _KEEP,
     ) -> QueueInfo:
         """Set a queue's cluster-wide limits, as a dict (the body of `PUT /queues/{name}`) or
         as keywords: `concurrency` (int or None), `rate` (`{"limit": int, "per_seconds":
-        number}` or None), `paused` (bool); what is left out keeps its value. Invalid input
+        number}` or None), `paused` (bool), and per key (a job's `key`): `key_concurrency`
+        (int or None), `key_rate` (as `rate`), `fair` (bool: claims take turns across keys;
+        implied by a key limit); what is left out keeps its value. Invalid input
         (a body that is not a dict included) raises `InvalidInput`, the API's 422 detail,
         and changes nothing."""
         body: Any = changes if changes is not None else {}
-        given = {"concurrency": concurrency, "rate": rate, "paused": paused}
+        given = {
+            "concurrency": concurrency,
+            "rate": rate,
+            "paused": paused,
+            "key_concurrency": key_concurrency,
+            "key_rate": key_rate,
+            "fair": fair,
+        }
         keywords = {k: v for k, v in given.items() if v is not _KEEP}
         if keywords and isinstance(body, Mapping):
             body = {**body, **keywords}
@@ -520,6 +559,9 @@ def _emit(event: Event, job: Job, **fields: Any) -> None:
 
 def log_submitted(submitted: Submitted) -> None:
     job = submitted.job
+    if not submitted.created and job.debounce_key is not None:
+        _emit(Event.JOB_DEBOUNCED, job, debounce_key=job.debounce_key, debounced=job.debounced)
+        return
     if not submitted.created:
         _emit(Event.JOB_DEDUPLICATED, job, idempotency_key=job.idempotency_key)
         return

@@ -12,6 +12,7 @@ from common.runtime.log import enabled, get_logger
 class Event(StrEnum):
     JOB_SUBMITTED = "job.submitted"
     JOB_DEDUPLICATED = "job.deduplicated"
+    JOB_DEBOUNCED = "job.debounced"  # a submit joined the pending job of its debounce key
     JOB_CLAIMED = "job.claimed"
     JOB_COMPLETED = "job.completed"
     JOB_RETRY_SCHEDULED = "job.retry_scheduled"

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     # The most jobs claimed ahead of the workers, per dispatcher (per queue with `queues`);
     # None: the slots, at least DEFAULT_PREFETCH.
     prefetch: int | None = Field(default=None, ge=0, le=4096)
+    # Priority aging: a waiting job's effective priority rises by one per this many seconds
+    # it has waited (dispatcher/aging.py); None: off.
+    priority_aging_seconds: float | None = Field(default=None, gt=0.0, le=30 * 86400.0)
 
     # Beyond the contract: tuning knobs with safe defaults.
     home: Path = Path(".brook")

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from common.domain.models import Doc, Job, JobSpec, whole_ms
+from common.domain.models import DEBOUNCE_MAX_FACTOR, Doc, Job, JobSpec, whole_ms
 from common.domain.status import JobStatus
 from common.store.records import Lease, RunTimes
 
@@ -113,18 +113,31 @@ def new_job(
         "progress": None,
     }
     fields.update(_workflow_fields(spec, parents, value))
-    if spec.idempotency_key is not None:
-        fields["idempotency_key"] = value(spec.idempotency_key)
+    fields.update(_optional_fields(spec, value, at))
+    return fields
+
+
+def _optional_fields(
+    spec: JobSpec, value: Callable[[Any], Any], at: Callable[[float], Any]
+) -> dict[str, Any]:
+    """The fields a job has only when its spec asks for them."""
+    fields: dict[str, Any] = {}
+    named = {
+        "idempotency_key": spec.idempotency_key,
+        "schedule": spec.schedule,
+        "trigger": spec.trigger,
+        "trace": spec.trace,
+        "key": spec.key,
+    }
+    fields.update({name: value(given) for name, given in named.items() if given is not None})
     if spec.unique_for_s is not None:
         fields["unique_until"] = at(spec.unique_for_s * 1000)
     if spec.retention_s is not None:
         fields["retention_s"] = spec.retention_s
-    if spec.schedule is not None:
-        fields["schedule"] = value(spec.schedule)
-    if spec.trigger is not None:
-        fields["trigger"] = value(spec.trigger)
-    if spec.trace is not None:
-        fields["trace"] = value(spec.trace)
+    if spec.debounce_key is not None and spec.debounce_s is not None:
+        fields["debounce_key"] = value(spec.debounce_key)
+        longest = spec.debounce_max_s or spec.debounce_s * DEBOUNCE_MAX_FACTOR
+        fields["debounce_until"] = at(longest * 1000)
     return fields
 
 

@@ -52,6 +52,7 @@ DISPATCHER_PIPELINE: list[dict[str, Any]] = [
             "fullDocument.task": 1,
             "fullDocument.queue": 1,
             "fullDocument.priority": 1,
+            "fullDocument.key": 1,
             "updateDescription.updatedFields.run_at": 1,
             "updateDescription.updatedFields.status": 1,
             "updateDescription.updatedFields.cancel_requested": 1,
@@ -190,7 +191,7 @@ QUEUE_CHANGES_PIPELINE: list[dict[str, Any]] = [
 # What an oplog entry of a new job carries to the dispatcher.
 NEW_PENDING_FIELDS: dict[str, int] = {
     "ts": 1,
-    **{f"o.{k}": 1 for k in ("_id", "task", "queue", "run_at", "priority")},
+    **{f"o.{k}": 1 for k in ("_id", "task", "queue", "run_at", "priority", "key")},
 }
 
 

@@ -49,8 +49,15 @@ from common.store.jobs.base import JOBS
 from common.store.pipelines import QUEUE_CHANGES_PIPELINE
 
 QUEUES = "brook_queues"
-CONFIG_FIELDS = ("concurrency", "rate", "paused")
-_DEFAULTS: dict[str, Any] = {"concurrency": None, "rate": None, "paused": False}
+CONFIG_FIELDS = ("concurrency", "rate", "paused", "key_concurrency", "key_rate", "fair")
+_DEFAULTS: dict[str, Any] = {
+    "concurrency": None,
+    "rate": None,
+    "paused": False,
+    "key_concurrency": None,
+    "key_rate": None,
+    "fair": False,
+}
 
 
 def _list(field: str) -> dict[str, Any]:
@@ -66,6 +73,60 @@ def _window_start() -> dict[str, Any]:
 
 def _count(field: str, cond: dict[str, Any]) -> dict[str, Any]:
     return {"$size": {"$filter": {"input": _list(field), "cond": cond}}}
+
+
+def _key_window_start() -> dict[str, Any]:
+    """The start of the per-key rate window ending now, as `_window_start` for the queue's."""
+    window_ms = {"$multiply": [{"$add": ["$key_rate.per_seconds", RATE_START_MARGIN_S]}, 1000]}
+    return {"$subtract": [NOW, {"$toLong": window_ms}]}
+
+
+def _unset(field: str) -> dict[str, Any]:
+    return {"$eq": [{"$ifNull": [f"${field}", None]}, None]}
+
+
+def _of_key(items: dict[str, Any], cond: dict[str, Any] | None = None) -> dict[str, Any]:
+    """How many of `items` (slots or starts, each `$$s`) belong to the candidate's key
+    (`$$this.key`, inside the `$reduce` of `_per_key`), and meet `cond`."""
+    same = {"$eq": ["$$s.key", "$$this.key"]}
+    return {
+        "$size": {
+            "$filter": {
+                "input": items,
+                "as": "s",
+                "cond": same if cond is None else {"$and": [same, cond]},
+            }
+        }
+    }
+
+
+def _per_key(candidates: dict[str, Any], room: dict[str, Any]) -> dict[str, Any]:
+    """The first of `candidates` (new slots, in order) the queue takes: at most `room`, and
+    for each key, only while its slots (those held, and those taken before it here) stay
+    under `key_concurrency` and its starts in the key rate's window (recorded starts, and
+    slots not yet settled, at their `claim_by`) under `key_rate.limit`. A job without a key
+    is held to neither."""
+    held = {"$concatArrays": [_list("slots"), "$$value"]}
+    since = _key_window_start()
+    no_key = {"$eq": [{"$ifNull": ["$$this.key", None]}, None]}
+    by_concurrency = {
+        "$or": [no_key, _unset("key_concurrency"), {"$lt": [_of_key(held), "$key_concurrency"]}]
+    }
+    in_window = {
+        "$add": [
+            _of_key(_list("key_starts"), {"$gt": ["$$s.at", since]}),
+            _of_key(held, {"$gt": ["$$s.claim_by", since]}),
+        ]
+    }
+    by_rate = {"$or": [no_key, _unset("key_rate"), {"$lt": [in_window, "$key_rate.limit"]}]}
+    fits = {"$and": [{"$lt": [{"$size": "$$value"}, room]}, by_concurrency, by_rate]}
+    return {
+        "$reduce": {
+            "input": candidates,
+            "initialValue": [],
+            "in": {"$cond": [fits, {"$concatArrays": ["$$value", ["$$this"]]}, "$$value"]},
+        }
+    }
 
 
 def _room(n: int) -> dict[str, Any]:
@@ -105,15 +166,29 @@ def _room(n: int) -> dict[str, Any]:
 def _take_projection(tag: str) -> dict[str, Any]:
     """What `take` returns: the limits, the starts, how many slots there are, its own slots
     and, with a rate, the slots that count as a start in its window (to tell when it frees)."""
+    keyed = {"$or": [{"$not": [_unset("key_concurrency")]}, {"$not": [_unset("key_rate")]}]}
     return {
         **{f: 1 for f in CONFIG_FIELDS},
         "starts": 1,
+        "key_starts": {
+            "$cond": [
+                _unset("key_rate"),
+                [],
+                {
+                    "$filter": {
+                        "input": _list("key_starts"),
+                        "cond": {"$gt": ["$$this.at", _key_window_start()]},
+                    }
+                },
+            ]
+        },
         "used": {"$size": _list("slots")},
         "slots": {
             "$filter": {
                 "input": _list("slots"),
                 "cond": {
                     "$or": [
+                        keyed,  # with per-key limits, every slot: which keys are full
                         {"$eq": ["$$this.tag", tag]},
                         {
                             "$and": [
@@ -126,6 +201,13 @@ def _take_projection(tag: str) -> dict[str, Any]:
             }
         },
     }
+
+
+def _slot(job_id: str, tag: str, owner: str, key: str | None) -> dict[str, Any]:
+    slot: dict[str, Any] = {"job": job_id, "tag": tag, "owner": owner}
+    if key is not None:
+        slot["key"] = key
+    return slot
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,14 +268,18 @@ class QueueStore:
         )
         assert doc is not None
         queue = QueueDoc.from_doc(doc)
-        if queue.limits.concurrency is not None:
+        if queue.limits.concurrency is not None or queue.limits.key_concurrency is not None:
             running = await self.jobs.find(
                 {"status": "running", "queue": name},
-                projection={"attempts": 1},
+                projection={"attempts": 1, "key": 1},
                 hint="lease_expiry",
             ).to_list()
             await self.adopt(
-                name, [(str(d["_id"]), int(d["attempts"]), secrets.token_hex(8)) for d in running]
+                name,
+                [
+                    (str(d["_id"]), int(d["attempts"]), secrets.token_hex(8), d.get("key"))
+                    for d in running
+                ],
             )
         return queue
 
@@ -225,16 +311,19 @@ class QueueStore:
         jobs: Sequence[str],
         claim_window_s: float,
         want: int | None = None,
+        keys: Mapping[str, str | None] | None = None,
     ) -> Taken:
         """Take a slot for each of the first of `jobs` (but those other slots already name),
         at most `want`, as many as the queue allows now, valid for a claim until `claim_by`
-        = now + `claim_window_s`.
+        = now + `claim_window_s`. With `keys` (job id → its key), each slot names its job's
+        key, and a key at its `key_concurrency` or out of starts by its `key_rate` gets
+        none.
         When it allows none,
         nothing is written (and no change event goes out), and the queue as it stands
         comes back instead, to tell why."""
         room = _room(len(jobs) if want is None else min(want, len(jobs)))
         claim_by = {"$add": [NOW, int(claim_window_s * 1000)]}
-        new = [{"job": job_id, "tag": tag, "owner": owner} for job_id in jobs]
+        new = [_slot(job_id, tag, owner, (keys or {}).get(job_id)) for job_id in jobs]
         # Jobs another claim already holds slots for are left to it: racing dispatchers find
         # the same best jobs, and each takes slots for different ones.
         named = {"$in": ["$$this.job", {"$ifNull": ["$slots.job", []]}]}
@@ -245,7 +334,7 @@ class QueueStore:
                 "in": {"$mergeObjects": ["$$this", {"claim_by": claim_by}]},
             }
         }
-        taken = {"$cond": [{"$gt": [room, 0]}, {"$slice": [with_deadline, room]}, []]}
+        taken = {"$cond": [{"$gt": [room, 0]}, _per_key(with_deadline, room), []]}
         doc = await self.queues.find_one_and_update(
             {"_id": name},
             [{"$set": {"slots": {"$concatArrays": [_list("slots"), taken]}}}],
@@ -265,11 +354,18 @@ class QueueStore:
         *,
         lost: Collection[str] = (),
         started: Mapping[str, datetime] | None = None,
+        keys: Mapping[str, str | None] | None = None,
     ) -> bool:
         """After a claim: give back the slots of `lost` jobs (another dispatcher won them),
         and record the `started` jobs' real starts in the rate window (their slots no longer
-        count as a start at `claim_by`). False if nothing was left to change."""
+        count as a start at `claim_by`), and, with a key rate, in their keys' (`keys`: job
+        id → key). False if nothing was left to change."""
         started = dict(started or {})
+        keyed_starts = [
+            {"key": key, "at": started[job]}
+            for job, key in (keys or {}).items()
+            if key is not None and job in started
+        ]
         if not lost and not started:
             return False
         mine = {"$eq": ["$$this.tag", tag]}
@@ -308,6 +404,24 @@ class QueueStore:
                 ]
             },
         }
+        key_since = _key_window_start()
+        fields["key_starts"] = {
+            "$cond": [
+                _unset("key_rate"),
+                "$$REMOVE",
+                {
+                    "$concatArrays": [
+                        {
+                            "$filter": {
+                                "input": _list("key_starts"),
+                                "cond": {"$gt": ["$$this.at", key_since]},
+                            }
+                        },
+                        lit(keyed_starts),
+                    ]
+                },
+            ]
+        }
         if lost:
             fields["released_at"] = NOW  # slots given back: a wake-up for waiting claimers
         res = await self.queues.update_one({"_id": name, "slots.tag": tag}, [{"$set": fields}])
@@ -322,21 +436,25 @@ class QueueStore:
         )
         return res.modified_count == 1
 
-    async def adopt(self, name: str, jobs: Iterable[tuple[str, int, str]]) -> int:
-        """Give running jobs that hold no slot one, each `(job id, attempt, tag)` (matched by
-        attempt; the tag, unique, names the slot): jobs that started before the queue had a
-        limit, or were claimed by a dispatcher that had not heard of it yet. Jobs a slot
-        already names are left alone."""
+    async def adopt(self, name: str, jobs: Iterable[tuple[str, int, str, str | None]]) -> int:
+        """Give running jobs that hold no slot one, each `(job id, attempt, tag, key)`
+        (matched by attempt; the tag, unique, names the slot): jobs that started before the
+        queue had a limit, or were claimed by a dispatcher that had not heard of it yet. Jobs
+        a slot already names are left alone."""
         new = [
-            {"job": job_id, "attempt": attempt, "tag": tag, "adopted": True}
-            for job_id, attempt, tag in jobs
+            {
+                "job": job_id,
+                "attempt": attempt,
+                "tag": tag,
+                "adopted": True,
+                **({"key": key} if key is not None else {}),
+            }
+            for job_id, attempt, tag, key in jobs
         ]
         if not new:
             return 0
         known = {"$ifNull": ["$slots.job", []]}
-        fresh = {
-            "$filter": {"input": lit(new), "cond": {"$not": [{"$in": ["$$this.job", known]}]}}
-        }
+        fresh = {"$filter": {"input": lit(new), "cond": {"$not": [{"$in": ["$$this.job", known]}]}}}
         res = await self.queues.update_one(
             {"_id": name}, [{"$set": {"slots": {"$concatArrays": [_list("slots"), fresh]}}}]
         )

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import JSONResponse
 
+from common.domain.bulk import BulkBody
 from common.domain.errors import JobConflict, JobNotFound
 from common.domain.models import QUEUE_NAME, JobSpec
 from common.domain.status import JobStatus
 from common.domain.validation import MAX_BATCH, SubmitJob
-from ingest.deps import Core, Store, batch_body, submit_body
+from ingest.deps import Core, Store, batch_body, json_body, submit_body
 from ingest.encoding import job_response, json_response
 
 router = APIRouter(tags=["jobs"])
@@ -94,6 +96,35 @@ async def submit_batch(
     return json_response({"jobs": [s.job.to_api() for s in submitted]}, 202)
 
 
+_BULK_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": BulkBody.model_json_schema()}},
+    }
+}
+_BULK_ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {"description": "body over the limit"},
+    422: {"description": "a bad filter, or none; nothing changed"},
+}
+
+
+@router.post("/jobs/retry", openapi_extra=_BULK_OPENAPI, responses=_BULK_ERRORS)
+async def retry_many(body: Annotated[object, Depends(json_body)], core: Core) -> JSONResponse:
+    """Retry every failed or cancelled job the filter names (`status`, `task`, `queue`,
+    `key`, `error_type`, `created_since`/`created_until`, `finished_since`/`finished_until`),
+    in pages: `{"count": n}`, the jobs retried (with `dry_run: true`, the jobs it would
+    retry, changing nothing). Sent again, it retries nothing more."""
+    return json_response({"count": await core.bulk("retry", body)})
+
+
+@router.post("/jobs/cancel", openapi_extra=_BULK_OPENAPI, responses=_BULK_ERRORS)
+async def cancel_many(body: Annotated[object, Depends(json_body)], core: Core) -> JSONResponse:
+    """Cancel every waiting or pending job the filter names and ask the running ones to
+    stop (the filter as for `POST /jobs/retry`): `{"count": n}`, the jobs changed (with
+    `dry_run: true`, that would be). Sent again, it changes nothing more."""
+    return json_response({"count": await core.bulk("cancel", body)})
+
+
 @router.get("/jobs/{job_id}", responses=_ERRORS)
 async def get_job(job_id: str, store: Store) -> JSONResponse:
     try:
@@ -110,12 +141,58 @@ async def list_jobs(
     queue: Annotated[str | None, Query(pattern=QUEUE_NAME)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     after: Annotated[str | None, Query(max_length=64)] = None,
+    key: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+    error: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> JSONResponse:
-    """Jobs newest first; pass `next` back as `after` for the following page."""
+    """Jobs newest first; pass `next` back as `after` for the following page. Search by
+    `key`, `error` (a piece of the error's type or message, any case) and `since`/`until`
+    (created at or after / before, ISO-8601)."""
     jobs, nxt = await store.list_jobs(
-        status=status, task=task, queue=queue, limit=limit, after=after
+        status=status,
+        task=task,
+        queue=queue,
+        limit=limit,
+        after=after,
+        key=key,
+        error=error,
+        since=_utc(since),
+        until=_utc(until),
     )
     return json_response({"jobs": [j.to_api() for j in jobs], "next": nxt})
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    if at is None:
+        return None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
+
+
+@router.get("/failures")
+async def failures(
+    store: Store,
+    since: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> JSONResponse:
+    """Jobs with an error, grouped by error type and task (the dashboard's failures view):
+    `{"groups": [{"error_type", "task", "failed", "retrying", "latest": {"id", "error",
+    "at"}}]}`, the most recent groups first; `since`: failed jobs finished at or after."""
+    groups = await store.failure_groups(_utc(since), limit)
+    return json_response(
+        {
+            "groups": [
+                {
+                    "error_type": g["_id"].get("type"),
+                    "task": g["_id"].get("task"),
+                    "failed": g["failed"],
+                    "retrying": g["retrying"],
+                    "latest": g["latest"],
+                }
+                for g in groups
+            ]
+        }
+    )
 
 
 @router.post("/jobs/{job_id}/cancel", responses=_ERRORS)

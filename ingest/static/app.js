@@ -564,6 +564,96 @@ async function jobAction(action) {
 $("#job-cancel").addEventListener("click", () => jobAction("cancel"));
 $("#job-retry").addEventListener("click", () => jobAction("retry"));
 
+// -- search ----------------------------------------------------------------------------------
+
+const searchView = { next: null, query: "" };
+
+function searchRow(job) {
+  const err = job.error;
+  return el("tr", { "data-id": job.id }, el("td", {}, jobLink(job)), el("td", {}, job.task),
+    el("td", {}, el("span", { class: `badge ${job.status}` }, job.status)), el("td", {}, job.queue),
+    el("td", {}, job.key ?? "—"), el("td", {}, ago(job.created_at)),
+    el("td", { class: "msg" }, err ? `${err.type}: ${err.message}` : ""));
+}
+
+function searchQuery() {
+  const form = new FormData($("#search-form"));
+  const params = new URLSearchParams();
+  for (const [name, value] of form.entries()) {
+    if (!value) continue;
+    params.set(name, name === "since" ? new Date(value).toISOString() : value);
+  }
+  params.set("limit", "50");
+  return params;
+}
+
+async function runSearch(more = false) {
+  const params = more ? new URLSearchParams(searchView.query) : searchQuery();
+  if (more && searchView.next) params.set("after", searchView.next);
+  const page = await getJson(`/jobs?${params}`);
+  if (!more) searchView.query = searchQuery().toString();
+  searchView.next = page.next;
+  const rows = page.jobs.map(searchRow);
+  if (more) $("#search-results tbody").append(...rows);
+  else $("#search-results tbody").replaceChildren(...rows);
+  $("#search-empty").hidden = $("#search-results tbody").children.length > 0;
+  $("#search-more").hidden = !page.next;
+}
+
+$("#search-form").addEventListener("submit", (event) => { event.preventDefault(); runSearch(); });
+$("#search-more").addEventListener("click", () => runSearch(true));
+
+// -- failures, grouped -----------------------------------------------------------------------
+
+// What each button changes: retry the failed jobs of a group; cancel the ones waiting for
+// a retry (stop retrying them).
+const BULK = {
+  retry: { status: "failed", verb: "Retry" },
+  cancel: { status: "pending", verb: "Cancel" },
+};
+
+function bulkButton(action, group) {
+  const n = action === "retry" ? group.failed : group.retrying;
+  return el("button", { type: "button", "data-bulk": action, disabled: n === 0 || null,
+    onclick: () => confirmBulk(action, group) }, `${BULK[action].verb} these`);
+}
+
+async function confirmBulk(action, group) {
+  const filter = { status: BULK[action].status, task: group.task, error_type: group.error_type };
+  const dry = await post(`/jobs/${action}`, { ...filter, dry_run: true });
+  if (!dry.ok) { $("#bulk-result").textContent = `refused: ${JSON.stringify(dry.doc.detail)}`; return; }
+  const dialog = $("#bulk-dialog");
+  $("#bulk-title").textContent = `${BULK[action].verb} ${group.error_type} in ${group.task}?`;
+  $("#bulk-count").textContent = `This will ${action} ${dry.doc.count} job${dry.doc.count === 1 ? "" : "s"}.`;
+  $("#bulk-count").dataset.count = String(dry.doc.count);
+  dialog.returnValue = "";
+  dialog.onclose = async () => {
+    if (dialog.returnValue !== "ok") return;
+    const done = await post(`/jobs/${action}`, filter);
+    $("#bulk-result").textContent = done.ok ? `${action}: ${done.doc.count} jobs` : `refused: ${JSON.stringify(done.doc.detail)}`;
+    await showFailures();
+  };
+  dialog.showModal();
+}
+
+function groupRow(group) {
+  const latest = group.latest || {};
+  const err = latest.error || {};
+  return el("tr", { "data-type": group.error_type ?? "", "data-task": group.task },
+    el("td", {}, el("strong", {}, group.error_type ?? "—")), el("td", {}, group.task),
+    el("td", { class: "num failed-count" }, group.failed), el("td", { class: "num retrying-count" }, group.retrying),
+    el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(latest.id)}` }, String(latest.id).slice(-8)), " ",
+      el("span", { class: "msg" }, err.message || ""), " ", el("span", { class: "muted" }, ago(latest.at)),
+      err.traceback ? el("details", {}, el("summary", {}, "latest traceback"), el("pre", { class: "traceback" }, err.traceback)) : ""),
+    el("td", {}, bulkButton("retry", group), " ", bulkButton("cancel", group)));
+}
+
+async function showFailures() {
+  const { groups } = await getJson("/failures?limit=100");
+  $("#failure-groups tbody").replaceChildren(...groups.map(groupRow));
+  $("#failure-groups-empty").hidden = groups.length > 0;
+}
+
 // -- routing ---------------------------------------------------------------------------------
 
 function stopAll() {
@@ -580,8 +670,12 @@ async function route() {
     return;
   }
   const match = location.hash.match(/^#\/jobs\/([^/]+)$/);
+  const page = match ? "job" : { "#/search": "search", "#/failures": "failures-view" }[location.hash] || "overview";
+  for (const id of ["overview", "job", "search", "failures-view"]) $(`#${id}`).hidden = id !== page;
   try {
     if (match) await showJob(decodeURIComponent(match[1]));
+    else if (page === "search") await runSearch();
+    else if (page === "failures-view") await showFailures();
     else await showOverview();
   } catch (err) {
     if (!(err instanceof Unauthorized)) console.error(err);

@@ -430,7 +430,14 @@ async def test_put_queue_changes_only_what_it_names_and_get_shows_it(
     put = http.get("/openapi.json").json()["paths"]["/queues/{name}"]["put"]
     schema = put["requestBody"]["content"]["application/json"]["schema"]
     assert schema["title"] == "QueueUpdate"
-    assert set(schema["properties"]) == {"concurrency", "rate", "paused"}
+    assert set(schema["properties"]) == {
+        "concurrency",
+        "rate",
+        "paused",
+        "key_concurrency",
+        "key_rate",
+        "fair",
+    }
 
 
 async def test_the_cli_sets_shows_pauses_resumes_and_clears_limits(

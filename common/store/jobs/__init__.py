@@ -9,8 +9,9 @@ clock (`$$NOW`, or `ServerClock` where no write can read it).
 The concerns, each a class over the same collection (`JobsCollection`):
 `submits` (JobSubmits, with `workflows`: JobWorkflows), `claims` (JobClaims), `attempts`
 (JobAttempts: leases, progress, starts, expired leases), `outcomes` (JobOutcomes),
-`commands` (JobCommands: cancel, retry), `reads` (JobReads), `changes` (JobChanges) and
-`steps` (JobSteps: durable steps, sleeps and signal wake-ups).
+`commands` (JobCommands: cancel, retry), `bulk` (JobBulk: retry and cancel by filter),
+`reads` (JobReads), `changes` (JobChanges) and `steps` (JobSteps: durable steps, sleeps and
+signal wake-ups).
 A `JobStore` is all of them over one database, with handles on the two small collections
 every Brook process uses beside it: `presence` (`brook_dispatchers`) and `tokens`
 (`brook_state`), and the process's one `clock`.
@@ -26,6 +27,7 @@ from common.store.clock import ServerClock
 from common.store.db import ensure_indexes
 from common.store.jobs.attempts import JobAttempts
 from common.store.jobs.base import JOBS, JobsCollection
+from common.store.jobs.bulk import JobBulk
 from common.store.jobs.changes import JobChanges, buffered
 from common.store.jobs.claims import JobClaims
 from common.store.jobs.commands import JobCommands
@@ -68,6 +70,7 @@ class JobStore(
     JobAttempts,
     JobOutcomes,
     JobCommands,
+    JobBulk,
     JobReads,
     JobChanges,
     JobSteps,

@@ -10,11 +10,13 @@ from datetime import datetime
 from typing import Any
 
 from pymongo import ASCENDING, ReturnDocument
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.read_concern import ReadConcern
 
-from common.domain.models import Job
+from common.domain.models import Doc, Job
 from common.store import queries
 from common.store.fields import P, R, as_claimed
-from common.store.jobs.base import JobsCollection
+from common.store.jobs.base import JOBS, JobsCollection
 from common.store.queries import CLAIM_SORT, claim_filter, claim_index
 
 
@@ -153,3 +155,81 @@ class JobClaims(JobsCollection):
         ).to_list()
         won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
         return [Job.from_doc(d) for d in won]
+
+    def _primary(self) -> AsyncCollection[Doc]:
+        """The jobs as the primary has them (local read concern): a job a dispatcher heard
+        of from the oplog (before it is majority-committed) is a candidate at once, as
+        for the plain claim (a write on the primary); the claim itself is fenced."""
+        return self.jobs.with_options(read_concern=ReadConcern("local"))
+
+    async def pending_keys(self, queue: str) -> list[str | None]:
+        """The keys with pending jobs in `queue`, jobs without a key under None (one distinct
+        scan of `claim_by_key`: a seek per key, however many jobs each has)."""
+        keys = await self._primary().distinct("key", {"status": P, "queue": queue})
+        return [None, *sorted(str(k) for k in keys if k is not None)]
+
+    async def key_candidates(
+        self, queue: str, keys: Sequence[str | None], per_key: int, *, tasks: Collection[str] | None
+    ) -> dict[str | None, list[Doc]]:
+        """The best due pending jobs of each of `keys` in `queue`, at most `per_key` each (None:
+        the jobs without a key): one aggregation, one index range of `claim_by_key` per key
+        (`$unionWith`), in one round trip however many keys."""
+        if not keys:
+            return {}
+
+        def best(key: str | None) -> list[dict[str, Any]]:
+            return [
+                {"$match": {**claim_filter(tasks, queue), "key": key}},
+                {"$sort": dict(CLAIM_SORT)},
+                {"$limit": per_key},
+                {"$project": {"_id": 1, "key": 1, "priority": 1}},
+            ]
+
+        pipeline = best(keys[0]) + [
+            {"$unionWith": {"coll": JOBS, "pipeline": best(k)}} for k in keys[1:]
+        ]
+        jobs = self._primary()
+        docs = await (await jobs.aggregate(pipeline, hint="claim_by_key")).to_list()
+        found: dict[str | None, list[Doc]] = {k: [] for k in keys}
+        for doc in docs:
+            key = doc.get("key")
+            found.setdefault(str(key) if key is not None else None, []).append(doc)
+        return found
+
+    async def oldest_due(
+        self,
+        limit: int,
+        *,
+        tasks: Collection[str] | None,
+        queue: str | None = None,
+        exclude: Collection[str] = (),
+        among: Collection[str] | None = None,
+    ) -> list[Doc]:
+        """The `limit` due pending jobs that have waited longest (priority aging's look: the
+        `due` index, in due order)."""
+        cursor = self.jobs.find(
+            claim_filter(tasks, queue, exclude, among),
+            projection={"priority": 1, "run_at": 1},
+            sort=[("run_at", ASCENDING)],
+            limit=limit,
+        )
+        if tasks is not None and len(tasks) <= queries.MAX_MERGED_SCANS:
+            cursor = cursor.hint("due")
+        return await cursor.to_list()
+
+    async def best_priority(
+        self,
+        *,
+        tasks: Collection[str] | None,
+        queue: str | None = None,
+        exclude: Collection[str] = (),
+        among: Collection[str] | None = None,
+    ) -> int | None:
+        """The stored priority of the job a claim would take now (None: none is due)."""
+        doc = await self.jobs.find_one(
+            claim_filter(tasks, queue, exclude, among),
+            projection={"priority": 1},
+            sort=CLAIM_SORT,
+            hint=claim_index(tasks, queue, among),
+        )
+        return int(doc.get("priority", 0)) if doc is not None else None

@@ -34,6 +34,19 @@ INDEXES = [
         name="claim_by_queue",
         partialFilterExpression=_PENDING,
     ),
+    # A queue claimed fairly across keys: the best due jobs of one key (jobs without a key
+    # under null), and the keys with pending jobs (a distinct scan, one seek per key).
+    IndexModel(
+        [
+            ("status", ASCENDING),
+            ("queue", ASCENDING),
+            ("key", ASCENDING),
+            *CLAIM_SORT,
+            ("task", ASCENDING),
+        ],
+        name="claim_by_key",
+        partialFilterExpression=_PENDING,
+    ),
     # Next due time among the tasks a dispatcher runs (the dispatcher's timer).
     IndexModel(
         [("status", ASCENDING), ("task", ASCENDING), ("run_at", ASCENDING), ("queue", ASCENDING)],
@@ -75,6 +88,28 @@ INDEXES = [
         name="idempotency_key_unique",
         unique=True,
         partialFilterExpression={"idempotency_key": {"$type": "string"}},
+    ),
+    # Bulk retry (`POST /jobs/retry`): failed or cancelled jobs by error type and finish time
+    # (finished jobs of other statuses cost it nothing) ...
+    IndexModel(
+        [("status", ASCENDING), ("error.type", ASCENDING), ("finished_at", ASCENDING)],
+        name="failures",
+        partialFilterExpression={"status": {"$in": ["cancelled", "failed"]}},
+    ),
+    # ... and jobs by key (a bulk cancel of one tenant's jobs; jobs without a key cost it
+    # nothing).
+    IndexModel(
+        [("key", ASCENDING), ("status", ASCENDING), ("_id", DESCENDING)],
+        name="by_key",
+        partialFilterExpression={"key": {"$type": "string"}},
+    ),
+    # Debounce: one pending job per debounce key (racing submits join it; once claimed, it
+    # leaves the index and the next submit starts a new one).
+    IndexModel(
+        [("debounce_key", ASCENDING)],
+        name="debounce_pending",
+        unique=True,
+        partialFilterExpression={"status": P, "debounce_key": {"$type": "string"}},
     ),
     # Retention: a finished job gets `expire_at` (its finish + its retention) at its terminal
     # write, and MongoDB's TTL monitor deletes it then. Active jobs have no `expire_at`.

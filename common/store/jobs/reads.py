@@ -3,6 +3,7 @@ documents the API's live events read (no writes here)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from datetime import datetime
 from typing import Any
@@ -38,8 +39,14 @@ class JobReads(JobsCollection):
         queue: str | None = None,
         limit: int = 50,
         after: str | None = None,
+        key: str | None = None,
+        error: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> tuple[list[Job], str | None]:
-        """Newest first; `after` is the `next` cursor of the previous page."""
+        """Newest first; `after` is the `next` cursor of the previous page. The search of
+        the dashboard: `key`, `error` (a piece of the error's type or message, any case)
+        and `since`/`until` (created at or after / before)."""
         query: dict[str, Any] = {}
         if status is not None:
             query["status"] = status.value
@@ -47,11 +54,21 @@ class JobReads(JobsCollection):
             query["task"] = task
         if queue is not None:
             query["queue"] = queue
+        if key is not None:
+            query["key"] = {"$eq": key, "$type": "string"}  # what `by_key` holds
+        if error is not None:
+            text = {"$regex": re.escape(error), "$options": "i"}
+            query["$or"] = [{"error.message": text}, {"error.type": text}]
+        created = {op: at for op, at in (("$gte", since), ("$lt", until)) if at is not None}
+        if created:
+            query["created_at"] = created
         if after is not None:
             query["_id"] = {"$lt": after}
         cursor = self.jobs.find(query).sort("_id", DESCENDING).limit(limit + 1)
         filters = [name for name in ("status", "task", "queue") if name in query]
-        if len(filters) == 1:
+        if key is not None:
+            cursor = cursor.hint("by_key")
+        elif len(filters) == 1:
             # Named, so the plan never depends on the cache: with a million pending jobs,
             # weighing the claim indexes (which hold them all) against this one, on every
             # replanning, is what would make the first page slow.
@@ -65,6 +82,32 @@ class JobReads(JobsCollection):
         """The stored trace contexts of these jobs (those that have one), for span links."""
         docs = await self.jobs.find({"_id": {"$in": list(job_ids)}}, {"trace": 1}).to_list()
         return [d["trace"] for d in docs if d.get("trace")]
+
+
+    async def failure_groups(self, since: datetime | None, limit: int = 50) -> list[Doc]:
+        """Jobs with an error (failed, or waiting for a retry), grouped by error type and
+        task: how many of each (`failed`, `retrying`) and the latest one, newest groups
+        first. Failed jobs are read through the `failures` index (`since`: finished at or
+        after); jobs waiting for a retry are pending and few."""
+        failed: dict[str, Any] = {"status": "failed"}
+        if since is not None:
+            failed["finished_at"] = {"$gte": since}
+        retrying = {"status": "pending", "error.type": {"$type": "string"}}
+        pipeline: list[dict[str, Any]] = [
+            {"$match": {"$or": [failed, retrying]}},
+            {"$sort": {"updated_at": -1}},
+            {
+                "$group": {
+                    "_id": {"type": "$error.type", "task": "$task"},
+                    "failed": {"$sum": {"$cond": [{"$eq": ["$status", "failed"]}, 1, 0]}},
+                    "retrying": {"$sum": {"$cond": [{"$eq": ["$status", "pending"]}, 1, 0]}},
+                    "latest": {"$first": {"id": "$_id", "error": "$error", "at": "$updated_at"}},
+                }
+            },
+            {"$sort": {"latest.at": -1}},
+            {"$limit": limit},
+        ]
+        return await (await self.jobs.aggregate(pipeline)).to_list()
 
     async def count_by_status(self) -> dict[str, int]:
         """Jobs per status, in one aggregation."""

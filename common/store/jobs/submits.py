@@ -22,6 +22,8 @@ from common.store.jobs.workflows import JobWorkflows
 from common.store.records import Submitted
 
 KEY_TRIES = 5  # a key freed and taken again by a peer, over and over: give up, say so
+# A debounced job claimed and started again by peers between each of our tries.
+DEBOUNCE_TRIES = 20
 
 
 class JobSubmits(JobWorkflows):
@@ -31,6 +33,8 @@ class JobSubmits(JobWorkflows):
         """Insert a pending job, majority-acknowledged; a known idempotency key returns its job."""
         if spec.depends_on:
             return (await self.submit_many([spec]))[0]
+        if spec.debounce_key is not None:
+            return await self._submit_debounced(spec)
         for _ in range(KEY_TRIES):
             try:
                 # An upsert on a fresh _id always inserts, and lets the server stamp the times.
@@ -50,6 +54,21 @@ class JobSubmits(JobWorkflows):
             return Submitted(job=Job.from_doc(doc), created=True)
         raise JobConflict(f"idempotency key {spec.idempotency_key!r} keeps changing hands")
 
+    async def _submit_debounced(self, spec: JobSpec) -> Submitted:
+        """Join the pending job of the spec's debounce key, or start it (`created`)."""
+        for _ in range(DEBOUNCE_TRIES):
+            job_id = str(ObjectId())
+            write = queries.debounced(job_id, spec)
+            try:
+                doc = await self.jobs.find_one_and_update(
+                    write.filter, write.update, upsert=True, return_document=ReturnDocument.AFTER
+                )
+            except DuplicateKeyError:
+                continue  # a racing submit started it first: join that one
+            assert doc is not None
+            return Submitted(job=Job.from_doc(doc), created=doc["_id"] == job_id)
+        raise JobConflict(f"debounce key {spec.debounce_key!r} keeps changing hands")
+
     async def submit_many(self, specs: Sequence[JobSpec]) -> list[Submitted]:
         """`submit` for many jobs in one write (one `insert_many`, one majority wait), in
         order. A job whose idempotency key exists (or repeats within the batch) returns the
@@ -57,6 +76,15 @@ class JobSubmits(JobWorkflows):
         trips."""
         # One reading of the server's clock stamps the whole batch: an insert cannot evaluate
         # `$$NOW`, and an upsert per job costs the server several times more.
+        if any(spec.debounce_key is not None for spec in specs):
+            # Each debounced spec joins (or starts) its job on its own; the others go in
+            # together.
+            plain = [s for s in specs if s.debounce_key is None]
+            done = iter(await self.submit_many(plain) if plain else [])
+            return [
+                await self._submit_debounced(s) if s.debounce_key is not None else next(done)
+                for s in specs
+            ]
         now = await self.clock.read()
         if any(spec.depends_on for spec in specs):
             return await self._submit_workflow(specs, now)

@@ -52,6 +52,13 @@ C, F, D = JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.COMPLETED
 CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
     "submitted": (queries.submitted("j1", JobSpec(task="noop", payload={})), set(), {P}),
     "key_released": (queries.key_released("j1", "k"), set(), set()),
+    "debounced": (
+        queries.debounced(
+            "j1", JobSpec(task="noop", payload={"n": 1}, debounce_key="doc-7", debounce_s=2)
+        ),
+        {P},
+        {P},
+    ),
     "claimed": (queries.claimed(OWNER, 30, tasks={"noop"}), {P}, {R}),
     "claimed_as_read": (
         queries.claimed_as_read([{"_id": "j1", "attempts": 2}], OWNER, 30, "tag"),
@@ -82,6 +89,9 @@ CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
     "cancelled": (queries.cancelled("j1", 60), {W, P}, {C}),
     "cancel_requested": (queries.cancel_requested("j1"), {R}, set()),
     "retried": (queries.retried("j1"), {F, C}, {P}),
+    "retried_many": (queries.retried_many(["j1", "j2"], "op"), {F, C}, {P}),
+    "cancelled_many": (queries.cancelled_many(["j1", "j2"], 60, "op"), {W, P}, {C}),
+    "cancel_requested_many": (queries.cancel_requested_many(["j1"], "op"), {R}, set()),
     "dependents_attached": (queries.dependents_attached(["p1"], "tok"), set(), set()),
     "parents_adopted": (queries.parents_adopted({"new": "old"}), {W}, set()),
     "settled": (queries.settled(["c1"], ENDED, "tag", 60), {W}, {P, C, W}),
@@ -180,8 +190,30 @@ def test_every_write_of_a_running_attempt_names_its_owner_and_attempt(name: str)
         assert write.filter["$expr"] == {"$lt": ["$lease_expires_at", "$$NOW"]}
     elif name == "cancel_requested":
         assert write.filter == {"_id": "j1", "status": "running"}  # a caller's, not the holder's
+    elif name == "cancel_requested_many":  # a caller's too, for many jobs
+        assert write.filter == {
+            "_id": {"$in": ["j1"]},
+            "status": "running",
+            "cancel_requested": {"$ne": True},
+        }
     else:
         _running(write)
+
+
+def test_a_bulk_filter_puts_user_values_in_as_equalities_and_cancels_each_running_job_once() -> None:
+    from common.domain.bulk import JobFilter
+
+    f = JobFilter(task="$where", key="acme", error_type="E", finished_since=AT)
+    retry = queries.bulk_match(f, "retry")
+    assert retry == {
+        "status": {"$in": ["cancelled", "failed"]},
+        "task": {"$eq": "$where"},
+        "key": {"$eq": "acme", "$type": "string"},
+        "error.type": {"$eq": "E"},
+        "finished_at": {"$gte": AT},
+    }
+    cancel = queries.bulk_match(JobFilter(statuses=frozenset({P, C})), "cancel")
+    assert cancel == {"status": {"$in": ["pending"]}, "cancel_requested": {"$ne": True}}
 
 
 def test_a_completion_that_does_not_know_of_dependents_is_fenced_on_there_being_none() -> None:

@@ -1,0 +1,186 @@
+"""Retry or cancel every job a filter names (`common.domain.bulk`), written once for the
+HTTP API (`POST /jobs/retry`, `POST /jobs/cancel`), the Python client (`retry_many`,
+`cancel_many`) and the CLI.
+
+The jobs are changed in pages: each page is one read of up to `PAGE` ids and one
+conditional write whose fence is the single-job operation's (a retry takes only failed or
+cancelled jobs, a cancel only waiting or pending ones, and asks running ones to stop). A
+changed job leaves the filter, so the next page is the next jobs, and the same request sent
+again changes nothing more: the answer counts the jobs it changed (under `dry_run`, the
+jobs it would change). Every job changed is one log line, as for the single-job calls;
+a cancelled parent's dependents are settled; a job with parents is retried on its own, to
+wait for those that have not completed.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import structlog
+
+from common.domain.bulk import BulkAction, validate_bulk
+from common.domain.errors import JobConflict, JobNotFound
+from common.domain.models import Doc, Job
+from common.operations.dependents import settle
+from common.runtime.log_events import Event, emit
+from common.store.jobs import JobStore
+
+Statuses = str | Sequence[str] | None
+
+
+def bulk_body(
+    *,
+    status: Statuses = None,
+    task: str | None = None,
+    queue: str | None = None,
+    key: str | None = None,
+    error_type: str | None = None,
+    created_since: datetime | str | None = None,
+    created_until: datetime | str | None = None,
+    finished_since: datetime | str | None = None,
+    finished_until: datetime | str | None = None,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """The keyword arguments of `retry_many` / `cancel_many` as the HTTP body (what is None
+    is left out)."""
+    given: dict[str, Any] = {
+        "status": list(status) if isinstance(status, list | tuple) else status,
+        "task": task,
+        "queue": queue,
+        "key": key,
+        "error_type": error_type,
+        "created_since": created_since,
+        "created_until": created_until,
+        "finished_since": finished_since,
+        "finished_until": finished_until,
+    }
+    return {**{k: v for k, v in given.items() if v is not None}, "dry_run": dry_run}
+
+
+def _log(event: Event, doc: Doc) -> None:
+    if structlog.is_configured():
+        emit(
+            event,
+            job_id=str(doc["_id"]),
+            attempt=int(doc.get("attempts", 0)),
+            task=doc.get("task"),
+            via="bulk",
+        )
+
+
+class BulkOperations:
+    _store: JobStore
+
+    async def retry(self, job_id: str) -> Job:
+        raise NotImplementedError
+
+    async def bulk(self, action: BulkAction, body: object) -> int:
+        """Retry or cancel the jobs the body's filter names; the number changed (or, with
+        `dry_run`, that would be). `InvalidInput` (the API's 422) for a bad body."""
+        f, dry_run = validate_bulk(body)
+        if dry_run:
+            return await self._store.count_matching(f, action)
+        changed = 0
+        passed: list[str] = []  # jobs it could not change (a race): not read again
+        while page := await self._store.matching_page(f, action, passed):
+            ids = [str(d["_id"]) for d in page]
+            done = await (self._retry_page if action == "retry" else self._cancel_page)(page)
+            changed += len(done)
+            passed += [i for i in ids if i not in done]
+        return changed
+
+    async def _retry_page(self, page: Sequence[Doc]) -> set[str]:
+        ids = [str(d["_id"]) for d in page]
+        done = await self._store.retry_page(ids, secrets.token_hex(8))
+        for doc in done:
+            _log(Event.JOB_RETRIED, doc)
+        out = {str(d["_id"]) for d in done}
+        for doc in page:
+            if doc.get("depends_on") and str(doc["_id"]) not in out:
+                try:
+                    await self.retry(str(doc["_id"]))  # waits for its parents
+                except (JobConflict, JobNotFound):
+                    continue
+                out.add(str(doc["_id"]))
+        return out
+
+    async def _cancel_page(self, page: Sequence[Doc]) -> set[str]:
+        done = await self._store.cancel_page([str(d["_id"]) for d in page], secrets.token_hex(8))
+        for doc in done:
+            stopping = doc.get("status") == "running"
+            _log(Event.JOB_CANCEL_REQUESTED if stopping else Event.JOB_CANCELLED, doc)
+        parents = [
+            str(d["_id"]) for d in done if d.get("has_dependents") and d["status"] != "running"
+        ]
+        if parents:
+            await settle(self._store, parents, via="cancel")
+        return {str(d["_id"]) for d in done}
+
+    async def retry_many(
+        self,
+        *,
+        status: Statuses = None,
+        task: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        error_type: str | None = None,
+        created_since: datetime | str | None = None,
+        created_until: datetime | str | None = None,
+        finished_since: datetime | str | None = None,
+        finished_until: datetime | str | None = None,
+        dry_run: bool = False,
+    ) -> int:
+        """Retry every failed or cancelled job the filter names (`status`, `task`, `queue`,
+        `key`, `error_type`, `created_since`/`created_until`, `finished_since`/
+        `finished_until`: since inclusive, until exclusive); the number retried, or with
+        `dry_run` that would be."""
+        return await self.bulk(
+            "retry",
+            bulk_body(
+                status=status,
+                task=task,
+                queue=queue,
+                key=key,
+                error_type=error_type,
+                created_since=created_since,
+                created_until=created_until,
+                finished_since=finished_since,
+                finished_until=finished_until,
+                dry_run=dry_run,
+            ),
+        )
+
+    async def cancel_many(
+        self,
+        *,
+        status: Statuses = None,
+        task: str | None = None,
+        queue: str | None = None,
+        key: str | None = None,
+        error_type: str | None = None,
+        created_since: datetime | str | None = None,
+        created_until: datetime | str | None = None,
+        finished_since: datetime | str | None = None,
+        finished_until: datetime | str | None = None,
+        dry_run: bool = False,
+    ) -> int:
+        """Cancel every waiting or pending job the filter names, and ask the running ones to
+        stop (the filter as `retry_many`'s); the number changed, or that would be."""
+        return await self.bulk(
+            "cancel",
+            bulk_body(
+                status=status,
+                task=task,
+                queue=queue,
+                key=key,
+                error_type=error_type,
+                created_since=created_since,
+                created_until=created_until,
+                finished_since=finished_since,
+                finished_until=finished_until,
+                dry_run=dry_run,
+            ),
+        )

@@ -1,0 +1,71 @@
+"""Bulk retry and cancel with real processes: `brook retry` by error type after a batch of
+failures (a dry run, the retry, a resend that changes nothing), and `POST /jobs/cancel` of
+one tenant's jobs, over HTTP."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import httpx
+
+from common.store.jobs import JobStore
+from tests.e2e.conftest import Cluster
+from tests.e2e.test_cli import brook
+from tests.e2e.test_faults import wait_all_terminal
+from tests.support.procs import wait_until
+
+
+async def test_brook_retry_by_error_type_after_a_batch_of_failures(
+    cluster: Cluster, http: httpx.Client, store: JobStore
+) -> None:
+    cluster.api()
+    disp = cluster.dispatcher()
+    since = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
+    specs = [{"task": "fail", "max_attempts": 1} for _ in range(6)]
+    specs += [{"task": "crash", "max_attempts": 1} for _ in range(2)]
+    ids = [j["id"] for j in http.post("/jobs/batch", json={"jobs": specs}).json()["jobs"]]
+    await wait_all_terminal(store, len(ids), timeout=90)
+    [kind] = {(await store.get(i)).error["type"] for i in ids[:6]}  # type: ignore[index]
+    until = datetime.now(UTC).isoformat()  # the failures of this batch, not those after
+    args = ["retry", "--status", "failed", "--error-type", kind, "--since", since]
+    args += ["--until", until]
+    dry = brook(cluster, *args, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout) == {"count": 6}
+    done = brook(cluster, *args)
+    assert done.returncode == 0 and json.loads(done.stdout) == {"count": 6}, done.stderr
+    # Each ran again (a second attempt) and failed again; the crashes were left alone.
+    wait_until(lambda: len(disp.events("job.failed")) >= 14, timeout=90)
+    for job_id in ids[:6]:
+        job = await store.get(job_id)
+        assert job.status == "failed" and job.attempts == 2
+    for job_id in ids[6:]:
+        assert (await store.get(job_id)).attempts == 1
+    # The same request again: the failures it named were retried; nothing more changes.
+    again = brook(cluster, *args)
+    assert json.loads(again.stdout) == {"count": 0}
+    # Without the upper bound, the second failures match.
+    assert json.loads(brook(cluster, *args[:-2], "--dry-run").stdout) == {"count": 6}
+    bad = brook(cluster, "retry")
+    assert bad.returncode == 2 and "filter" in bad.stderr
+
+
+async def test_post_jobs_cancel_cancels_one_tenants_jobs_and_a_resend_changes_nothing(
+    cluster: Cluster, http: httpx.Client, store: JobStore
+) -> None:
+    cluster.api()  # no dispatcher: the jobs stay pending
+    acme = [{"task": "noop", "key": "acme"} for _ in range(30)]
+    other = [{"task": "noop", "key": "globex"} for _ in range(5)]
+    http.post("/jobs/batch", json={"jobs": acme + other})
+    body = {"key": "acme", "status": "pending"}
+    assert http.post("/jobs/cancel", json={**body, "dry_run": True}).json() == {"count": 30}
+    assert http.post("/jobs/cancel", json=body).json() == {"count": 30}
+    assert http.post("/jobs/cancel", json=body).json() == {"count": 0}
+    counts = {
+        (d["key"], d["status"]) for d in await store.jobs.find({}, {"key": 1, "status": 1}).to_list()
+    }
+    assert counts == {("acme", "cancelled"), ("globex", "pending")}
+    bad = http.post("/jobs/cancel", json={"dry_run": True})
+    assert bad.status_code == 422
+    assert http.post("/jobs/retry", json={"status": "nope"}).status_code == 422

@@ -1,0 +1,128 @@
+"""Per-key limits in the slot store on the real replica set: a key's slots under its
+`key_concurrency` together with the queue's own concurrency, a key's starts under its
+`key_rate`, the keys of a queue's pending jobs and each key's best jobs."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from brook import AsyncClient
+from common.domain.models import JobSpec
+from common.runtime.settings import Settings
+from common.store.jobs import JobStore
+from common.store.queues import QueueStore
+
+OWNER = "d1"
+
+
+def keyed(key: str | None, queue: str = "tenants", priority: int = 0) -> JobSpec:
+    return JobSpec(task="noop", payload={}, queue=queue, key=key, priority=priority)
+
+
+async def submit(store: JobStore, keys: list[str | None], queue: str = "tenants") -> list[str]:
+    return [s.job.id for s in await store.submit_many([keyed(k, queue) for k in keys])]
+
+
+async def take(
+    queues: QueueStore, ids: list[str], keys: dict[str, str | None], tag: str, want: int
+) -> list[str]:
+    taken = await queues.take(
+        "tenants", owner=OWNER, tag=tag, jobs=ids, claim_window_s=5, want=want, keys=keys
+    )
+    return [s.job for s in taken.slots]
+
+
+async def test_a_key_at_its_key_concurrency_gets_no_slot_and_other_keys_do(
+    store: JobStore,
+) -> None:
+    queues = QueueStore(store.db)
+    await queues.set_limits("tenants", {"key_concurrency": 2})
+    ids = await submit(store, ["a", "a", "a", "b", "a", "b", "b", None])
+    keys = {i: k for i, k in zip(ids, ["a", "a", "a", "b", "a", "b", "b", None], strict=True)}
+    got = await take(queues, ids, keys, "t1", want=8)
+    # Two of a, two of b, and the job without a key (held to no key limit).
+    assert got == [ids[0], ids[1], ids[3], ids[5], ids[7]]
+    # Nothing more for a or b while their slots are held, across claims.
+    assert await take(queues, ids, keys, "t2", want=8) == []
+    doc = await queues.read("tenants")
+    assert doc is not None and doc.now is not None
+    assert doc.key_waits(["a", "b", "c", None], doc.now) == {"a": None, "b": None}
+    # One of a's slots given back (its job is over): one more of a.
+    assert await queues.release("tenants", ids[0], "t1")
+    assert await take(queues, ids[1:], keys, "t3", want=8) == [ids[2]]
+
+
+async def test_the_key_limit_combines_with_the_queues_concurrency(store: JobStore) -> None:
+    queues = QueueStore(store.db)
+    await queues.set_limits("tenants", {"key_concurrency": 2, "concurrency": 3})
+    names: list[str | None] = ["a", "a", "a", "b", "b", "c"]
+    ids = await submit(store, names)
+    keys = dict(zip(ids, names, strict=True))
+    assert await take(queues, ids, keys, "t1", want=6) == [ids[0], ids[1], ids[3]]
+    assert await take(queues, ids, keys, "t2", want=6) == []  # the queue is full
+
+
+async def test_racing_takes_never_give_a_key_more_than_its_limit(store: JobStore) -> None:
+    queues = QueueStore(store.db)
+    await queues.set_limits("tenants", {"key_concurrency": 2})
+    names: list[str | None] = [f"k{i % 3}" for i in range(30)]
+    ids = await submit(store, names)
+    keys = dict(zip(ids, names, strict=True))
+    got = await asyncio.gather(*(take(queues, ids, keys, f"t{i}", want=30) for i in range(10)))
+    taken = [job for slots in got for job in slots]
+    assert len(taken) == len(set(taken)) == 6
+    doc = await queues.read("tenants")
+    assert doc is not None
+    per_key = {k: sum(1 for s in doc.slots if s.key == k) for k in ("k0", "k1", "k2")}
+    assert per_key == {"k0": 2, "k1": 2, "k2": 2}
+
+
+async def test_a_key_rate_counts_each_keys_starts_and_claims_in_flight(store: JobStore) -> None:
+    queues = QueueStore(store.db)
+    await queues.set_limits("tenants", {"key_rate": {"limit": 2, "per_seconds": 60}})
+    names: list[str | None] = ["a", "a", "a", "b"]
+    ids = await submit(store, names)
+    keys = dict(zip(ids, names, strict=True))
+    assert await take(queues, ids, keys, "t1", want=1) == [ids[0]]
+    # Settled with its real start: it counts as a start of a, no longer as a slot in flight.
+    started = {ids[0]: datetime.now(UTC)}
+    assert await queues.settle("tenants", "t1", started=started, keys=keys)
+    assert await queues.release("tenants", ids[0], "t1")
+    assert await take(queues, ids[1:], keys, "t2", want=4) == [ids[1], ids[3]]
+    assert await take(queues, ids[1:], keys, "t3", want=4) == []  # a: 2 starts in its window
+    doc = await queues.read("tenants")
+    assert doc is not None and doc.now is not None
+    waits = doc.key_waits(["a", "b"], doc.now)
+    assert list(waits) == ["a"] and waits["a"] is not None and waits["a"] > doc.now
+
+
+async def test_pending_keys_and_each_keys_best_jobs_come_from_the_key_index(
+    store: JobStore,
+) -> None:
+    await store.ensure_indexes()
+    ids = await submit(store, ["b", "a", "b", None, "a"])
+    await store.submit_many([JobSpec(task="noop", payload={}, queue="tenants", key="b", priority=5)])
+    assert await store.pending_keys("tenants") == [None, "a", "b"]
+    found = await store.key_candidates("tenants", ["a", "b", None], 2, tasks={"noop"})
+    assert [str(d["_id"]) for d in found["a"]] == [ids[1], ids[4]]
+    assert found["b"][0]["priority"] == 5 and str(found["b"][1]["_id"]) == ids[0]
+    assert [str(d["_id"]) for d in found[None]] == [ids[3]]
+    plan = await store.jobs.find(
+        {"status": "pending", "queue": "tenants", "key": "a"}, hint="claim_by_key"
+    ).explain()
+    assert "claim_by_key" in str(plan["queryPlanner"]["winningPlan"])
+
+
+async def test_the_python_client_sets_and_lists_key_limits(settings: Settings) -> None:
+    async with AsyncClient(settings.mongo_uri, settings.db) as client:
+        q = await client.set_queue(
+            "tenants", key_concurrency=2, key_rate={"limit": 5, "per_seconds": 1}
+        )
+        assert q.key_concurrency == 2 and q.key_rate == {"limit": 5, "per_seconds": 1.0}
+        assert q.fair is True
+        job = await client.submit("noop", queue="tenants", key="acme")
+        assert job.key == "acme"
+        assert (await client.get(job.id)).key == "acme"
+        cleared = await client.set_queue("tenants", key_concurrency=None, key_rate=None)
+        assert cleared.fair is False and cleared.key_concurrency is None
