@@ -130,11 +130,14 @@ async def test_a_zombie_dispatcher_frozen_past_its_lease_records_no_checkpoint(
     finally:
         os.killpg(a.pid, signal.SIGCONT)
     # On waking, a's worker finishes step 3 of attempt 1 and asks a to record it; a's fence
-    # (attempt 1, owner a) matches nothing, or a kills the worker first for its lost lease.
+    # (attempt 1, owner a) matches nothing, or a kills the worker first: for its lost lease,
+    # or fenced by its own clock (the lease ran out while it was frozen).
     wait_until(
         lambda: [
             e
-            for e in a.events("lease.lost") + a.events("step.discarded")
+            for e in a.events("lease.lost")
+            + a.events("lease.self_fenced")
+            + a.events("step.discarded")
             if e.get("job_id") == job_id
         ],
         timeout=15,
