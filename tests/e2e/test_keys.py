@@ -70,7 +70,19 @@ async def test_three_dispatchers_never_run_more_than_two_jobs_of_a_key_even_when
     report = await check_history(
         store, ids, await settled_logs(store, lambda: all_logs(*dispatchers)), effects=True
     )
-    assert report.problems == [] and report.by_status() == {"completed": len(ids)}
+    # A SIGKILL that lands between a completion's acknowledged write and its log line loses
+    # that one line (short jobs finish all the time here): accepted for the victim's own
+    # completions only, and only the missing line.
+    def victims(job_id: str) -> bool:
+        runs = [h for h in report.jobs[job_id]["history"] if h["status"] == "running"]
+        return bool(runs) and str(runs[-1].get("owner", "")).split(":")[1] == str(victim.pid)
+
+    problems = [
+        p
+        for p in report.problems
+        if not (p.endswith(" has 0 job.completed log lines") and victims(p.split()[0]))
+    ]
+    assert problems == [] and report.by_status() == {"completed": len(ids)}
 
 
 async def test_a_key_rate_of_3_per_second_holds_on_started_at_for_each_key(
