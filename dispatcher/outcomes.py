@@ -40,6 +40,12 @@ VerdictKind = Literal["applied", "lost", "refused", "deadline"]
 # written at once.
 COMPLETION_LINGER_S = 0.005
 
+# An outcome write that found no primary before its deadline may still have applied: an
+# earlier try of it can commit while a failover cuts its reply off. Up to this long after
+# the deadline (a failover's election takes seconds to tens of seconds) the job is read
+# back, a read being safe past the lease, so that the job's log says what became of it.
+LEARN_AFTER_DEADLINE_S = 60.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class Verdict:
@@ -141,6 +147,8 @@ class Outcomes:
             outcome = Outcome(kind="error")
         if verdict.kind == "lost" and await self._completed_by(lease):
             return self._committed(job, fields)
+        if verdict.kind == "deadline":
+            verdict = await self._learn(lease, outcome, verdict)
         self._log(verdict, outcome, fields)
         count_outcome(job, _outcome(verdict, outcome))
         if verdict.job is not None and verdict.job.has_dependents:
@@ -206,6 +214,31 @@ class Outcomes:
         except PyMongoError as exc:  # not transient: retrying would fail the same way
             return Verdict(kind="refused", detail=str(exc))
         return Verdict(kind="deadline") if done is None else Verdict(kind="applied", job=done)
+
+    async def _learn(self, lease: Lease, outcome: Outcome, verdict: Verdict) -> Verdict:
+        """No primary took the outcome's write before its deadline, but an earlier try of it
+        may have applied, its reply lost to the failover: read what the job says once a
+        primary answers (bounded, and never past shutdown's cut-off). Applied by this
+        attempt: the write's verdict; not applied, or still unknown: `deadline`, and the
+        watchdog requeues the job once its lease has expired."""
+        until = min(
+            time.monotonic() + max(LEARN_AFTER_DEADLINE_S, self.settings.lease_seconds * 6),
+            self._cutoff,
+        )
+        try:
+            if outcome.kind == "ok":
+                completed = await ride_out(
+                    "completed_by", lambda: self.store.completed_by(lease), until=until
+                )
+                return Verdict(kind="applied") if completed else verdict
+            job = await ride_out(
+                "ended_by_holder", lambda: self.store.ended_by_holder(lease), until=until
+            )
+        except PyMongoError:
+            return verdict
+        if job is None or job.status == JobStatus.COMPLETED:
+            return verdict
+        return Verdict(kind="applied", job=job)
 
     async def _lost_or_ours(self, lease: Lease) -> Verdict:
         """The write found the attempt no longer ours: lost, unless an earlier try of it

@@ -115,6 +115,22 @@ def _docker_mongo() -> Iterator[Mongo]:  # pragma: no cover - needs a Docker eng
         yield Mongo(uri=uri, replset=None)
 
 
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup`, an xdist worker names every test of an `xdist_group`
+    `<id>@<group>`, which is what keeps the group in one worker (the docker tests share one
+    compose project). A pytest that xdist cannot rename for would spread them out: stop."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    strays = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if strays:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(strays)} tests marked xdist_group (e.g."
+            f" {strays[0]}): this pytest/pytest-xdist pair does not honour --dist loadgroup"
+            " (see the pin in pyproject.toml)"
+        )
+
 @pytest.fixture(scope="session")
 def mongo() -> Iterator[Mongo]:
     external = os.environ.get("BROOK_TEST_MONGO_URI")
