@@ -150,7 +150,7 @@ def test_every_named_write_builder_is_read_here() -> None:
     builders = {
         name
         for name, fn in inspect.getmembers(queries, inspect.isfunction)
-        if fn.__module__ == queries.__name__
+        if fn.__module__.startswith(f"{queries.__name__}.")
         and not name.startswith("_")
         and inspect.signature(fn).return_annotation in ("Write", Write)
     }

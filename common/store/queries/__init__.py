@@ -1,0 +1,138 @@
+"""Brook's queries on the jobs collection: every state change as a named, pure builder.
+
+Each transition is one function returning a `Write`: the filter that fences it (the status
+it expects and, for a running attempt, its owner and attempt number, from `running_fence`)
+and the update it applies. Nothing here touches MongoDB: the jobs store runs these, and a
+unit test reads them without a database (`tests/unit/common/store/test_queries.py`),
+checking each against the allowed transitions in `common.domain.status`. Times come from
+the server's clock (`$$NOW`); user data goes in as `$literal`, never read as an expression.
+
+One module per concern, as the jobs store (`common.store.jobs`) has: `base` (the claim
+order, `Write`, the fences), `submits`, `claims`, `attempts` (a running attempt's lease,
+progress, start and transaction), `steps`, `outcomes`, `commands` (a caller's operations
+on one job and on many) and `workflows`. Every builder is importable from here.
+"""
+
+from common.store.queries.attempts import (
+    held_leases,
+    lease_renewed,
+    progress_reported,
+    started,
+    transaction_closed,
+    transaction_opened,
+)
+from common.store.queries.base import (
+    CLAIM_FILTER,
+    CLAIM_SORT,
+    ENDED,
+    FOREVER,
+    MAX_MERGED_SCANS,
+    Update,
+    Write,
+    claim_filter,
+    claim_index,
+    expired_fence,
+    not_in_transaction,
+    running_fence,
+    without_unknown_dependents,
+)
+from common.store.queries.claims import (
+    claimed,
+    claimed_as_read,
+    claimed_tagged,
+)
+from common.store.queries.commands import (
+    bulk_index,
+    bulk_match,
+    cancel_requested,
+    cancel_requested_many,
+    cancelled,
+    cancelled_many,
+    retried,
+    retried_many,
+)
+from common.store.queries.outcomes import (
+    attempt_failed,
+    cancelled_running,
+    completed,
+    completed_in_transaction,
+    completions_by_id,
+    released,
+    requeued_expired,
+)
+from common.store.queries.steps import (
+    signal_waiters,
+    step_entry,
+    step_recorded,
+    step_recorded_in_transaction,
+    steps_grown,
+    suspended,
+    woken_by_signal,
+)
+from common.store.queries.submits import (
+    debounced,
+    key_released,
+    new_job_upsert,
+    submitted,
+)
+from common.store.queries.workflows import (
+    dependents_attached,
+    marked_settled,
+    parents_adopted,
+    settled,
+)
+
+__all__ = [
+    "CLAIM_FILTER",
+    "CLAIM_SORT",
+    "ENDED",
+    "FOREVER",
+    "MAX_MERGED_SCANS",
+    "Update",
+    "Write",
+    "attempt_failed",
+    "bulk_index",
+    "bulk_match",
+    "cancel_requested",
+    "cancel_requested_many",
+    "cancelled",
+    "cancelled_many",
+    "cancelled_running",
+    "claim_filter",
+    "claim_index",
+    "claimed",
+    "claimed_as_read",
+    "claimed_tagged",
+    "completed",
+    "completed_in_transaction",
+    "completions_by_id",
+    "debounced",
+    "dependents_attached",
+    "expired_fence",
+    "held_leases",
+    "key_released",
+    "lease_renewed",
+    "marked_settled",
+    "new_job_upsert",
+    "not_in_transaction",
+    "parents_adopted",
+    "progress_reported",
+    "released",
+    "requeued_expired",
+    "retried",
+    "retried_many",
+    "running_fence",
+    "settled",
+    "signal_waiters",
+    "started",
+    "step_entry",
+    "step_recorded",
+    "step_recorded_in_transaction",
+    "steps_grown",
+    "submitted",
+    "suspended",
+    "transaction_closed",
+    "transaction_opened",
+    "without_unknown_dependents",
+    "woken_by_signal",
+]

@@ -1,0 +1,60 @@
+"""Builders of claims: pending → running, leased to an owner."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import datetime
+
+from common.domain.models import Doc
+from common.store.fields import (
+    NOW,
+    P,
+    claimed_fields,
+    lit,
+)
+from common.store.queries.base import (
+    CLAIM_FILTER,
+    Write,
+    claim_filter,
+)
+
+
+def claimed(
+    owner: str,
+    lease_seconds: float,
+    *,
+    tasks: Collection[str] | None = None,
+    queue: str | None = None,
+    exclude: Collection[str] = (),
+    among: Collection[str] | None = None,
+) -> Write:
+    """pending → running: the best due pending job (sort `CLAIM_SORT`, hint `claim_index`),
+    leased to `owner`; `attempts` + 1 is the new fencing token."""
+    return Write(
+        filter=claim_filter(tasks, queue, exclude, among),
+        update=[{"$set": claimed_fields(owner, lease_seconds)}],
+    )
+
+
+def claimed_as_read(candidates: Sequence[Doc], owner: str, lease_seconds: float, tag: str) -> Write:
+    """pending → running for a batch: each candidate at the attempt number it was read with
+    (one claimed and handed back meanwhile is not taken), still due, tagged with `tag`."""
+    as_read = [{"_id": d["_id"], "attempts": d.get("attempts", 0)} for d in candidates]
+    return Write(
+        filter={"$or": as_read, **CLAIM_FILTER},
+        update=[{"$set": {**claimed_fields(owner, lease_seconds), "claim_tag": tag}}],
+    )
+
+
+def claimed_tagged(
+    ids: Sequence[str], owner: str, lease_seconds: float, tag: str, before: datetime
+) -> Write:
+    """pending → running in a limited queue: these jobs if still due and pending, tagged
+    with the claim's `tag` (its slots carry it too), only while the server's clock is before
+    `before` (the slots' `claim_by`)."""
+    due = {"$lte": ["$run_at", NOW]}
+    in_time = {"$lt": [NOW, lit(before)]}
+    return Write(
+        filter={"_id": {"$in": list(ids)}, "status": P, "$expr": {"$and": [due, in_time]}},
+        update=[{"$set": {**claimed_fields(owner, lease_seconds), "claim_tag": lit(tag)}}],
+    )
