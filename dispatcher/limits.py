@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from pymongo.errors import PyMongoError
 
@@ -41,7 +41,7 @@ from common.domain.queues import RATE_START_MARGIN_S, BlockReason, QueueDoc, Que
 from common.runtime.backoff import Backoff
 from common.runtime.log_events import Event, emit
 from common.store.queues import CONFIG_FIELDS, Pruned, QueueStore, Taken
-from dispatcher.key_turns import KeyTurns, interleave
+from dispatcher.keyed_claims import Clock, KeyedClaims
 from dispatcher.wiring import Wiring
 
 # How long a claim may take after writing its slots: after `claim_by`, no claim can use
@@ -49,12 +49,6 @@ from dispatcher.wiring import Wiring
 # fails, and is tried again.
 CLAIM_WINDOW_S = 5.0
 MAX_RATE_BACKOFF_S = 1.0
-
-
-class Clock(Protocol):
-    """The server's clock as seen from here (`common.store.clock.ServerClock`)."""
-
-    def now(self) -> float: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,7 +162,7 @@ class Limits:
         self._pending_stale = True
         self.gates = Gates(self.clock, lambda queue: self.on_open(queue))
         # The turns of each keyed queue's keys (fair claiming, per-key limits).
-        self.turns: dict[str, KeyTurns] = {}
+        self.keys = KeyedClaims(self.store, self.clock, self.gates)
         # Set by the claimer: a queue may be claimed again (None: any queue may).
         self.on_open: Callable[[str | None], None] = lambda _queue: None
         self.loaded = asyncio.Event()
@@ -190,14 +184,11 @@ class Limits:
         """A job (of `key`) was inserted into `queue`."""
         self._pending_queues.add(queue)
         self._seen_since.add(queue)
-        turns = self.turns.get(queue)
-        if turns is not None:
-            turns.saw(key)
+        self.keys.saw(queue, key)
 
     def keys_stale(self) -> None:
         """Keyed queues may hold keys their turns do not know (a requeue, a due timer)."""
-        for turns in self.turns.values():
-            turns.stale = True
+        self.keys.stale()
 
     async def plain_queues(self) -> frozenset[str] | None:
         """What a claim across every queue may take: None without limits anywhere (any
@@ -239,7 +230,7 @@ class Limits:
                 rate=str(limits.rate) if limits and limits.rate else None,
                 paused=limits.paused if limits else False,
             )
-            self.turns.pop(queue, None)  # new limits: the turns start afresh
+            self.keys.forget(queue)  # new limits: the turns start afresh
             self.gates.forget(queue)
             self.gates.open(queue)
         self._adopt(j for j in self.held_jobs() if j.queue in became_limited)
@@ -262,9 +253,9 @@ class Limits:
         # More candidates than slots wanted: the best ones may be held by racing claims.
         want = 2 * n + 2
         if limits is not None and limits.keyed:
-            ids, keys, dry = await self._key_candidates(queue, want, tasks, gen)
+            ids, keys, dry = await self.keys.candidates(queue, want, tasks, gen)
             if not ids and not dry:
-                self._keys_all_wait(queue, gen)
+                self.keys.all_wait(queue, gen)
                 return LimitedClaim(queue=queue, jobs=[], blocked=not self.gates.is_open(queue))
         else:
             ids = await self.store.candidates(want, tasks=tasks, queue=queue)
@@ -282,7 +273,7 @@ class Limits:
         self.gates.claimed(queue)
         asked = tuple(s.job for s in taken.slots)
         if keys is not None:
-            self._served(queue, taken, gen)
+            self.keys.served(queue, taken, gen)
         rated = taken.queue.limits.rated
         # Sent before the claim: its `claimed_at` (the time the rate records) is later.
         start_by = time.monotonic() + RATE_START_MARGIN_S if rated else None
@@ -299,63 +290,6 @@ class Limits:
             rated=rated,
             dry=dry and len(jobs) < n,
         )
-
-    async def _key_candidates(
-        self, queue: str, want: int, tasks: frozenset[str], gen: int
-    ) -> tuple[list[str], dict[str, str | None], bool]:
-        """A keyed queue's candidates, by turns across its keys (`dispatcher.key_turns`): the
-        ids, each one's key, and whether the queue may have run dry."""
-        turns = self.turns.setdefault(queue, KeyTurns())
-        turns.look_started()
-        refreshed = False
-        while True:
-            if turns.stale:
-                turns.refresh_started()
-                turns.refreshed(await self.store.pending_keys(queue))
-                refreshed = True
-            now = self.clock.now()
-            # A few keys more than jobs wanted (a key may be full, or its job won by a
-            # racing claim); each key's share of the candidates wanted.
-            picked = turns.pick(want // 2 + 1, now, gen)
-            if not picked:
-                return [], {}, not turns.waiting(now, gen)
-            per_key = max(1, -(-want // len(picked)))
-            found = await self.store.key_candidates(queue, picked, per_key, tasks=tasks)
-            turns.dry(k for k, docs in found.items() if not docs)
-            docs = interleave(found)
-            if docs or refreshed:
-                break
-            turns.stale = True  # nothing due in the keys it knew: look for keys it missed
-        # Dry: every key that may start a job was looked at (none is left that was not),
-        # and none had more. (Keys found empty have left the turns by now.)
-        others = [k for k in turns.pick(len(turns), self.clock.now(), gen) if k not in found]
-        dry = not others and all(len(v) < per_key for v in found.values())
-        return (
-            [str(d["_id"]) for d in docs],
-            {str(d["_id"]): _key_of(d) for d in docs},
-            dry,
-        )
-
-    def _keys_all_wait(self, queue: str, gen: int) -> None:
-        """Every key of a keyed queue waits: the queue waits for a release, or for the first
-        key rate window to move (an event meanwhile and it is looked at again)."""
-        free = self.turns[queue].next_free()
-        if free is not None:
-            self.gates.close(queue, "rate", free, gen)
-        else:
-            self.gates.close(queue, "full", None, gen)
-
-    def _served(self, queue: str, taken: Taken, gen: int) -> None:
-        """After a take in a keyed queue: the keys served go to the back of the turns, and
-        the keys the queue shows full wait for a release (or their rate window)."""
-        turns = self.turns.get(queue)
-        doc = taken.queue
-        if turns is None or doc is None:
-            return
-        turns.served([s.key for s in taken.slots])
-        now = datetime.fromtimestamp(self.clock.now(), UTC)
-        keys = {s.key for s in doc.slots if s.key is not None}
-        turns.wait(_timestamps(doc.key_waits(keys, now)), gen)
 
     async def settle(self, claim: LimitedClaim) -> None:
         """After the claim: give back the slots of the jobs another dispatcher won, and with a
@@ -429,7 +363,7 @@ class Limits:
                 doc = again.queue
                 reason, at = doc.blocked(now)
         if reason == "room" and keys:
-            keyed = self._keys_full(queue, doc, keys, gen, now)
+            keyed = self.keys.full(queue, doc, keys, gen, now)
             if keyed is None:
                 return Taken(slots=[], queue=doc)  # other keys may start: claim again
             reason, at = keyed
@@ -444,29 +378,6 @@ class Limits:
                 reason, at = "rate", now
         self.gates.close(queue, reason, at.timestamp() if at else None, gen)
         return Taken(slots=[], queue=doc)
-
-    def _keys_full(
-        self,
-        queue: str,
-        doc: QueueDoc,
-        keys: Mapping[str, str | None],
-        gen: int,
-        now: datetime,
-    ) -> tuple[BlockReason, datetime | None] | None:
-        """The queue had room but the candidates' keys had none: they wait out of turn. None
-        if some other key may start a job now (claim again, without them); else why the
-        whole queue waits, and for the rate, until when."""
-        waits = doc.key_waits(keys.values(), now)
-        if not waits:
-            return "room", now  # not the keys: racing claims, or a clock ahead
-        turns = self.turns.setdefault(queue, KeyTurns())
-        turns.wait(_timestamps(waits), gen)
-        if not turns.waiting(now.timestamp(), gen):
-            return None
-        free = turns.next_free()
-        if free is not None:
-            return "rate", datetime.fromtimestamp(free, UTC)
-        return "full", None
 
     def _reclaimed(self, queue: str, pruned: Pruned) -> None:
         if not pruned.slots:
@@ -587,12 +498,3 @@ class Limits:
             self._pending_stale = True
             self.keys_stale()
             self.gates.open_waiting()
-
-
-def _key_of(doc: Mapping[str, Any]) -> str | None:
-    key = doc.get("key")
-    return str(key) if key is not None else None
-
-
-def _timestamps(waits: Mapping[str, datetime | None]) -> dict[str, float | None]:
-    return {k: (at.timestamp() if at is not None else None) for k, at in waits.items()}

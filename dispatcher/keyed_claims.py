@@ -1,0 +1,138 @@
+"""Claims in a keyed queue (per-key concurrency or rate, or fair claiming), as one dispatcher
+makes them: the turns of each queue's keys (`dispatcher.key_turns`) pick the candidates,
+and what a take shows of the keys (full, out of starts) makes them wait their turn."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from common.domain.queues import BlockReason, QueueDoc
+from common.store.jobs import JobStore
+from common.store.queues import Taken
+from dispatcher.key_turns import KeyTurns, interleave
+
+
+class Clock(Protocol):
+    """The server's clock as seen from here (`common.store.clock.ServerClock`)."""
+
+    def now(self) -> float: ...
+
+
+class Gate(Protocol):
+    """How a keyed queue is closed when every key waits (`dispatcher.limits.Gates`)."""
+
+    def close(self, queue: str, reason: BlockReason, at: float | None, gen: int) -> bool: ...
+
+
+class KeyedClaims:
+    def __init__(self, store: JobStore, clock: Clock, gates: Gate) -> None:
+        self.store = store
+        self.clock = clock
+        self.gates = gates
+        self.turns: dict[str, KeyTurns] = {}
+
+    def saw(self, queue: str, key: str | None) -> None:
+        """A job of `key` was inserted into `queue`."""
+        turns = self.turns.get(queue)
+        if turns is not None:
+            turns.saw(key)
+
+    def stale(self) -> None:
+        """Keyed queues may hold keys their turns do not know (a requeue, a due timer)."""
+        for turns in self.turns.values():
+            turns.stale = True
+
+    def forget(self, queue: str) -> None:
+        """The queue's limits changed: its turns start afresh."""
+        self.turns.pop(queue, None)
+
+    async def candidates(
+        self, queue: str, want: int, tasks: frozenset[str], gen: int
+    ) -> tuple[list[str], dict[str, str | None], bool]:
+        """A keyed queue's candidates, by turns across its keys (`dispatcher.key_turns`): the
+        ids, each one's key, and whether the queue may have run dry."""
+        turns = self.turns.setdefault(queue, KeyTurns())
+        turns.look_started()
+        refreshed = False
+        while True:
+            if turns.stale:
+                turns.refresh_started()
+                turns.refreshed(await self.store.pending_keys(queue))
+                refreshed = True
+            now = self.clock.now()
+            # A few keys more than jobs wanted (a key may be full, or its job won by a
+            # racing claim); each key's share of the candidates wanted.
+            picked = turns.pick(want // 2 + 1, now, gen)
+            if not picked:
+                return [], {}, not turns.waiting(now, gen)
+            per_key = max(1, -(-want // len(picked)))
+            found = await self.store.key_candidates(queue, picked, per_key, tasks=tasks)
+            turns.dry(k for k, docs in found.items() if not docs)
+            docs = interleave(found)
+            if docs or refreshed:
+                break
+            turns.stale = True  # nothing due in the keys it knew: look for keys it missed
+        # Dry: every key that may start a job was looked at (none is left that was not),
+        # and none had more. (Keys found empty have left the turns by now.)
+        others = [k for k in turns.pick(len(turns), self.clock.now(), gen) if k not in found]
+        dry = not others and all(len(v) < per_key for v in found.values())
+        return (
+            [str(d["_id"]) for d in docs],
+            {str(d["_id"]): key_of(d) for d in docs},
+            dry,
+        )
+
+    def all_wait(self, queue: str, gen: int) -> None:
+        """Every key of a keyed queue waits: the queue waits for a release, or for the first
+        key rate window to move (an event meanwhile and it is looked at again)."""
+        free = self.turns[queue].next_free()
+        if free is not None:
+            self.gates.close(queue, "rate", free, gen)
+        else:
+            self.gates.close(queue, "full", None, gen)
+
+    def served(self, queue: str, taken: Taken, gen: int) -> None:
+        """After a take in a keyed queue: the keys served go to the back of the turns, and
+        the keys the queue shows full wait for a release (or their rate window)."""
+        turns = self.turns.get(queue)
+        doc = taken.queue
+        if turns is None or doc is None:
+            return
+        turns.served([s.key for s in taken.slots])
+        now = datetime.fromtimestamp(self.clock.now(), UTC)
+        keys = {s.key for s in doc.slots if s.key is not None}
+        turns.wait(timestamps(doc.key_waits(keys, now)), gen)
+
+    def full(
+        self,
+        queue: str,
+        doc: QueueDoc,
+        keys: Mapping[str, str | None],
+        gen: int,
+        now: datetime,
+    ) -> tuple[BlockReason, datetime | None] | None:
+        """The queue had room but the candidates' keys had none: they wait out of turn. None
+        if some other key may start a job now (claim again, without them); else why the
+        whole queue waits, and for the rate, until when."""
+        waits = doc.key_waits(keys.values(), now)
+        if not waits:
+            return "room", now  # not the keys: racing claims, or a clock ahead
+        turns = self.turns.setdefault(queue, KeyTurns())
+        turns.wait(timestamps(waits), gen)
+        if not turns.waiting(now.timestamp(), gen):
+            return None
+        free = turns.next_free()
+        if free is not None:
+            return "rate", datetime.fromtimestamp(free, UTC)
+        return "full", None
+
+
+def key_of(doc: Mapping[str, Any]) -> str | None:
+    key = doc.get("key")
+    return str(key) if key is not None else None
+
+
+def timestamps(waits: Mapping[str, datetime | None]) -> dict[str, float | None]:
+    return {k: (at.timestamp() if at is not None else None) for k, at in waits.items()}
