@@ -318,25 +318,29 @@ class Outcomes:
         s = self.settings
         return backoff_delay(job.attempts, s.retry_base_seconds, s.retry_cap_seconds)
 
+    def _log_unapplied(self, verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -> None:
+        """The outcome was not written: why, and what becomes of the job."""
+        level, reason = _REASONS.get(verdict.kind, _REASONS["deadline"])
+        if outcome.kind in RELEASES and verdict.kind == "deadline":
+            emit(
+                Event.JOB_RELEASE_FAILED,
+                level="warning",
+                **fields,
+                reason="no primary before the shutdown deadline; the lease expires and the"
+                " watchdog requeues it",
+            )
+            return
+        emit(
+            Event.JOB_RESULT_DISCARDED,
+            level=level,
+            **fields,
+            outcome=outcome.kind,
+            reason=reason,
+        )
+
     def _log(self, verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -> None:
         if verdict.kind != "applied":
-            level, reason = _REASONS.get(verdict.kind, _REASONS["deadline"])
-            if outcome.kind in RELEASES and verdict.kind == "deadline":
-                emit(
-                    Event.JOB_RELEASE_FAILED,
-                    level="warning",
-                    **fields,
-                    reason="no primary before the shutdown deadline; the lease expires and the"
-                    " watchdog requeues it",
-                )
-                return
-            emit(
-                Event.JOB_RESULT_DISCARDED,
-                level=level,
-                **fields,
-                outcome=outcome.kind,
-                reason=reason,
-            )
+            self._log_unapplied(verdict, outcome, fields)
             return
         done = verdict.job
         if done is None or done.status == JobStatus.COMPLETED:

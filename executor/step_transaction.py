@@ -31,6 +31,7 @@ from common.runtime.settings import Settings
 from common.store.jobs import Lease
 from common.store.transactions import (
     TASK_TRANSACTION,
+    TxEnd,
     begin_transaction,
     end_transaction,
     step_in_transaction,
@@ -84,14 +85,7 @@ async def transactional_step(
             (name, stored, size, duration_ms),
             until=time.monotonic() + max(lease_s, MIN_COMMIT_S),
         )
-        if end.kind == "lost":
-            raise LeaseLost(
-                f"step {name!r}: job {run.job_id} attempt {run.attempt} lost its lease; its "
-                "transaction was aborted"
-            )
-        if end.kind != "committed":
-            detail = (end.error or {}).get("message", end.kind)
-            raise StepError(f"step {name!r}: its transaction did not commit ({detail})")
+        _raise_unless_committed(end, name, run)
         journal.note_recorded(name, stored, size)
         journal.committed += 1
         return stored
@@ -104,3 +98,16 @@ async def transactional_step(
             await end_transaction(ops, lease, run.owner, lease_s)
         if reporter is not None:
             reporter.release()
+
+
+def _raise_unless_committed(end: TxEnd, name: str, run: RunJob) -> None:
+    """A step's transaction that did not commit fails the step: the lease was lost (the
+    transaction was aborted), or its commit failed or is unknown."""
+    if end.kind == "lost":
+        raise LeaseLost(
+            f"step {name!r}: job {run.job_id} attempt {run.attempt} lost its lease; its "
+            "transaction was aborted"
+        )
+    if end.kind != "committed":
+        detail = (end.error or {}).get("message", end.kind)
+        raise StepError(f"step {name!r}: its transaction did not commit ({detail})")

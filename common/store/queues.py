@@ -368,59 +368,10 @@ class QueueStore:
         ]
         if not lost and not started:
             return False
-        mine = {"$eq": ["$$this.tag", tag]}
-        gone = {"$and": [mine, {"$in": ["$$this.job", lit(list(lost))]}]}
-        settled = {"$and": [mine, {"$in": ["$$this.job", lit(list(started))]}]}
-        slots = {
-            "$map": {
-                "input": {"$filter": {"input": _list("slots"), "cond": {"$not": [gone]}}},
-                "in": {
-                    "$cond": [
-                        settled,
-                        {"$unsetField": {"field": "claim_by", "input": "$$this"}},
-                        "$$this",
-                    ]
-                },
-            }
-        }
-        since = _window_start()
         fields: dict[str, Any] = {
-            "slots": slots,
-            "starts": {
-                "$cond": [
-                    {"$eq": [{"$ifNull": ["$rate", None]}, None]},
-                    [],
-                    {
-                        "$concatArrays": [
-                            {
-                                "$filter": {
-                                    "input": _list("starts"),
-                                    "cond": {"$gt": ["$$this", since]},
-                                }
-                            },
-                            lit(list(started.values())),
-                        ]
-                    },
-                ]
-            },
-        }
-        key_since = _key_window_start()
-        fields["key_starts"] = {
-            "$cond": [
-                _unset("key_rate"),
-                "$$REMOVE",
-                {
-                    "$concatArrays": [
-                        {
-                            "$filter": {
-                                "input": _list("key_starts"),
-                                "cond": {"$gt": ["$$this.at", key_since]},
-                            }
-                        },
-                        lit(keyed_starts),
-                    ]
-                },
-            ]
+            "slots": _settled_slots(tag, lost, started),
+            "starts": _starts_kept_with(list(started.values())),
+            "key_starts": _key_starts_kept_with(keyed_starts),
         }
         if lost:
             fields["released_at"] = NOW  # slots given back: a wake-up for waiting claimers
@@ -501,3 +452,43 @@ class QueueStore:
             in_use, _ = slot_usage(q, jobs, q.now)
             out[q.name] = QueueUsage(doc=q, in_use=in_use, in_window=len(q.window_starts(q.now)))
         return out
+
+
+def _settled_slots(tag: str, lost: Collection[str], started: Mapping[str, datetime]) -> Any:
+    """The slots of claim `tag`, less those of `lost` jobs; a `started` job's slot no longer
+    counts as a start at its `claim_by`."""
+    mine = {"$eq": ["$$this.tag", tag]}
+    gone = {"$and": [mine, {"$in": ["$$this.job", lit(list(lost))]}]}
+    settled = {"$and": [mine, {"$in": ["$$this.job", lit(list(started))]}]}
+    return {
+        "$map": {
+            "input": {"$filter": {"input": _list("slots"), "cond": {"$not": [gone]}}},
+            "in": {
+                "$cond": [
+                    settled,
+                    {"$unsetField": {"field": "claim_by", "input": "$$this"}},
+                    "$$this",
+                ]
+            },
+        }
+    }
+
+
+def _starts_kept_with(started: list[datetime]) -> Any:
+    """A rated queue's starts still in its window, and these (none without a rate)."""
+    since = _window_start()
+    kept = {"$filter": {"input": _list("starts"), "cond": {"$gt": ["$$this", since]}}}
+    return {
+        "$cond": [
+            {"$eq": [{"$ifNull": ["$rate", None]}, None]},
+            [],
+            {"$concatArrays": [kept, lit(started)]},
+        ]
+    }
+
+
+def _key_starts_kept_with(keyed_starts: list[dict[str, Any]]) -> Any:
+    """The key starts still in the key rate's window, and these (no field without one)."""
+    since = _key_window_start()
+    kept = {"$filter": {"input": _list("key_starts"), "cond": {"$gt": ["$$this.at", since]}}}
+    return {"$cond": [_unset("key_rate"), "$$REMOVE", {"$concatArrays": [kept, lit(keyed_starts)]}]}

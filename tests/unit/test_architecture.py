@@ -62,3 +62,31 @@ def test_the_roles_never_import_each_other() -> None:
                 if top in ROLES - {role} or top == "brook":
                     wrong.append(f"{path.relative_to(ROOT)}: {name}")
     assert not wrong, wrong
+
+
+# The sizes a newcomer can read in one sitting (docs/development.md).
+MAX_FUNCTION_LINES = 60
+MAX_CLASS_LINES = 400
+MAX_MODULE_LINES = 800
+PRODUCT = ("common", "ingest", "dispatcher", "executor", "brook")
+
+
+def test_no_product_function_class_or_module_outgrows_its_room() -> None:
+    too_big: list[str] = []
+    for package in PRODUCT:
+        for path in sources(package):
+            text = path.read_text()
+            name = path.relative_to(ROOT)
+            if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+                too_big.append(f"{name}: {lines} lines (module, at most {MAX_MODULE_LINES})")
+            for node in ast.walk(ast.parse(text, str(path))):
+                if isinstance(node, ast.ClassDef):
+                    kind, limit = "class", MAX_CLASS_LINES
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    kind, limit = "function", MAX_FUNCTION_LINES
+                else:
+                    continue
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > limit:
+                    too_big.append(f"{name}:{node.lineno} {node.name}: {size} lines ({kind})")
+    assert too_big == [], "\n".join(too_big)
