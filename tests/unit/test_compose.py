@@ -272,14 +272,15 @@ def test_mongo_init_runs_the_script_after_all_members_are_healthy() -> None:
         assert deps.get(name) == "service_healthy", name
 
 
-def test_mongo_services_have_ping_healthchecks() -> None:
+def test_mongo_services_are_healthy_once_mongod_listens_on_their_own_name() -> None:
+    """A TCP connect to the member's own service name (the entrypoint's temporary mongod
+    listens on localhost only), from bash: no Node.js start every few seconds."""
     services = _services()
     for name in MONGO_SERVICES:
         check = services[name].get("healthcheck")
         assert isinstance(check, dict), f"{name} has no healthcheck"
         test = check.get("test")
-        text = " ".join(test) if isinstance(test, list) else str(test)
-        assert "mongosh" in text and "ping" in text, name
+        assert test == ["CMD", "bash", "-c", f"exec 3<>/dev/tcp/{name}/27017"], name
 
 
 def test_api_and_dispatcher_are_built_from_the_dockerfile_and_reach_all_members() -> None:
