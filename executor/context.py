@@ -30,6 +30,7 @@ from pymongo.synchronous.database import Database
 
 from common.domain.steps import SignalTimeout, check_signal_key, check_step_name, seconds_of
 from common.operations.client_core import ClientCore, Submitting
+from common.runtime import tracing
 from common.runtime.blocking import Coro, T, blocking_or_in_session, delegating, drive, run_on
 from common.runtime.log import get_logger
 from common.runtime.settings import Settings
@@ -103,6 +104,24 @@ class BaseContext:
             )
         return self.journal
 
+    def _step_span(
+        self, name: str, *, transactional: bool, replayed: bool
+    ) -> contextlib.AbstractContextManager[Any]:
+        """A span for one durable step (when tracing), a child of the attempt's run: its
+        name, whether it ran in a transaction, and whether this attempt replayed its
+        recorded result instead of running it. An exception marks it failed."""
+        return tracing.span(
+            "brook.step",
+            attributes={
+                "brook.job.id": self.job_id,
+                "brook.task": self.task,
+                "brook.attempt": self.attempt,
+                "brook.step.name": name,
+                "brook.step.transactional": transactional,
+                "brook.step.replayed": replayed,
+            },
+        )
+
     def _signals(self) -> SignalStore:
         return SignalStore(database(process_client(self.process_settings), self.process_settings))
 
@@ -157,27 +176,28 @@ class TaskContext(BaseContext):
         journal = self._journal("ctx.step")
         check_step_name(name)
         found, value = journal.enter(name)
-        if found:
-            return value
-        started = time.monotonic()
-        try:
-            if transactional:
-                return await transactional_step(
-                    process_client(self.process_settings).start_session(),
-                    journal,
-                    name,
-                    lambda session: fn(session, *args, **kwargs),
-                    settings=self.process_settings,
-                    send=self.send,
-                    reporter=self.reporter,
-                )
-            value = fn(*args, **kwargs)
-            if inspect.isawaitable(value):
-                value = await value
-        except Exception as exc:
-            mark_failed(exc, name)
-            raise
-        return await journal.record(name, value, _elapsed_ms(started))
+        with self._step_span(name, transactional=transactional, replayed=found):
+            if found:
+                return value
+            started = time.monotonic()
+            try:
+                if transactional:
+                    return await transactional_step(
+                        process_client(self.process_settings).start_session(),
+                        journal,
+                        name,
+                        lambda session: fn(session, *args, **kwargs),
+                        settings=self.process_settings,
+                        send=self.send,
+                        reporter=self.reporter,
+                    )
+                value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+            except Exception as exc:
+                mark_failed(exc, name)
+                raise
+            return await journal.record(name, value, _elapsed_ms(started))
 
     async def sleep(self, duration: float | timedelta) -> None:
         """Sleep durably: the wake time (the server's clock) is recorded as a step, the run
@@ -266,27 +286,28 @@ class SyncTaskContext(BaseContext):
         journal = self._journal("ctx.step")
         check_step_name(name)
         found, value = journal.enter(name)
-        if found:
-            return value
-        started = time.monotonic()
-        try:
-            if transactional:
-                return drive(
-                    transactional_step(
-                        process_sync_client(self.process_settings).start_session(),
-                        journal,
-                        name,
-                        lambda session: fn(session, *args, **kwargs),
-                        settings=self.process_settings,
-                        send=self.send,
-                        reporter=self.reporter,
+        with self._step_span(name, transactional=transactional, replayed=found):
+            if found:
+                return value
+            started = time.monotonic()
+            try:
+                if transactional:
+                    return drive(
+                        transactional_step(
+                            process_sync_client(self.process_settings).start_session(),
+                            journal,
+                            name,
+                            lambda session: fn(session, *args, **kwargs),
+                            settings=self.process_settings,
+                            send=self.send,
+                            reporter=self.reporter,
+                        )
                     )
-                )
-            value = fn(*args, **kwargs)
-        except Exception as exc:
-            mark_failed(exc, name)
-            raise
-        return self._block(journal.record(name, value, _elapsed_ms(started)))
+                value = fn(*args, **kwargs)
+            except Exception as exc:
+                mark_failed(exc, name)
+                raise
+            return self._block(journal.record(name, value, _elapsed_ms(started)))
 
     def sleep(self, duration: float | timedelta) -> None:
         """As `TaskContext.sleep`, blocking."""

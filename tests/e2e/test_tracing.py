@@ -1,7 +1,7 @@
 """Tracing end to end: a real API, dispatcher and workers with `OTEL_TRACES_EXPORTER=console`
 (one span per line of JSON on stdout, beside the logs). One trace goes from an HTTP submit
-(the caller's `traceparent`), through the run, to the run of the child job the task
-submitted; a workflow child links to its parent; a trigger-made job's run continues the
+(the caller's `traceparent`), through the run and its durable step, to the run of the child
+job the task submitted; a workflow child links to its parent; a trigger-made job's run continues the
 span of its change."""
 
 from __future__ import annotations
@@ -74,6 +74,18 @@ async def test_one_trace_from_an_http_submit_through_the_run_to_a_child_jobs_run
         "brook.outcome": "completed",
         "brook.wait_ms": 0,
     }
+    # Its durable step, a span under the run.
+    step = one(found, "brook.step", **{"brook.step.name": "prepare"})
+    assert hex_id(step["parent_id"]) == hex_id(run["context"]["span_id"])
+    assert step["attributes"] == {
+        "brook.job.id": parent["id"],
+        "brook.task": "traced_parent",
+        "brook.attempt": 1,
+        "brook.step.name": "prepare",
+        "brook.step.transactional": False,
+        "brook.step.replayed": False,
+    }
+    assert step["status"]["status_code"] == "UNSET"
     # The child, submitted by the task with ctx.submit, in the same trace under the run.
     child_submit = one(found, "brook.submit echo")
     assert hex_id(child_submit["parent_id"]) == hex_id(run["context"]["span_id"])

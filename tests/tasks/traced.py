@@ -1,5 +1,6 @@
 """Tasks for the tracing tests (`BROOK_TASKS=tests.tasks.basic,tests.tasks.traced`): a task
-that submits a child job with `ctx.submit`, and a trigger on `traced_orders`."""
+that runs a durable step and submits a child job with `ctx.submit`, and a trigger on
+`traced_orders`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from brook import TaskContext, task, trigger
 
 @task("traced_parent")
 async def traced_parent(payload: dict[str, Any], ctx: TaskContext) -> str:
+    await ctx.step("prepare", lambda: {"ready": True})
     child = await ctx.submit("echo", {"parent": ctx.job_id})
     return child.id
 
