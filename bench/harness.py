@@ -166,19 +166,27 @@ def role_env(
 
 class RoleProcess:
     """One `python -m brook.cli ROLE` child in its own session, its output in a log file.
-    `BROOK_BENCH_BROOK` names another `brook` executable to run instead (an A/B against
-    another checkout, its own venv)."""
+    `brook` (else `BROOK_BENCH_BROOK`) names another `brook` executable to run instead, in
+    `cwd`: an A/B against another checkout, its own venv."""
 
-    def __init__(self, role: str, env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self,
+        role: str,
+        env: Mapping[str, str],
+        log_path: Path,
+        *,
+        brook: str | None = None,
+        cwd: Path = ROOT,
+    ) -> None:
         self.role = role
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        other = os.environ.get("BROOK_BENCH_BROOK")
+        other = brook or os.environ.get("BROOK_BENCH_BROOK")
         self.proc = subprocess.Popen(
             [other, role] if other else [sys.executable, "-m", "brook.cli", role],
             env=dict(env),
-            cwd=ROOT,
+            cwd=cwd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -240,8 +248,10 @@ class RoleProcess:
 
 
 @contextlib.contextmanager
-def role(name: str, env: Mapping[str, str], log_path: Path) -> Iterator[RoleProcess]:
-    proc = RoleProcess(name, env, log_path)
+def role(
+    name: str, env: Mapping[str, str], log_path: Path, *, brook: str | None = None, cwd: Path = ROOT
+) -> Iterator[RoleProcess]:
+    proc = RoleProcess(name, env, log_path, brook=brook, cwd=cwd)
     try:
         yield proc
     finally:
@@ -303,7 +313,9 @@ def wait_dispatcher(api: Api, procs: Sequence[RoleProcess], timeout: float = 90.
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of `/proc/<pid>/stat` after the command name: field N (1-based, as
+    `man proc` numbers them) is index N - 3; None if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(")", 1)[1].split()
@@ -313,7 +325,7 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 def proc_cpu_s(pid: int) -> float:
     """User + system CPU seconds of one process (all its threads); 0 if it is gone."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / TICK if fields else 0.0
 
 
@@ -322,7 +334,7 @@ def children(pid: int) -> list[int]:
     parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            fields = _stat_fields(int(entry))
+            fields = stat_fields(int(entry))
             if fields:
                 parents.setdefault(int(fields[1]), []).append(int(entry))
     out: list[int] = []
@@ -334,7 +346,7 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def _system_ticks() -> tuple[int, int]:
+def system_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs since boot."""
     with open("/proc/stat") as fh:
         values = [int(v) for v in fh.readline().split()[1:]]
@@ -349,13 +361,13 @@ def cpu_meter(groups: Mapping[str, Sequence[int]]) -> Iterator[dict[str, Any]]:
     (CPU seconds and share of one core). The dict it yields is filled in at the end."""
     report: dict[str, Any] = {}
     t0 = time.monotonic()
-    sys0 = _system_ticks()
+    sys0 = system_ticks()
     before = {label: sum(proc_cpu_s(p) for p in pids) for label, pids in groups.items()}
     try:
         yield report
     finally:
         wall = time.monotonic() - t0
-        sys1 = _system_ticks()
+        sys1 = system_ticks()
         report["wall_s"] = round(wall, 3)
         report["machine_busy_share"] = round((sys1[0] - sys0[0]) / max(sys1[1] - sys0[1], 1), 3)
         report["groups"] = {}

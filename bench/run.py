@@ -10,11 +10,17 @@
     python -m bench.run --scenario fairness [--jobs 10000]
     python -m bench.run --scenario bulkplans [--jobs 100000]
     python -m bench.run --scenario keyscale [--jobs 1000000]
+    python -m bench.run --scenario jobcost [--rate 50] [--jobs 500] [--via http,client]
+                        [--checkout PATH] [--warmup 100] [--mongo-port 26417]
 
 `fairness` (`bench/fairness.py`) and the seven before it (`bench/scale.py`,
 `bench/failover.py`, `bench/costs.py`) are not part of
 `all`: `backlog` at a million jobs takes a while and a few GB of disk; `failover` kills a
 member of the embedded set; `costs` measures MongoDB alone (raw PyMongo, no Brook role).
+`jobcost` (`bench/jobcost.py`) is not either: the CPU-ms per job of the API, the
+dispatcher with its workers and the three `mongod`, at a steady rate, each way in
+(`--via`) on a fresh set of its own (not the one below), the roles optionally from
+another checkout (`--checkout`, for an A/B against an older commit).
 
 Each scenario gets a fresh database (`bench_<stamp>_<scenario>`, dropped at the end) and
 fresh `brook api` / `brook dispatcher` processes (SIGTERM at the end, never left behind).
@@ -38,7 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import costs, failover, fairness, limits, scale
+from bench import costs, failover, fairness, jobcost, limits, scale
 from bench.events import enable_post_images, events_fanout
 from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
@@ -63,14 +69,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=[
             "latency", "throughput", "batch", "probe", "events", "limits", "all",
             "enqueue", "startup", "drain", "backlog", "failover", "costs", "e2e", "fairness",
-            "bulkplans", "keyscale",
+            "bulkplans", "keyscale", "jobcost",
         ],
         default="all",
     )
     p.add_argument("--sizes", default="0,100000,1000000", help="backlog: pending jobs, each run")
-    p.add_argument("--jobs", type=int, default=5000, help="throughput, batch: jobs per variant")
+    p.add_argument(
+        "--jobs", type=int, default=None,
+        help="throughput, batch: jobs per variant (default 5000); jobcost: measured (500)",
+    )
     p.add_argument("--sse-clients", type=int, default=200, help="events: SSE clients")
-    p.add_argument("--rate", type=float, default=20.0, help="latency: submissions per second")
+    p.add_argument(
+        "--rate", type=float, default=None,
+        help="latency: submissions per second (default 20); jobcost: jobs per second (50)",
+    )
     p.add_argument("--duration", type=float, default=30.0, help="latency: seconds of submitting")
     p.add_argument(
         "--concurrency",
@@ -93,10 +105,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--keep-mongo", action="store_true", help="leave the embedded set running")
     p.add_argument("--py-spy", dest="py_spy", help="py-spy binary: profile the role processes")
+    _jobcost_args(p)
     args = p.parse_args(argv)
+    jobcost = args.scenario == "jobcost"
+    if args.jobs is None:
+        args.jobs = 500 if jobcost else 5000
+    if args.rate is None:
+        args.rate = 50.0 if jobcost else 20.0
     if args.jobs < 1 or args.rate <= 0 or args.duration <= 0 or args.concurrency < 1:
         p.error("--jobs, --rate, --duration and --concurrency must be positive")
+    if args.warmup < 0:
+        p.error("--warmup must not be negative")
     return args
+
+
+def _jobcost_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--via", default="http,client", help="jobcost: http, client or both")
+    p.add_argument("--checkout", help="jobcost: run the roles from this checkout's .venv")
+    p.add_argument("--warmup", type=int, default=100, help="jobcost: jobs not counted, first")
+    p.add_argument(
+        "--mongo-port", type=int, default=None,
+        help="jobcost: first of the three ports of its fresh set (default 26417)",
+    )
 
 
 def environment(uri_origin: str, client: Any, concurrency: int) -> dict[str, Any]:
@@ -421,6 +451,8 @@ def _scale_plan(
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.scenario == "jobcost":  # roles on sets of its own: not the shared one of run()
+            return jobcost.main(args)
         results = run(args)
     except BenchError as exc:  # before any scenario ran (e.g. the replica set)
         print(f"bench: error: {exc}", file=sys.stderr)
