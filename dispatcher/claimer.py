@@ -398,6 +398,7 @@ class Claimer:
         self.limits.adopt_strays(aged)
         for job in aged:
             _claimed(job)
+            self.holdings.aged(job.id)  # before the jobs claimed ahead by stored priority
             self.start(job)
         return aged
 

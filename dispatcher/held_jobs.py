@@ -43,6 +43,9 @@ class Holdings:
         self._running: dict[str, Job] = {}
         self._cancels_seen: dict[str, float] = {}
         self._mean_run_s: float | None = None
+        # Jobs claimed for their effective priority (priority aging): their stored priority
+        # would put them behind the jobs claimed ahead, so they start before those.
+        self._aged: set[str] = set()
 
     def record_run(self, seconds: float) -> None:
         """A task ran for `seconds` (from hand-off to result, as the dispatcher saw it)."""
@@ -74,14 +77,21 @@ class Holdings:
         self._waiting[job.id] = job
         return lease
 
+    def aged(self, job_id: str) -> None:
+        """This job is being claimed for its effective priority (priority aging): once it
+        waits here, it starts before the jobs claimed by their stored priority."""
+        self._aged.add(job_id)
+
     def next_waiting(
         self, room: dict[str, int] | None, first: Callable[[Job], bool] = lambda _: False
     ) -> Job | None:
         """The best waiting job (claim order: priority, then due time), among the queues
         that have a free slot (`room`: free slots by queue; None: any queue); jobs that
-        `first` picks go before all others."""
+        `first` picks go before all others, then aged jobs."""
         fits = [j for j in self._waiting.values() if room is None or room.get(j.queue, 0) > 0]
-        return min(fits, key=lambda j: (not first(j), _claim_order(j))) if fits else None
+        if not fits:
+            return None
+        return min(fits, key=lambda j: (not first(j), j.id not in self._aged, _claim_order(j)))
 
     def count_waiting(self, which: Callable[[Job], bool]) -> int:
         return sum(1 for job in self._waiting.values() if which(job))
@@ -94,12 +104,14 @@ class Holdings:
     def start(self, job_id: str) -> Lease:
         """Its task was handed to a worker."""
         self._running[job_id] = self._waiting.pop(job_id)
+        self._aged.discard(job_id)
         return self._leases[job_id]
 
     def unwait(self, job_id: str) -> Job | None:
         """Take a waiting job out of the buffer (cancelled, lost or handed back): it will
         not start. None if it is not waiting."""
         job = self._waiting.pop(job_id, None)
+        self._aged.discard(job_id)
         if job is not None:
             self._leases.pop(job_id, None)
             self._since.pop(job_id, None)
@@ -113,6 +125,7 @@ class Holdings:
 
     def drop(self, job_id: str) -> None:
         self._waiting.pop(job_id, None)
+        self._aged.discard(job_id)
         self._running.pop(job_id, None)
         self._leases.pop(job_id, None)
         self._since.pop(job_id, None)

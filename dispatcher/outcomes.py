@@ -9,6 +9,7 @@ rides out a failover until a deadline; after it the job is left to lease expiry.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Sequence
@@ -17,11 +18,11 @@ from typing import Any, Literal
 
 from pymongo.errors import PyMongoError
 
-from common.domain.errors import LeaseLost
+from common.domain.errors import JobNotFound, LeaseLost
 from common.domain.models import Job
 from common.domain.status import JobStatus
 from common.protocol.runner import RELEASES, Outcome
-from common.runtime.backoff import backoff_delay
+from common.runtime.backoff import Backoff, backoff_delay
 from common.runtime.group_commit import GroupCommit
 from common.runtime.log_events import Event, emit, job_fields
 from common.runtime.metrics import JOB_DURATION, count_outcome
@@ -218,14 +219,21 @@ class Outcomes:
     async def _learn(self, lease: Lease, outcome: Outcome, verdict: Verdict) -> Verdict:
         """No primary took the outcome's write before its deadline, but an earlier try of it
         may have applied, its reply lost to the failover: read what the job says once a
-        primary answers (bounded, and never past shutdown's cut-off). Applied by this
-        attempt: the write's verdict; not applied, or still unknown: `deadline`, and the
-        watchdog requeues the job once its lease has expired."""
+        primary answers (bounded, and never past shutdown's cut-off). While it still shows
+        this attempt running, its fate is not known yet (a new primary's majority view may
+        not show the write yet, or nobody has ended the attempt): read again, until the
+        write shows, or the watchdog has requeued the job at lease expiry. Applied by this
+        attempt: the write's verdict; else, or still unknown: `deadline`."""
         until = min(
             time.monotonic() + max(LEARN_AFTER_DEADLINE_S, self.settings.lease_seconds * 6),
             self._cutoff,
         )
+        backoff = Backoff(0.2, 2.0)
         try:
+            while await self._still_running(lease, until):
+                await asyncio.sleep(min(backoff.next(), max(until - time.monotonic(), 0.0)))
+                if time.monotonic() >= until:
+                    return verdict
             if outcome.kind == "ok":
                 completed = await ride_out(
                     "completed_by", lambda: self.store.completed_by(lease), until=until
@@ -234,11 +242,23 @@ class Outcomes:
             job = await ride_out(
                 "ended_by_holder", lambda: self.store.ended_by_holder(lease), until=until
             )
-        except PyMongoError:
+        except (PyMongoError, JobNotFound):
             return verdict
         if job is None or job.status == JobStatus.COMPLETED:
             return verdict
         return Verdict(kind="applied", job=job)
+
+    async def _still_running(self, lease: Lease, until: float) -> bool:
+        """Whether the job still shows this attempt running here (None: no answer in time
+        counts as not known, so as running)."""
+        job = await ride_out("outcome_of", lambda: self.store.get(lease.job_id), until=until)
+        if job is None:
+            return time.monotonic() < until
+        return (job.status, job.attempts, job.owner) == (
+            JobStatus.RUNNING,
+            lease.attempt,
+            self.owner,
+        )
 
     async def _lost_or_ours(self, lease: Lease) -> Verdict:
         """The write found the attempt no longer ours: lost, unless an earlier try of it

@@ -6,7 +6,7 @@ by the server's `failCommand` fail point, aimed at the dispatcher's client by it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from structlog.testing import capture_logs
@@ -17,7 +17,7 @@ from common.protocol.runner import Outcome
 from common.runtime.settings import Settings
 from common.runtime.supervision import spawn_logged
 from common.store.db import database, make_client
-from common.store.jobs import JobStore, Lease
+from common.store.jobs import ExpiredLease, JobStore, Lease
 from dispatcher.dependents import Dependents
 from dispatcher.outcomes import Outcomes
 from tests.support.failpoints import fail_commands, fail_nothing
@@ -40,22 +40,27 @@ async def dispatcher(settings: Settings) -> AsyncIterator[tuple[Settings, JobSto
 
 async def claimed(store: JobStore) -> Lease:
     await store.submit(JobSpec(task="echo", payload={}))
-    job = await store.claim(OWNER, 30)
+    job = await store.claim(OWNER, LEASE_S)
     assert job is not None
     return Lease(job_id=job.id, attempt=job.attempts)
 
 
 async def record_through_an_outage(
-    dispatcher: tuple[Settings, JobStore], store: JobStore, lease: Lease, outage_s: float
+    dispatcher: tuple[Settings, JobStore],
+    store: JobStore,
+    lease: Lease,
+    outage_s: float,
+    then: Callable[[], Awaitable[object]] | None = None,
 ) -> tuple[str, list[str]]:
     """Record a successful attempt while every write and read of the dispatcher's client
-    fails as if no primary were there, for `outage_s` (past the write's deadline)."""
+    fails as if no primary were there, for `outage_s` (past the write's deadline); `then`
+    happens once it answers again, while the dispatcher still waits to learn the outcome."""
     settings, mine = dispatcher
-    outcomes = Outcomes(settings, mine, OWNER, spawn_logged, Dependents(settings, store, spawn_logged))
-    job = await store.get(lease.job_id)
-    await fail_commands(
-        mine.db.client, APP, ["update", "find"], "alwaysOn", errorCode=NOT_PRIMARY
+    outcomes = Outcomes(
+        settings, mine, OWNER, spawn_logged, Dependents(settings, store, spawn_logged)
     )
+    job = await store.get(lease.job_id)
+    await fail_commands(mine.db.client, APP, ["update", "find"], "alwaysOn", errorCode=NOT_PRIMARY)
     with capture_logs() as logs:
         recording = asyncio.create_task(
             outcomes.record(job, lease, Outcome(kind="ok", result={"ok": 1}), 0.1)
@@ -63,6 +68,10 @@ async def record_through_an_outage(
         await asyncio.sleep(outage_s)
         assert not recording.done(), "the outcome was settled while no primary answered"
         await fail_nothing(mine.db.client)
+        if then is not None:
+            await asyncio.sleep(1.0)
+            assert not recording.done(), "the outcome was settled while the job showed it running"
+            await then()
         verdict = await asyncio.wait_for(recording, 30)
     return verdict.kind, [e["event"] for e in logs]
 
@@ -82,12 +91,32 @@ async def test_a_completion_whose_earlier_try_applied_is_logged_completed_after_
     assert "mongo.unavailable" in events  # it did ride the outage out
 
 
-async def test_a_completion_that_never_applied_is_discarded_and_left_to_lease_expiry(
+async def test_a_completion_that_shows_only_later_is_logged_completed(
+    dispatcher: tuple[Settings, JobStore], store: JobStore
+) -> None:
+    """Past the outage the job still shows the attempt running (a new primary's majority
+    view may not show the write yet): the dispatcher reads again until it does."""
+    lease = await claimed(store)
+
+    async def shows() -> None:
+        assert (await store.complete_many(OWNER, [(lease, {"ok": 1})])).done == {lease.job_id}
+
+    kind, events = await record_through_an_outage(dispatcher, store, lease, 3 * LEASE_S, shows)
+    assert kind == "applied", events
+    assert events.count("job.completed") == 1 and "job.result_discarded" not in events, events
+
+
+async def test_a_completion_that_never_applied_is_discarded_once_the_watchdog_requeued_it(
     dispatcher: tuple[Settings, JobStore], store: JobStore
 ) -> None:
     lease = await claimed(store)
-    kind, events = await record_through_an_outage(dispatcher, store, lease, 3 * LEASE_S)
+
+    async def watchdog() -> None:
+        expired = ExpiredLease(job_id=lease.job_id, attempt=lease.attempt, task="echo", owner=OWNER)
+        await store.requeue_expired(expired, 0.0)
+
+    kind, events = await record_through_an_outage(dispatcher, store, lease, 3 * LEASE_S, watchdog)
     assert kind == "deadline", events
     assert "job.completed" not in events and events.count("job.result_discarded") == 1, events
     job = await store.get(lease.job_id)
-    assert job.status == JobStatus.RUNNING and job.attempts == lease.attempt
+    assert job.status == JobStatus.PENDING and job.attempts == lease.attempt

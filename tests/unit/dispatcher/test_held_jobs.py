@@ -17,3 +17,31 @@ def test_a_dispatcher_holds_about_a_fifth_of_a_second_of_work_ahead_and_none_of_
     for _ in range(50):
         holdings.record_run(2.0)
     assert holdings.ahead(2, 32) == 0  # long tasks: nothing held where another could run it
+
+
+def test_an_aged_job_starts_before_the_jobs_claimed_ahead_by_stored_priority() -> None:
+    """Priority aging claims a job for its effective priority: held behind jobs of a higher
+    stored priority, a stream of them claimed ahead would starve it in the buffer."""
+    from datetime import UTC, datetime, timedelta
+
+    from common.domain.models import Job
+    from dispatcher.held_jobs import Holdings
+
+    def job(job_id: str, priority: int, age_s: float) -> Job:
+        due = datetime.now(UTC) - timedelta(seconds=age_s)
+        return Job.from_doc(
+            {"_id": job_id, "task": "noop", "status": "running", "priority": priority,
+             "run_at": due, "created_at": due, "attempts": 1}
+        )
+
+    holdings = Holdings()
+    holdings.add(job("stream-1", 10, 1.0))
+    holdings.add(job("stream-2", 10, 0.5))
+    holdings.aged("old")
+    holdings.add(job("old", 0, 5.0))
+    holdings.add(job("stream-3", 10, 0.1))
+    started = []
+    while (nxt := holdings.next_waiting(None)) is not None:
+        holdings.start(nxt.id)
+        started.append(nxt.id)
+    assert started == ["old", "stream-1", "stream-2", "stream-3"]
