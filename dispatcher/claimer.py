@@ -125,6 +125,13 @@ class Claimer:
         self._signals = 0
         self._maybe_more = True
         self._dry: set[Target] = set()
+        # What the reasons to look say: `_news` counts the jobs announced due one by one (an
+        # insert, a requeue) that no look has claimed for yet; `_vague` says some reason named
+        # no job (a sweep, the due timer, a queue opening): then looks go on until one finds
+        # nothing. With only news, a look that claims every announced job is the last one:
+        # no further claim that would find nothing (one round trip a job saved).
+        self._news = 0
+        self._vague = True
         self._batch = 1
         self._urgent = False  # news of a job that outranks all claimed ahead
         self._claiming = False  # a look's claims are in flight
@@ -146,10 +153,13 @@ class Claimer:
     def _target_of(self, queue: str) -> Target:
         return queue if self.queues or self.limits.is_limited(queue) else None
 
-    def signal(self, queue: str | None = None) -> None:
-        """There may be due work (in `queue`, when known): look for it."""
+    def signal(self, queue: str | None = None, *, vague: bool = True) -> None:
+        """There may be due work (in `queue`, when known): look for it. Not `vague`: one
+        job was announced (`due_at`)."""
         self._signals += 1
         self._maybe_more = True
+        if vague:
+            self._vague = True
         if queue is None:
             self._dry.clear()
         else:
@@ -177,7 +187,8 @@ class Claimer:
             self._urgent = True
             if self._claiming and (self._jump is None or self._jump.done()):
                 self._jump = spawn_logged(self._claim_urgent(queue), "urgent-claim")
-        self.signal(queue)
+        self._news += 1
+        self.signal(queue, vague=False)
 
     async def _claim_urgent(self, queue: str | None) -> None:
         target = self._target_of(queue) if queue is not None else None
@@ -311,6 +322,11 @@ class Claimer:
             return False
         filled = all(all(got) for got in results.values())
         self._batch = min(self._batch * 2, MAX_BATCH) if filled else 1
+        took = sum(got.count(True) for got in results.values())
+        self._news = max(self._news - took, 0)
+        if filled and not self._vague and self._news == 0 and self._signals == seen:
+            self._maybe_more = False  # every job announced is claimed; nothing said more
+            return False
         if self._signals == seen:  # news while we claimed: a dry target may not be dry
             self._dry.update(t for t, got in results.items() if None in got)
         if any(None not in got for got in results.values()):
@@ -318,6 +334,7 @@ class Claimer:
         closed = {t for t in self._targets if t is not None and not self._may_claim(t)}
         if self._signals == seen and self._dry | closed >= self._targets:
             self._maybe_more = False  # nothing due anywhere it may start, and no news meanwhile
+            self._news, self._vague = 0, False
         if self.timer.rearm:
             await self.timer.arm_for_next_due()
         if not any(True in got for got in results.values()) and self._maybe_more:
@@ -330,7 +347,10 @@ class Claimer:
         # Claims in flight together overlap their round trips. Start with one and double
         # while every claim finds a job (a backlog); one event then costs one claim. A job
         # that outranks all claimed ahead is claimed alone: one round trip, the quickest.
-        return await self._claim(target, min(room, self._batch))
+        n = min(room, self._batch)
+        if not self._vague and self._news > 0:
+            n = min(n, self._news)  # only announced jobs are known to be due
+        return await self._claim(target, n)
 
     async def _claim_limited(self, queue: str, n: int) -> list[bool | None]:
         """Claim up to `n` jobs of a limited queue through its slots (one write for all)."""
