@@ -125,8 +125,10 @@ class JobClaims(JobsCollection):
         self, limit: int, *, tasks: Collection[str] | None, queue: str
     ) -> list[str]:
         """The ids of the best due pending jobs of these tasks in `queue`, at most `limit`:
-        what a claim in a limited queue takes its slots for."""
-        docs = await self.jobs.find(
+        what a claim in a limited queue takes its slots for. Read as the primary has them,
+        as the plain claim does: a job heard of from the oplog is not majority-committed yet,
+        and its insert's change-stream event, which comes later, is not news again."""
+        docs = await self._primary().find(
             claim_filter(tasks, queue),
             projection={"_id": 1},
             sort=CLAIM_SORT,
