@@ -183,12 +183,22 @@ class Claimer:
         if run_at is not None and run_at.timestamp() > self.clock.now() + 0.002:
             self.timer.at(run_at.timestamp())
             return
-        if priority is not None and self.holdings.outranks(priority):
+        if (priority is not None and self.holdings.outranks(priority)) or self._new_key(queue, key):
             self._urgent = True
             if self._claiming and (self._jump is None or self._jump.done()):
                 self._jump = spawn_logged(self._claim_urgent(queue), "urgent-claim")
         self._news += 1
         self.signal(queue, vague=False)
+
+    def _new_key(self, queue: str | None, key: str | None) -> bool:
+        """A due job of a keyed queue whose key has nothing claimed or running here: its key's
+        turn comes first (new keys go first), so it is claimed at once, alone, as a job that
+        outranks the buffer is, not after the claim in flight."""
+        return (
+            queue is not None
+            and self.limits.keyed(queue)
+            and not self.holdings.holds_key(queue, key)
+        )
 
     async def _claim_urgent(self, queue: str | None) -> None:
         target = self._target_of(queue) if queue is not None else None
@@ -278,8 +288,9 @@ class Claimer:
             # Turns across keys decide the order of what is claimed, not of what waits in
             # the buffer: keep it short (at most `slots` jobs waiting for a worker), so a
             # key's new job starts within about one claim, not behind a long buffer.
+            # (A new key's job, `urgent`, may be one over.)
             waiting = self.holdings.count_waiting(lambda j: j.queue == target)
-            room = min(room, self._slots(target) - waiting)
+            room = min(room, self._slots(target) - waiting + (1 if urgent else 0))
         return room
 
     def _rooms(self) -> list[Target]:

@@ -96,6 +96,13 @@ class Holdings:
     def count_waiting(self, which: Callable[[Job], bool]) -> int:
         return sum(1 for job in self._waiting.values() if which(job))
 
+    def holds_key(self, queue: str, key: str | None) -> bool:
+        """Whether a job of `key` in `queue` is waiting or running here."""
+        return any(
+            j.queue == queue and j.key == key
+            for j in (*self._waiting.values(), *self._running.values())
+        )
+
     def outranks(self, priority: int) -> bool:
         """Whether a job of `priority` would run before some job claimed ahead (False when
         none is: then it has nothing to jump over)."""

@@ -45,3 +45,26 @@ def test_an_aged_job_starts_before_the_jobs_claimed_ahead_by_stored_priority() -
         holdings.start(nxt.id)
         started.append(nxt.id)
     assert started == ["old", "stream-1", "stream-2", "stream-3"]
+
+
+def test_a_key_is_held_while_a_job_of_it_waits_or_runs_in_its_queue() -> None:
+    """What makes a keyed queue's new key urgent (`Claimer._new_key`): nothing of it here."""
+    from datetime import UTC, datetime
+
+    from common.domain.models import Job
+    from dispatcher.held_jobs import Holdings
+
+    now = datetime.now(UTC)
+    job = Job.from_doc(
+        {"_id": "a1", "task": "noop", "status": "running", "queue": "shared", "key": "a",
+         "run_at": now, "created_at": now, "attempts": 1}
+    )
+    holdings = Holdings()
+    assert not holdings.holds_key("shared", "a")
+    holdings.add(job)
+    assert holdings.holds_key("shared", "a")  # waiting
+    assert not holdings.holds_key("shared", "b") and not holdings.holds_key("other", "a")
+    holdings.start("a1")
+    assert holdings.holds_key("shared", "a")  # running
+    holdings.worker_done("a1")
+    assert not holdings.holds_key("shared", "a")
