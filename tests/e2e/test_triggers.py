@@ -124,8 +124,13 @@ async def test_exactly_one_job_per_matching_change_through_two_follower_kills_an
         for phase in range(4):
             await insert_orders(store, phase * quarter, quarter)
             if phase in (0, 2):
-                # SIGKILL the follower mid-way (it has a backlog), start a replacement.
-                owner = wait_until(lambda: follower_of(sync, settings.db))
+                # SIGKILL the follower mid-way (it has a backlog), start a replacement. The
+                # second time, once another has taken over from the first one killed (until
+                # its lease runs out, the trigger still names the dead one).
+                owner = wait_until(
+                    lambda: (f := follower_of(sync, settings.db)) not in killed and f,
+                    timeout=60,
+                )
                 victim = process_of(owner, procs)
                 victim.kill()
                 killed.append(owner)
