@@ -210,7 +210,7 @@ class TriggerFollower:
         """Follow the stream from the saved token until the trigger is paused (its state
         returned) or the stream ends (an invalidation: its token is saved, and the caller
         opens the stream again after it; None)."""
-        async with await self.store.watch(
+        async with await self.store.changes(
             self.trigger,
             start_after=self._token,
             start_at=self._start_at,

@@ -213,7 +213,7 @@ class TriggerStore:
             raise TriggerNotFound(name)
         return TriggerState.from_doc(doc)
 
-    async def watch(
+    async def changes(
         self,
         trigger: Trigger,
         *,
