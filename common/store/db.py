@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC
 from typing import Any
 
+import pymongo
 from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient, IndexModel, MongoClient
 from pymongo.asynchronous.collection import AsyncCollection
@@ -72,6 +73,13 @@ def _client_options(settings: Settings, appname: str, extra: dict[str, Any]) -> 
         "tzinfo": UTC,
         "appname": f"{appname}:{os.getpid()}",
         "serverSelectionTimeoutMS": settings.server_selection_timeout_ms,
+        # Without a socket timeout, an operation in flight to a member that went silent
+        # (a partition, a host gone: no reset ever comes) waits until TCP keepalive gives up,
+        # minutes later; the driver interrupts it only when its monitor times out, not when
+        # the member's name stops resolving (what a container cut off from its network
+        # shows). Index builds, which may take longer, raise their own bound (`INDEX_BUILD_S`).
+        "socketTimeoutMS": settings.mongo_socket_timeout_ms,
+        "connectTimeoutMS": settings.mongo_connect_timeout_ms,
     }
     options.update(extra)
     return options
@@ -128,16 +136,22 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+# How long an index build may take (a new index over a large collection), in place of the
+# socket timeout, which bounds every other operation.
+INDEX_BUILD_S = 3600.0
+
+
 async def ensure_indexes(collection: AsyncCollection[Doc], models: Sequence[IndexModel]) -> None:
     """Idempotent: an index that exists with the same spec is a no-op; one that exists
     under the same name with another spec (an older Brook) is rebuilt."""
-    try:
-        await collection.create_indexes(list(models))
-    except OperationFailure as exc:
-        if exc.code not in (85, 86):  # IndexOptionsConflict, IndexKeySpecsConflict
-            raise
-        for model in models:
-            await _rebuild_index(collection, model)
+    with pymongo.timeout(INDEX_BUILD_S):
+        try:
+            await collection.create_indexes(list(models))
+        except OperationFailure as exc:
+            if exc.code not in (85, 86):  # IndexOptionsConflict, IndexKeySpecsConflict
+                raise
+            for model in models:
+                await _rebuild_index(collection, model)
 
 
 async def _rebuild_index(collection: AsyncCollection[Doc], model: IndexModel) -> None:

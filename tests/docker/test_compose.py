@@ -128,20 +128,39 @@ class Stream:
 def probe_recovery(project: Project, since: float, timeout: float = 120) -> float:
     """Seconds from `since` until a job submitted now (and again until one does) completes."""
     deadline = time.monotonic() + timeout
+    seen: list[str] = []  # what each probe met, for the failure's account
     with project.http(timeout=3) as http:
         while time.monotonic() < deadline:
+            at = f"{time.monotonic() - since:.1f}s"
             try:
                 r = http.post("/jobs", json={"task": "noop", "max_attempts": 25})
-                if r.status_code == 202:
-                    job_id = r.json()["id"]
-                    end = time.monotonic() + 30
-                    while time.monotonic() < end:
-                        if http.get(f"/jobs/{job_id}").json()["status"] == "completed":
-                            return time.monotonic() - since
-                        time.sleep(0.1)
-            except httpx.HTTPError:
+                if r.status_code != 202:
+                    seen.append(f"{at} submit {r.status_code} {r.text[:120]}")
+                    time.sleep(0.3)
+                    continue
+                job_id = r.json()["id"]
+                end = time.monotonic() + 30
+                status = "?"
+                while time.monotonic() < end:
+                    status = http.get(f"/jobs/{job_id}").json()["status"]
+                    if status == "completed":
+                        return time.monotonic() - since
+                    time.sleep(0.1)
+                seen.append(f"{at} job {job_id} still {status} after 30 s")
+            except httpx.HTTPError as exc:
+                seen.append(f"{at} {exc!r}")
                 time.sleep(0.3)
-    pytest.fail("no job completed after the fault")
+    pytest.fail("no job completed after the fault\n" + "\n".join(seen[-40:]) + outlook(project))
+
+
+def outlook(project: Project, tail: int = 25) -> str:
+    """The last warnings and errors of the API and the dispatchers: a failure's account."""
+    lines = []
+    for service, index in (("api", 1), ("dispatcher", 1), ("dispatcher", 2)):
+        loud = [e for e in project.events(service, index) if e.get("level") != "info"]
+        lines.append(f"-- {service} {index}, last {tail} warnings and errors:")
+        lines += [json.dumps(e, default=str)[:400] for e in loud[-tail:]]
+    return "\n" + "\n".join(lines)
 
 
 def settle_and_check(
