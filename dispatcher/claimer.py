@@ -284,13 +284,10 @@ class Claimer:
             soon = self.holdings.frees_within(self._slots(target), RATE_START_MARGIN_S / 2)
             rated = self.holdings.count_waiting(lambda j: self.limits.start_by(j.id) is not None)
             room = min(room, self.free_workers() + soon - rated)
-        elif self.limits.keyed(target):
-            # Turns across keys decide the order of what is claimed, not of what waits in
-            # the buffer: keep it short (at most `slots` jobs waiting for a worker), so a
-            # key's new job starts within about one claim, not behind a long buffer.
-            # (A new key's job, `urgent`, may be one over.)
-            waiting = self.holdings.count_waiting(lambda j: j.queue == target)
-            room = min(room, self._slots(target) - waiting + (1 if urgent else 0))
+        # A keyed queue claims ahead as any other: turns across keys decide what is claimed,
+        # a new key's job is claimed at once, alone (`_new_key`), and the hand-off starts the
+        # job whose key runs least here first (`Holdings.next_waiting`), so a key's new job
+        # does not wait behind the buffer.
         return room
 
     def _rooms(self) -> list[Target]:

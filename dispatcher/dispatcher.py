@@ -321,7 +321,9 @@ class Dispatcher:
         while not self._closing and self.runner.free_slots() > 0:
             # A job of a queue with a rate first: it must start within a margin of its claim.
             job = self.holdings.next_waiting(
-                self._free_slots_by_queue(), first=lambda j: self.limits.start_by(j.id) is not None
+                self._free_slots_by_queue(),
+                first=lambda j: self.limits.start_by(j.id) is not None,
+                keyed=self.limits.keyed,
             )
             if job is None:
                 return

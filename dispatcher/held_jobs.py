@@ -15,6 +15,7 @@ its lease.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from common.domain.models import Job
@@ -83,15 +84,34 @@ class Holdings:
         self._aged.add(job_id)
 
     def next_waiting(
-        self, room: dict[str, int] | None, first: Callable[[Job], bool] = lambda _: False
+        self,
+        room: dict[str, int] | None,
+        first: Callable[[Job], bool] = lambda _: False,
+        keyed: Callable[[str], bool] = lambda _: False,
     ) -> Job | None:
         """The best waiting job (claim order: priority, then due time), among the queues
         that have a free slot (`room`: free slots by queue; None: any queue); jobs that
-        `first` picks go before all others, then aged jobs."""
+        `first` picks go before all others, then aged jobs. In a `keyed` queue (claimed by
+        turns across keys), among jobs of one priority, the job whose key has the fewest
+        tasks running here goes first: a key's new job does not wait behind the jobs of a
+        busy key claimed ahead."""
         fits = [j for j in self._waiting.values() if room is None or room.get(j.queue, 0) > 0]
         if not fits:
             return None
-        return min(fits, key=lambda j: (not first(j), j.id not in self._aged, _claim_order(j)))
+        busy = Counter((j.queue, j.key) for j in self._running.values() if keyed(j.queue))
+
+        def order(j: Job) -> tuple[bool, bool, int, int, float, str]:
+            running = busy[(j.queue, j.key)] if keyed(j.queue) else 0
+            return (
+                not first(j),
+                j.id not in self._aged,
+                -j.priority,
+                running,
+                j.run_at.timestamp(),
+                j.id,
+            )
+
+        return min(fits, key=order)
 
     def count_waiting(self, which: Callable[[Job], bool]) -> int:
         return sum(1 for job in self._waiting.values() if which(job))

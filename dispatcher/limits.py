@@ -422,8 +422,8 @@ class Limits:
         return limits is not None and limits.rated
 
     def keyed(self, queue: str | None) -> bool:
-        """Whether `queue` is claimed by turns across keys (its claims keep a short buffer,
-        so that a key's new job does not wait behind many claimed ahead)."""
+        """Whether `queue` is claimed by turns across keys (and its claimed jobs are handed to
+        workers by how busy their keys are here)."""
         limits = self.view.get(queue) if queue is not None else None
         return limits is not None and limits.keyed
 

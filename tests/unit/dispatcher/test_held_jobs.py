@@ -68,3 +68,49 @@ def test_a_key_is_held_while_a_job_of_it_waits_or_runs_in_its_queue() -> None:
     assert holdings.holds_key("shared", "a")  # running
     holdings.worker_done("a1")
     assert not holdings.holds_key("shared", "a")
+
+
+def test_in_a_keyed_queue_the_job_whose_key_runs_least_here_starts_first() -> None:
+    """Claimed ahead, tenant A's backlog fills the buffer; tenant B's one job, claimed after
+    them, starts on the next free worker. Priority still goes first; a plain queue keeps
+    claim order."""
+    from datetime import UTC, datetime, timedelta
+
+    from common.domain.models import Job
+    from dispatcher.held_jobs import Holdings
+
+    def job(job_id: str, key: str, age_s: float, queue: str = "fair", priority: int = 0) -> Job:
+        due = datetime.now(UTC) - timedelta(seconds=age_s)
+        return Job.from_doc(
+            {"_id": job_id, "task": "noop", "status": "running", "priority": priority,
+             "queue": queue, "key": key, "run_at": due, "created_at": due, "attempts": 1}
+        )
+
+    def keyed(queue: str) -> bool:
+        return queue == "fair"
+
+    holdings = Holdings()
+    for i in range(6):
+        holdings.add(job(f"a{i}", "a", 10.0 - i))
+    holdings.start("a0")
+    holdings.start("a1")
+    holdings.add(job("b0", "b", 0.0))  # the newest of all
+    nxt = holdings.next_waiting(None, keyed=keyed)
+    assert nxt is not None and nxt.id == "b0"
+    holdings.start("b0")
+    # Both keys busy: A has two running, B one; B's next job goes first again.
+    holdings.add(job("b1", "b", 0.0))
+    nxt = holdings.next_waiting(None, keyed=keyed)
+    assert nxt is not None and nxt.id == "b1"
+    # A job of a higher priority goes before a quieter key.
+    holdings.add(job("a-urgent", "a", 0.0, priority=5))
+    nxt = holdings.next_waiting(None, keyed=keyed)
+    assert nxt is not None and nxt.id == "a-urgent"
+    # Without keyed turns, claim order (due time) alone.
+    plain = Holdings()
+    for i in range(3):
+        plain.add(job(f"p{i}", "a", 10.0 - i, queue="plain"))
+    plain.start("p0")
+    plain.add(job("q0", "b", 0.0, queue="plain"))
+    nxt = plain.next_waiting(None, keyed=keyed)
+    assert nxt is not None and nxt.id == "p1"
