@@ -85,6 +85,25 @@ class ReplicaSet:
     def pidfile(self, index: int) -> Path:
         return self.node_dir(index) / "mongod.pid"
 
+    @property
+    def ports_file(self) -> Path:
+        """The set's first port, written once it has served: its members know one another
+        by these ports, so its data cannot be started on others."""
+        return self.home.resolve() / "mongo" / "ports"
+
+    def _check_ports(self) -> None:
+        try:
+            made = int(self.ports_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        if made != self.base_port:
+            raise EmbeddedMongoError(
+                f"the replica set in {self.home.resolve() / 'mongo'} was made on ports "
+                f"{made}-{made + self.members - 1}, not {self.base_port}: start it with "
+                f"BROOK_MONGO_PORT={made}, or give BROOK_HOME another folder for a new set "
+                f"on port {self.base_port}"
+            )
+
     def pid(self, index: int) -> int | None:
         """The member's `mongod`, if it runs. A pid file outlives its process (a SIGKILL, a
         reboot) and the kernel reuses pids, so the pid counts only while it is still a
@@ -101,6 +120,7 @@ class ReplicaSet:
 
     def up(self, *, wait: bool = True) -> str:
         """Start any member not running, initiate once, wait for one PRIMARY, rest SECONDARY."""
+        self._check_ports()
         mongod = find_mongod()
         _check_runs(mongod)
         for index, port in enumerate(self.ports):
@@ -201,6 +221,7 @@ class ReplicaSet:
             states = self.member_states()
             names = sorted(state for _, state in states)
             if names == sorted(["PRIMARY"] + ["SECONDARY"] * (self.members - 1)):
+                self.ports_file.write_text(f"{self.base_port}\n")
                 return
             time.sleep(0.25)
         raise EmbeddedMongoError(f"replica set not ready after {timeout:.0f}s: {states}")

@@ -138,6 +138,14 @@ def test_mongo_up_is_idempotent_and_down_leaves_no_process_behind(tmp_path: Path
     assert not any(pid_alive(p) for p in pids if p)
     after = brook("status")
     assert after.returncode == 1 and "not running" in after.stdout
+    # Its data cannot come up on other ports (its members know one another by these): one
+    # line says which ports it was made on, and nothing starts.
+    env["BROOK_MONGO_PORT"] = str(port + 10)
+    moved = brook("up")
+    assert moved.returncode != 0
+    assert f"made on ports {port}-{port + 2}" in moved.stderr, moved.stderr
+    assert f"BROOK_MONGO_PORT={port}" in moved.stderr
+    assert not ReplicaSet(home=tmp_path, base_port=port + 10).running()
 
 
 def test_mongo_up_reports_a_taken_port_in_one_line(tmp_path: Path) -> None:

@@ -19,3 +19,16 @@ def test_a_pid_file_naming_a_live_process_that_is_not_the_member_counts_as_not_r
     assert rs.pid(0) is None
     assert not rs.running()
     rs.down()  # must not signal this process (it would die of SIGTERM here)
+
+
+def test_a_set_made_on_some_ports_is_not_started_on_others(tmp_path: Path) -> None:
+    import pytest
+
+    from common.domain.errors import EmbeddedMongoError
+
+    made = ReplicaSet(home=tmp_path, base_port=27917)
+    made.ports_file.parent.mkdir(parents=True)
+    made.ports_file.write_text("27917\n")
+    with pytest.raises(EmbeddedMongoError, match="made on ports 27917-27919, not 28000"):
+        ReplicaSet(home=tmp_path, base_port=28000).up()
+    assert not (tmp_path / "mongo" / "node0").exists()  # nothing was started
