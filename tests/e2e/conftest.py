@@ -12,6 +12,7 @@ import pytest
 
 from common.runtime.settings import Settings
 from tests.conftest import brook_env
+from tests.support.http import TLS
 from tests.support.procs import BrookProcess, pid_alive, wait_until
 
 JSON = {"Content-Type": "application/json"}  # what a request body must be
@@ -53,7 +54,7 @@ class Cluster:
 
     def _healthy(self) -> bool:
         try:
-            return httpx.get(f"{self.api_url}/healthz", timeout=1).status_code == 200
+            return httpx.get(f"{self.api_url}/healthz", timeout=1, verify=TLS).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -75,7 +76,7 @@ def cluster(settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
 
 @pytest.fixture
 def http(cluster: Cluster) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=cluster.api_url, timeout=30) as client:
+    with httpx.Client(base_url=cluster.api_url, timeout=30, verify=TLS) as client:
         yield client
 
 

@@ -11,6 +11,7 @@ import httpx
 
 from common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster, free_port, wait_terminal
+from tests.support.http import TLS
 from tests.support.procs import wait_until
 
 
@@ -20,7 +21,7 @@ def when(text: str) -> datetime:
 
 def healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        return httpx.get(f"{url}/healthz", timeout=1, verify=TLS).status_code == 200
     except httpx.HTTPError:
         return False
 

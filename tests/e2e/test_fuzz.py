@@ -29,6 +29,7 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_events import api
+from tests.support.http import TLS
 
 TOKEN = "fuzz-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -55,7 +56,7 @@ def call(case: Any, base_url: str) -> httpx.Response:
         json=kwargs.get("json"),
         content=kwargs.get("data"),
     )
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(timeout=10, verify=TLS) as client:
         resp = client.send(request, stream=True)
         if resp.headers.get("content-type", "").startswith("text/event-stream"):
             # From here on, reads wait a moment only (httpcore reads the request's timeouts

@@ -24,6 +24,7 @@ from common.store.jobs import JobStore
 from tests.conftest import ROOT, brook_env
 from tests.e2e.conftest import JSON, Cluster
 from tests.support.failpoints import fail_nothing
+from tests.support.http import TLS
 from tests.support.metrics import value
 from tests.support.procs import wait_until
 from tests.support.sse import read_events
@@ -389,4 +390,4 @@ def test_connections_beyond_the_cap_get_503_at_once(cluster: Cluster) -> None:
             client = stack.enter_context(httpx.Client(timeout=10))
             assert stack.enter_context(client.stream("GET", f"{url}/events")).status_code == 200
         assert httpx.get(f"{url}/jobs", timeout=10).status_code == 503
-    wait_until(lambda: httpx.get(f"{url}/jobs", timeout=10).status_code == 200, timeout=20)
+    wait_until(lambda: httpx.get(f"{url}/jobs", timeout=10, verify=TLS).status_code == 200, timeout=20)

@@ -17,6 +17,7 @@ import pytest
 from brook.replset import ReplicaSet
 from tests.conftest import ROOT, extra_port
 from tests.e2e.conftest import free_port
+from tests.support.http import TLS
 from tests.support.procs import pid_alive, wait_until
 
 
@@ -95,6 +96,6 @@ def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans
 
 def _ok(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        return httpx.get(url, timeout=2, verify=TLS).status_code == 200
     except httpx.HTTPError:
         return False

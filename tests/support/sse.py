@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
+from tests.support.http import TLS
+
 
 @dataclass(frozen=True)
 class Ev:
@@ -47,7 +49,12 @@ def read_events(
         sent["Last-Event-ID"] = last_id
     deadline = time.monotonic() + timeout
     with httpx.stream(
-        "GET", url, params=params, headers=sent, timeout=httpx.Timeout(10, read=timeout)
+        "GET",
+        url,
+        params=params,
+        headers=sent,
+        timeout=httpx.Timeout(10, read=timeout),
+        verify=TLS,
     ) as resp:
         assert resp.status_code == 200, (resp.status_code, resp.read())
         opened(resp)
