@@ -41,6 +41,8 @@ class BrookProcess:
         self.role = role
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._read_to = 0  # logs(): how far the log has been read and parsed
+        self._parsed: list[dict[str, Any]] = []
         if threading.current_thread() is threading.main_thread():
             argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), role]
         else:
@@ -59,15 +61,22 @@ class BrookProcess:
         return self.proc.pid
 
     def logs(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            line = line.strip()
+        """Every JSON line the role has written so far. Each call reads and parses only
+        what was written since the last one: a test waiting for an event calls this every
+        50 ms, and a busy role's log grows to thousands of lines."""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(self._read_to)
+            new = fh.read()
+        end = new.rfind(b"\n") + 1  # a line still being written is read next time
+        self._read_to += end
+        for raw in new[:end].splitlines():
+            line = raw.decode(errors="replace").strip()
             if line.startswith("{"):
                 try:
-                    out.append(json.loads(line))
+                    self._parsed.append(json.loads(line))
                 except ValueError:
                     continue
-        return out
+        return list(self._parsed)
 
     def raw_log(self) -> str:
         return self.log_path.read_text(errors="replace")
