@@ -126,9 +126,13 @@ async def test_exactly_one_job_per_matching_change_through_two_follower_kills_an
             if phase in (0, 2):
                 # SIGKILL the follower mid-way (it has a backlog), start a replacement. The
                 # second time, once another has taken over from the first one killed (until
-                # its lease runs out, the trigger still names the dead one).
+                # its lease runs out, the trigger still names the dead one) and opened its
+                # stream (killed between the two, it would have resumed nothing).
                 owner = wait_until(
-                    lambda: (f := follower_of(sync, settings.db)) not in killed and f,
+                    lambda: (f := follower_of(sync, settings.db)) not in killed
+                    and f
+                    and process_of(f, procs).events("trigger.opened")
+                    and f,
                     timeout=60,
                 )
                 victim = process_of(owner, procs)
