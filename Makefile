@@ -38,7 +38,11 @@ TEST_WORKERS ?= 4
 engine:
 	@docker/engine.sh || echo "WARNING: no Docker engine: the docker tests will fail" >&2
 
+## Every API, dispatcher, worker and CLI the suite starts imports Brook: its bytecode is
+## compiled here once, since with PYTHONDONTWRITEBYTECODE set (as in some shells and CI
+## images) Python writes none and each of those processes would compile it again.
 test: $(STAMP) browser engine
+	$(BIN)/python -m compileall -q -j 0 brook common dispatcher executor ingest tests >/dev/null
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
 
 ## Local stand-ins for mongo:7 and python:3.11-slim (no Docker Hub needed); ends with two
