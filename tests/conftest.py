@@ -18,6 +18,7 @@ at a time, as without xdist.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -29,6 +30,7 @@ from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient, MongoClient
+from pymongo.errors import PyMongoError
 
 from brook.replset import ReplicaSet
 from common.runtime.settings import Settings
@@ -158,9 +160,18 @@ def db_name() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(scope="session")
+def mongo_admin(mongo: Mongo) -> Iterator[MongoClient[dict[str, Any]]]:
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, serverSelectionTimeoutMS=10_000)
+    yield client
+    client.close()
+
+
 @pytest.fixture
-def settings(mongo: Mongo, db_name: str, tmp_path: Path) -> Settings:
-    return Settings(
+def settings(
+    mongo: Mongo, db_name: str, tmp_path: Path, mongo_admin: MongoClient[dict[str, Any]]
+) -> Iterator[Settings]:
+    yield Settings(
         mongo_uri=mongo.uri,
         db=db_name,
         concurrency=2,
@@ -172,6 +183,12 @@ def settings(mongo: Mongo, db_name: str, tmp_path: Path) -> Settings:
         home=tmp_path / "home",
         log_level="INFO",
     )
+    # The test's database goes with it (after its processes stopped: the `cluster` fixture
+    # is torn down first). Each one left behind kept costing the set CPU for the rest of
+    # the run: the TTL monitor, every second, and checkpoints visit every collection and
+    # index of every database (300 of them tripled an idle set's CPU).
+    with contextlib.suppress(PyMongoError):
+        mongo_admin.drop_database(db_name)
 
 
 @pytest.fixture
