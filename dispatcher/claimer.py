@@ -183,10 +183,12 @@ class Claimer:
         if run_at is not None and run_at.timestamp() > self.clock.now() + 0.002:
             self.timer.at(run_at.timestamp())
             return
-        if (priority is not None and self.holdings.outranks(priority)) or self._new_key(queue, key):
+        new_key = self._new_key(queue, key)
+        if new_key or (priority is not None and self.holdings.outranks(priority)):
             self._urgent = True
             if self._claiming and (self._jump is None or self._jump.done()):
-                self._jump = spawn_logged(self._claim_urgent(queue), "urgent-claim")
+                only = (key,) if new_key else None
+                self._jump = spawn_logged(self._claim_urgent(queue, only), "urgent-claim")
         self._news += 1
         self.signal(queue, vague=False)
 
@@ -200,14 +202,16 @@ class Claimer:
             and not self.holdings.holds_key(queue, key)
         )
 
-    async def _claim_urgent(self, queue: str | None) -> None:
+    async def _claim_urgent(self, queue: str | None, only: tuple[str | None] | None) -> None:
+        """Claim one job beside the claim in flight: the best due job of the new key `only`
+        (its job, not the next in turn), or of the queue."""
         target = self._target_of(queue) if queue is not None else None
         if self._stopping or (target is not None and not self._may_claim(target)):
             return
         # Only while claiming ahead at all, and at most one over: a batch in flight fills
         # at most the room there was when it was sent.
         if self._room_of(target, urgent=True) > 0:
-            await self._claim_for(target, 1)
+            await self._claim_for(target, 1, only)
 
     def _due_timer_fired(self) -> None:
         self.limits.keys_stale()  # a job now due may be of a key its queue's turns dropped
@@ -349,9 +353,11 @@ class Claimer:
             await asyncio.sleep(0)  # let the news that raced us land
         return True
 
-    async def _claim_for(self, target: Target, room: int) -> list[bool | None]:
+    async def _claim_for(
+        self, target: Target, room: int, only: tuple[str | None] | None = None
+    ) -> list[bool | None]:
         if target is not None and self.limits.is_limited(target):
-            return await self._claim_limited(target, min(room, MAX_BATCH))
+            return await self._claim_limited(target, min(room, MAX_BATCH), only)
         # Claims in flight together overlap their round trips. Start with one and double
         # while every claim finds a job (a backlog); one event then costs one claim. A job
         # that outranks all claimed ahead is claimed alone: one round trip, the quickest.
@@ -360,10 +366,13 @@ class Claimer:
             n = min(n, self._news)  # only announced jobs are known to be due
         return await self._claim(target, n)
 
-    async def _claim_limited(self, queue: str, n: int) -> list[bool | None]:
-        """Claim up to `n` jobs of a limited queue through its slots (one write for all)."""
+    async def _claim_limited(
+        self, queue: str, n: int, only: tuple[str | None] | None = None
+    ) -> list[bool | None]:
+        """Claim up to `n` jobs of a limited queue through its slots (one write for all);
+        in a keyed queue, with `only`, of that key."""
         try:
-            got = await self.limits.claim(queue, n, self.tasks)
+            got = await self.limits.claim(queue, n, self.tasks, only=only)
         except PyMongoError as exc:
             await self._claim_failed(exc)
             return [False]

@@ -84,6 +84,15 @@ class KeyedClaims:
             dry,
         )
 
+    async def of_key(
+        self, queue: str, key: str | None, want: int, tasks: frozenset[str]
+    ) -> tuple[list[str], dict[str, str | None]]:
+        """The best due jobs of one key (a new key's job, claimed out of turn at once):
+        the ids and each one's key."""
+        found = await self.store.key_candidates(queue, [key], want, tasks=tasks)
+        docs = found.get(key, [])
+        return [str(d["_id"]) for d in docs], {str(d["_id"]): key for d in docs}
+
     def all_wait(self, queue: str, gen: int) -> None:
         """Every key of a keyed queue waits: the queue waits for a release, or for the first
         key rate window to move (an event meanwhile and it is looked at again)."""

@@ -245,14 +245,20 @@ class Limits:
 
     # -- claims ----------------------------------------------------------------------------
 
-    async def claim(self, queue: str, n: int, tasks: frozenset[str]) -> LimitedClaim:
-        """Claim up to `n` due jobs of `queue` within its limits: their slots first."""
+    async def claim(
+        self, queue: str, n: int, tasks: frozenset[str], *, only: tuple[str | None] | None = None
+    ) -> LimitedClaim:
+        """Claim up to `n` due jobs of `queue` within its limits: their slots first. In a
+        keyed queue, by turns across its keys; with `only`, jobs of that one key."""
         gen = self.gates.generation(queue)
         limits = self.view.get(queue)
         keys: dict[str, str | None] | None = None
         # More candidates than slots wanted: the best ones may be held by racing claims.
         want = 2 * n + 2
-        if limits is not None and limits.keyed:
+        if limits is not None and limits.keyed and only is not None:
+            ids, keys = await self.keys.of_key(queue, only[0], want, tasks)
+            dry = False  # one key's jobs say nothing of the others'
+        elif limits is not None and limits.keyed:
             ids, keys, dry = await self.keys.candidates(queue, want, tasks, gen)
             if not ids and not dry:
                 self.keys.all_wait(queue, gen)

@@ -126,3 +126,41 @@ async def test_the_python_client_sets_and_lists_key_limits(settings: Settings) -
         assert (await client.get(job.id)).key == "acme"
         cleared = await client.set_queue("tenants", key_concurrency=None, key_rate=None)
         assert cleared.fair is False and cleared.key_concurrency is None
+
+
+async def test_a_new_keys_job_is_claimed_out_of_turn_and_a_full_key_closes_nothing(
+    store: JobStore, settings: Settings
+) -> None:
+    """The dispatcher's urgent claim of a key it has nothing of (`only`): that key's job,
+    not the next in turn; a key with nothing due leaves the queue open for the others."""
+    from common.runtime.supervision import spawn_logged
+    from common.store.clock import ServerClock
+    from dispatcher.held_jobs import Holdings
+    from dispatcher.limits import Limits
+    from dispatcher.wiring import Wiring
+
+    await QueueStore(store.db).set_limits("tenants", {"fair": True})
+    a_jobs = await submit(store, ["a"] * 5)
+    (b_job,) = await submit(store, ["b"])
+    wiring = Wiring(
+        settings=settings,
+        store=store,
+        owner=OWNER,
+        name=OWNER,
+        tasks=frozenset({"noop"}),
+        holdings=Holdings(),
+        clock=ServerClock(store),
+        spawn=spawn_logged,
+    )
+    limits = Limits(wiring, QueueStore(store.db))
+    await limits.refresh()
+    assert limits.keyed("tenants")
+    tasks = frozenset({"noop"})
+    # In turn, A's jobs came first (B's key was not heard of); out of turn, B's job.
+    got = await limits.claim("tenants", 1, tasks, only=("b",))
+    assert [j.id for j in got.jobs] == [b_job]
+    # B has nothing more: no job, and the queue stays open for A.
+    nothing = await limits.claim("tenants", 1, tasks, only=("b",))
+    assert nothing.jobs == [] and not nothing.blocked and limits.may_claim("tenants")
+    more = await limits.claim("tenants", 2, tasks)
+    assert [j.id for j in more.jobs] == a_jobs[:2]
