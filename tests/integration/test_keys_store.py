@@ -134,7 +134,6 @@ async def test_a_new_keys_job_is_claimed_out_of_turn_and_a_full_key_closes_nothi
     """The dispatcher's urgent claim of a key it has nothing of (`only`): that key's job,
     not the next in turn; a key with nothing due leaves the queue open for the others."""
     from common.runtime.supervision import spawn_logged
-    from common.store.clock import ServerClock
     from dispatcher.held_jobs import Holdings
     from dispatcher.limits import Limits
     from dispatcher.wiring import Wiring
@@ -149,7 +148,7 @@ async def test_a_new_keys_job_is_claimed_out_of_turn_and_a_full_key_closes_nothi
         name=OWNER,
         tasks=frozenset({"noop"}),
         holdings=Holdings(),
-        clock=ServerClock(store),
+        clock=store.clock,
         spawn=spawn_logged,
     )
     limits = Limits(wiring, QueueStore(store.db))
