@@ -331,3 +331,20 @@ def keyscale(ctx: Context, jobs: int, keys: int = 10_000, seconds: float = 30.0)
         "key_concurrency": keyed,
         "ratio": round(keyed["jobs_per_s"] / max(plain["jobs_per_s"], 1e-9), 2),
     }
+
+
+def summaries(results: dict[str, Any]) -> list[str]:
+    """The lines of the fairness and keyscale scenarios that ran."""
+    lines = summary(results["fairness"]) if "fairness" in results else []
+    return lines + (keyscale_summary(results["keyscale"]) if "keyscale" in results else [])
+
+
+def keyscale_summary(res: dict[str, Any]) -> list[str]:
+    plain, keyed = res["no_keys"], res["key_concurrency"]
+    return [
+        f"keyscale: {plain['pending_at_start']} pending noop jobs, one dispatcher, "
+        f"{plain['seconds']:.0f} s each",
+        f"  no keys                               {plain['jobs_per_s']} jobs/s",
+        f"  {keyed['keys']} keys, key_concurrency {keyed['key_concurrency']}"
+        f"          {keyed['jobs_per_s']} jobs/s ({res['ratio']:.2f}x)",
+    ]

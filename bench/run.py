@@ -334,8 +334,7 @@ def summarize(results: dict[str, Any]) -> str:
         ]
     if "limits" in results:
         lines += limits.summary(results["limits"])
-    if "fairness" in results:
-        lines += fairness.summary(results["fairness"])
+    lines += fairness.summaries(results)
     lines += _scale_summary(results)
     for label, prof in results.get("profiles", {}).items():
         if prof.get("samples"):
