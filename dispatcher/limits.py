@@ -29,7 +29,7 @@ import asyncio
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -39,6 +39,7 @@ from pymongo.errors import PyMongoError
 from common.domain.models import Job
 from common.domain.queues import RATE_START_MARGIN_S, BlockReason, QueueDoc, QueueLimits
 from common.runtime.backoff import Backoff
+from common.runtime.group_commit import GroupCommit
 from common.runtime.log_events import Event, emit
 from common.store.queues import CONFIG_FIELDS, Pruned, QueueStore, Taken
 from dispatcher.keyed_claims import Clock, KeyedClaims
@@ -166,6 +167,9 @@ class Limits:
         # Set by the claimer: a queue may be claimed again (None: any queue may).
         self.on_open: Callable[[str | None], None] = lambda _queue: None
         self.loaded = asyncio.Event()
+        # Slots given back, one group commit per queue: the jobs that finish while a
+        # release is in flight give theirs back together in the next write.
+        self._releases: dict[str, GroupCommit[tuple[str, str], None]] = {}
 
     # -- the view ----------------------------------------------------------------------------
 
@@ -447,8 +451,17 @@ class Limits:
             self.spawn(self._release(held, job_id), f"release:{job_id}")
 
     async def _release(self, held: Held, job_id: str) -> None:
+        releases = self._releases.get(held.queue)
+        if releases is None:
+            queue = held.queue
+
+            async def write(slots: Sequence[tuple[str, str]]) -> list[None]:
+                await self.queues.release_many(queue, slots)
+                return [None] * len(slots)
+
+            releases = self._releases[queue] = GroupCommit(write, spawn=self.spawn)
         try:
-            await self.queues.release(held.queue, job_id, held.tag)
+            await releases.submit((job_id, held.tag))
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="release", error=str(exc)[:200])
             return

@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     # connect timeout also bounds how long the driver's monitor waits on a member's answer
     # (plus the 10 s heartbeat) before it calls it gone and interrupts what waits on it.
     mongo_socket_timeout_ms: int = Field(default=30_000, ge=1_000, le=3_600_000)
-    mongo_connect_timeout_ms: int = Field(default=5_000, ge=100, le=600_000)
+    mongo_connect_timeout_ms: int = Field(default=20_000, ge=100, le=600_000)
     dispatcher_name: str | None = None
 
     # Watching it live: dispatcher metrics, event streams (SSE).

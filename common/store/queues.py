@@ -387,6 +387,17 @@ class QueueStore:
         )
         return res.modified_count == 1
 
+    async def release_many(self, name: str, held: Sequence[tuple[str, str]]) -> None:
+        """`release` of several slots of one queue, each `(job id, tag)`, in one write (what a
+        dispatcher's finished jobs give back while its last release was in flight)."""
+        if not held:
+            return
+        either = {"$or": [{"job": job_id, "tag": tag} for job_id, tag in held]}
+        await self.queues.update_one(
+            {"_id": name, "slots": {"$elemMatch": either}},
+            {"$pull": {"slots": either}, "$currentDate": {"released_at": True}},
+        )
+
     async def adopt(self, name: str, jobs: Iterable[tuple[str, int, str, str | None]]) -> int:
         """Give running jobs that hold no slot one, each `(job id, attempt, tag, key)`
         (matched by attempt; the tag, unique, names the slot): jobs that started before the

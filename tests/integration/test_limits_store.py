@@ -119,6 +119,24 @@ async def test_settle_gives_back_lost_slots_and_records_real_starts(store: JobSt
     assert doc is not None and [s.job for s in doc.slots] == [ids[1]]
 
 
+async def test_released_together_frees_exactly_the_slots_named_by_job_and_tag(
+    store: JobStore,
+) -> None:
+    queues = QueueStore(store.db)
+    await queues.set_limits("fragile", {"concurrency": 5})
+    ids = await pending(store, 4)
+    await queues.take("fragile", owner=OWNER, tag="t1", jobs=ids[:2], claim_window_s=5)
+    await queues.take("fragile", owner=OWNER, tag="t2", jobs=ids[2:], claim_window_s=5)
+    # One of t1's, one of t2's, and one named with the wrong claim's tag (kept).
+    await queues.release_many("fragile", [(ids[0], "t1"), (ids[2], "t2"), (ids[3], "t1")])
+    doc = await queues.read("fragile")
+    assert doc is not None and sorted(s.job for s in doc.slots) == sorted([ids[1], ids[3]])
+    await queues.release_many("fragile", [])  # nothing to give back: no write
+    await queues.release_many("fragile", [(ids[1], "t1"), (ids[3], "t2")])
+    doc = await queues.read("fragile")
+    assert doc is not None and doc.slots == ()
+
+
 async def test_prune_frees_what_is_over_and_keeps_what_runs_or_may_still_be_claimed(
     store: JobStore,
 ) -> None:
