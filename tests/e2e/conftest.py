@@ -85,7 +85,9 @@ def wait_terminal(http: httpx.Client, job_id: str, timeout: float = 30) -> dict[
         job: dict[str, Any] = http.get(f"/jobs/{job_id}").json()
         return job if job["status"] in ("completed", "failed", "cancelled") else None
 
-    result: dict[str, Any] = wait_until(done, timeout=timeout)
+    # A terminal status stays: a look every 0.2 s misses none of it, and costs the API, the
+    # set and this process a quarter of what one every 50 ms did (about 6 CPU-ms a look).
+    result: dict[str, Any] = wait_until(done, timeout=timeout, interval=0.2)
     return result
 
 
