@@ -82,11 +82,11 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(default=10.0, ge=0.0, le=3600.0)
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     server_selection_timeout_ms: int = Field(default=10_000, ge=100)
-    # No operation waits on a silent member for ever: a reply that takes longer than the
-    # socket timeout fails (and is retried once, on whichever member is primary then); the
-    # connect timeout also bounds how long the driver's monitor waits on a member's answer
-    # (plus the 10 s heartbeat) before it calls it gone and interrupts what waits on it.
-    mongo_socket_timeout_ms: int = Field(default=30_000, ge=1_000, le=3_600_000)
+    # How long an operation may wait for a member's reply (unset: as long as TCP keeps the
+    # connection; see docs/configuration.md for why it is not set by default), and how long
+    # the driver's monitor waits on a member (plus the 10 s heartbeat) before it calls it
+    # gone and interrupts what waits on it.
+    mongo_socket_timeout_ms: int | None = Field(default=None, ge=1_000, le=3_600_000)
     mongo_connect_timeout_ms: int = Field(default=20_000, ge=100, le=600_000)
     dispatcher_name: str | None = None
 

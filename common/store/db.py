@@ -8,6 +8,7 @@ Every Brook process (API, dispatcher, each worker that touches MongoDB) calls
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Sequence
 from datetime import UTC
@@ -73,14 +74,12 @@ def _client_options(settings: Settings, appname: str, extra: dict[str, Any]) -> 
         "tzinfo": UTC,
         "appname": f"{appname}:{os.getpid()}",
         "serverSelectionTimeoutMS": settings.server_selection_timeout_ms,
-        # Without a socket timeout, an operation in flight to a member that went silent
-        # (a partition, a host gone: no reset ever comes) waits until TCP keepalive gives up,
-        # minutes later; the driver interrupts it only when its monitor times out, not when
-        # the member's name stops resolving (what a container cut off from its network
-        # shows). Index builds, which may take longer, raise their own bound (`INDEX_BUILD_S`).
-        "socketTimeoutMS": settings.mongo_socket_timeout_ms,
         "connectTimeoutMS": settings.mongo_connect_timeout_ms,
     }
+    if settings.mongo_socket_timeout_ms is not None:
+        # Bounds every operation's wait for a reply; index builds, which may take longer,
+        # raise their own bound (`INDEX_BUILD_S`).
+        options["socketTimeoutMS"] = settings.mongo_socket_timeout_ms
     options.update(extra)
     return options
 
@@ -144,7 +143,10 @@ INDEX_BUILD_S = 3600.0
 async def ensure_indexes(collection: AsyncCollection[Doc], models: Sequence[IndexModel]) -> None:
     """Idempotent: an index that exists with the same spec is a no-op; one that exists
     under the same name with another spec (an older Brook) is rebuilt."""
-    with pymongo.timeout(INDEX_BUILD_S):
+    # Only where a socket timeout is set (a timeout here also bounds server selection by
+    # itself, in place of the client's own bound).
+    bounded = collection.database.client.options.pool_options.socket_timeout is not None
+    with pymongo.timeout(INDEX_BUILD_S) if bounded else contextlib.nullcontext():
         try:
             await collection.create_indexes(list(models))
         except OperationFailure as exc:
