@@ -136,7 +136,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 # How long an index build may take (a new index over a large collection), in place of the
-# socket timeout, which bounds every other operation.
+# socket timeout where one is set (`BROOK_MONGO_SOCKET_TIMEOUT_MS`).
 INDEX_BUILD_S = 3600.0
 
 

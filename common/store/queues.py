@@ -380,23 +380,20 @@ class QueueStore:
 
     async def release(self, name: str, job_id: str, tag: str) -> bool:
         """The holder gives back the slot of an attempt whose final write landed."""
-        held = {"job": job_id, "tag": tag}
-        res = await self.queues.update_one(
-            {"_id": name, "slots": {"$elemMatch": held}},
-            {"$pull": {"slots": held}, "$currentDate": {"released_at": True}},
-        )
-        return res.modified_count == 1
+        return await self.release_many(name, [(job_id, tag)])
 
-    async def release_many(self, name: str, held: Sequence[tuple[str, str]]) -> None:
+    async def release_many(self, name: str, held: Sequence[tuple[str, str]]) -> bool:
         """`release` of several slots of one queue, each `(job id, tag)`, in one write (what a
-        dispatcher's finished jobs give back while its last release was in flight)."""
+        dispatcher's finished jobs give back while its last release was in flight); whether
+        any was still held."""
         if not held:
-            return
+            return False
         either = {"$or": [{"job": job_id, "tag": tag} for job_id, tag in held]}
-        await self.queues.update_one(
+        res = await self.queues.update_one(
             {"_id": name, "slots": {"$elemMatch": either}},
             {"$pull": {"slots": either}, "$currentDate": {"released_at": True}},
         )
+        return res.modified_count == 1
 
     async def adopt(self, name: str, jobs: Iterable[tuple[str, int, str, str | None]]) -> int:
         """Give running jobs that hold no slot one, each `(job id, attempt, tag, key)`
