@@ -15,6 +15,7 @@ would wait where another dispatcher could run it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
@@ -35,7 +36,9 @@ MAX_BATCH = 64
 # is slower to take completions than the workers are to produce them).
 MAX_FINISHING = 256
 
-StartJob = Callable[[Job], None]
+# A claimed job, and when (`time.monotonic()`) its claim was sent: its lease runs from no
+# earlier than that, by the server's clock.
+StartJob = Callable[[Job, float], None]
 NextDue = Callable[[], Awaitable[datetime | None]]
 # A claim's target: one queue, or None for "every queue" (BROOK_QUEUES unset).
 Target = str | None
@@ -371,6 +374,7 @@ class Claimer:
     ) -> list[bool | None]:
         """Claim up to `n` jobs of a limited queue through its slots (one write for all);
         in a keyed queue, with `only`, of that key."""
+        sent = time.monotonic()
         try:
             got = await self.limits.claim(queue, n, self.tasks, only=only)
         except PyMongoError as exc:
@@ -378,7 +382,7 @@ class Claimer:
             return [False]
         for job in got.jobs:
             _claimed(job)
-            self.start(job)
+            self.start(job, sent)
         await self.limits.settle(got)
         unfilled: bool | None = None if got.dry or got.blocked else False
         return [True] * len(got.jobs) + [unfilled] * (n - len(got.jobs))
@@ -401,6 +405,7 @@ class Claimer:
             if n == 0:
                 return [True] * len(aged)
             owner, lease, tasks = self.owner, self.settings.lease_seconds, self.tasks
+            sent = time.monotonic()
             if n == 1:
                 job = await self.store.claim(
                     owner, lease, tasks=tasks, queue=target, exclude=exclude, among=among
@@ -416,7 +421,7 @@ class Claimer:
         self.limits.adopt_strays(jobs)
         for job in jobs:
             _claimed(job)
-            self.start(job)
+            self.start(job, sent)
         unfilled: bool | None = None if dry else False
         return [True] * (len(aged) + len(jobs)) + [unfilled] * (n - len(jobs))
 
@@ -431,12 +436,13 @@ class Claimer:
         order's first (at most once per check interval), claimed first."""
         if self.aging is None:
             return []
+        sent = time.monotonic()
         aged = await self.aging.claim(n, queue=target, exclude=exclude, among=among)
         self.limits.adopt_strays(aged)
         for job in aged:
             _claimed(job)
             self.holdings.aged(job.id)  # before the jobs claimed ahead by stored priority
-            self.start(job)
+            self.start(job, sent)
         return aged
 
     async def _claim_failed(self, exc: PyMongoError) -> None:

@@ -292,9 +292,10 @@ class Dispatcher:
 
     # -- one attempt -----------------------------------------------------------------------
 
-    def _claimed(self, job: Job) -> None:
-        """A claimed job (the claimer's callback): it waits for a free worker."""
-        self.holdings.add(job)
+    def _claimed(self, job: Job, sent: float) -> None:
+        """A claimed job (the claimer's callback), its claim sent at `sent`: it waits for a
+        free worker."""
+        self.holdings.add(job, sent)
         emit(
             Event.JOB_CLAIMED,
             **job_fields(job),

@@ -39,7 +39,7 @@ class Holdings:
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
         self._leases: dict[str, Lease] = {}  # waiting and running: the leases to renew
-        self._since: dict[str, float] = {}  # time.monotonic() when each lease was seen claimed
+        self._since: dict[str, float] = {}  # time.monotonic() when each job's claim was sent
         self._waiting: dict[str, Job] = {}
         self._running: dict[str, Job] = {}
         self._cancels_seen: dict[str, float] = {}
@@ -69,10 +69,11 @@ class Holdings:
         mean = self._mean_run_s
         return 0 if mean is None else int(slots * seconds / max(mean, 1e-4))
 
-    def add(self, job: Job) -> Lease:
-        """A claimed job: it waits for a worker."""
+    def add(self, job: Job, sent: float | None = None) -> Lease:
+        """A claimed job, whose claim was sent at `sent` (`time.monotonic()`; default now):
+        it waits for a worker."""
         lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)
-        self._since[job.id] = time.monotonic()
+        self._since[job.id] = time.monotonic() if sent is None else sent
         self._jobs[job.id] = job
         self._leases[job.id] = lease
         self._waiting[job.id] = job
@@ -193,8 +194,8 @@ class Holdings:
         return list(self._leases.values())
 
     def lease_since(self, job_id: str) -> float:
-        """When the claim of a held job came back (`time.monotonic()`): its lease runs from
-        a moment before that, by the server's clock."""
+        """When the claim of a held job was sent (`time.monotonic()`): the server set its
+        lease from after that, however long the answer took to come back."""
         return self._since.get(job_id, -float("inf"))
 
     def is_running(self, job_id: str) -> bool:

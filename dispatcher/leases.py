@@ -3,7 +3,7 @@
 The heartbeat renews every lease this dispatcher holds in one write a third of the lease
 length apart; a lease it no longer holds (it froze past expiry, say) kills that worker. A
 lease it could not renew (MongoDB unreachable from here, a network partition) is over by
-the server's clock `lease_seconds` after the last renewal it sent (or its claim): the
+the server's clock `lease_seconds` after the last renewal it sent (or its claim was sent): the
 dispatcher fences itself (`expiries`), stopping that worker before then by its own
 monotonic clock, with room for that clock to run up to `CLOCK_DRIFT` slower than the
 primary's and for the kill itself (`STOP_MARGIN_S`). So no attempt runs on where the
@@ -40,10 +40,9 @@ from dispatcher.wiring import Wiring
 
 Kill = Callable[[str, KillReason], bool]
 
-# A lease never renewed is taken as over this long before `lease_seconds` after its claim's
-# answer came back (it runs from a moment before); a renewed one, `lease_seconds` after the
-# last renewal that was confirmed was sent (the server applied it later than that).
-EXPIRY_MARGIN_S = 1.0
+# A lease runs out `lease_seconds` after the server applied the claim or the last renewal
+# it confirmed: counted here from when that claim or renewal was sent, which was earlier
+# (the answer may come back seconds later, a failover's majority commit say).
 # Self-fencing counts the lease down on this host's monotonic clock while the server ends it
 # by its own: allow this host's clock to run up to 1% slower than the primary's (real clock
 # rates differ by parts per million; NTP slews by at most 0.05%), and the worker a moment
@@ -126,7 +125,7 @@ class LeaseKeeper:
         lease = self.settings.lease_seconds
         renewed = self._renewed.get(job_id)
         if renewed is None:
-            renewed = self.holdings.lease_since(job_id) - min(EXPIRY_MARGIN_S, lease / 4)
+            renewed = self.holdings.lease_since(job_id)
         return renewed + lease * (1 - CLOCK_DRIFT) - min(STOP_MARGIN_S, lease / 10)
 
     async def expiries(self) -> None:

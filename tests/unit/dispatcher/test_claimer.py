@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
@@ -13,6 +14,7 @@ from common.runtime.supervision import spawn_logged
 from common.store.clock import ServerClock
 from dispatcher.claimer import Claimer
 from dispatcher.held_jobs import Holdings
+from dispatcher.leases import LeaseKeeper
 from dispatcher.limits import Limits
 from dispatcher.wiring import Wiring
 
@@ -20,8 +22,15 @@ from dispatcher.wiring import Wiring
 def job(job_id: str, queue: str) -> Job:
     now = datetime.now(UTC)
     return Job.from_doc(
-        {"_id": job_id, "task": "noop", "status": "running", "queue": queue, "run_at": now,
-         "created_at": now, "attempts": 1}
+        {
+            "_id": job_id,
+            "task": "noop",
+            "status": "running",
+            "queue": queue,
+            "run_at": now,
+            "created_at": now,
+            "attempts": 1,
+        }
     )
 
 
@@ -65,8 +74,8 @@ async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up(
     holdings = Holdings()
     started: list[str] = []
 
-    def start(claimed: Job) -> None:
-        holdings.add(claimed)
+    def start(claimed: Job, sent: float) -> None:
+        holdings.add(claimed, sent)
         started.append(claimed.id)
 
     settings = Settings(queues="default:1,emails:2")  # type: ignore[arg-type]
@@ -95,3 +104,53 @@ async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up(
     assert store.claims.count("emails") == 1  # a dry queue is not asked again without news
     claimer.stop()
     await loop
+
+
+class SlowAnswerStore(FakeStore):
+    """A claim the server applies at once, whose answer comes back `delay` later (a
+    failover's majority commit, say)."""
+
+    def __init__(self, backlog: dict[str, list[str]], delay: float) -> None:
+        super().__init__(backlog)
+        self.delay = delay
+        self.applied: list[float] = []
+
+    async def claim(self, owner: str, lease: float, **kw: Any) -> Job | None:
+        self.applied.append(time.monotonic())
+        await asyncio.sleep(self.delay)
+        return await super().claim(owner, lease, **kw)
+
+
+async def test_a_lease_whose_claim_answered_late_is_fenced_from_when_the_claim_was_sent() -> None:
+    store = SlowAnswerStore({"": ["j1"]}, delay=0.7)  # every queue
+    holdings = Holdings()
+    answered: list[float] = []
+    started = asyncio.Event()
+
+    def start(claimed: Job, sent: float) -> None:
+        holdings.add(claimed, sent)
+        answered.append(time.monotonic())
+        started.set()
+
+    settings = Settings(lease_seconds=2.0)
+    wiring = Wiring(
+        settings=settings,
+        store=store,  # type: ignore[arg-type]
+        owner="me",
+        name="me",
+        tasks=frozenset({"noop"}),
+        holdings=holdings,
+        clock=ServerClock(store),  # type: ignore[arg-type]
+        spawn=spawn_logged,
+    )
+    claimer = Claimer(wiring, start, Limits(wiring, None))  # type: ignore[arg-type]
+    loop = asyncio.create_task(claimer.run())
+    claimer.signal()
+    await asyncio.wait_for(started.wait(), 5)
+    claimer.stop()
+    await loop
+    # The server's lease ran from when it applied the claim, 0.7 s before the answer: the
+    # self-fence counts from the send, never from the answer.
+    assert holdings.lease_since("j1") <= store.applied[0] <= answered[0] - 0.7
+    keeper = LeaseKeeper(wiring, lambda job_id, reason: True, lambda: None, None)  # type: ignore[arg-type]
+    assert keeper._deadline("j1") < store.applied[0] + settings.lease_seconds
