@@ -199,12 +199,13 @@ def settle_and_check(
         if e.get("job_id") in jobs
     )
     odd = {job_id for job_id in jobs if completions[job_id] != 1}
-    assert not odd, story(project, odd, jobs)
+    assert not odd, "not logged `job.completed` exactly once: " + story(project, odd, jobs)
     # No two attempts of one job ran at the same time; the completed one did its work.
     report = check_intervals.read(project.tmp / "intervals" / "intervals.jsonl")
     mine = {job_id: report.attempts.get(job_id, []) for job_id in jobs}
     problems = [p for p in report.problems() if p.split(":")[0] in jobs]
-    assert problems == [], "\n".join(problems)
+    overlapped = {p.split(":")[0] for p in problems}
+    assert problems == [], "\n".join(problems) + "\n" + story(project, overlapped, jobs)
     for job_id, job in jobs.items():
         ended = [a.attempt for a in mine[job_id] if a.ended]
         assert job["result"]["attempt"] == job["attempts"] in ended, (job_id, ended, job)
@@ -235,7 +236,7 @@ def settle_and_check(
 
 def story(project: Project, job_ids: set[str], jobs: dict[str, dict[str, Any]]) -> str:
     """What the dispatchers logged of these jobs, and their history: the failure's account."""
-    lines = [f"{len(job_ids)} jobs not logged `job.completed` exactly once:"]
+    lines = [f"{len(job_ids)} jobs:"]
     for job_id in sorted(job_ids):
         lines.append(f"-- {job_id}: history {json.dumps(jobs[job_id].get('history'), default=str)}")
         for index in (1, 2):
