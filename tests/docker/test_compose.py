@@ -365,7 +365,13 @@ def test_a_dispatcher_cut_off_for_three_leases_stops_its_jobs_before_another_run
             "recovered_s": round(recovered, 1),
         },
     )
-    assert figures["attempts_stopped"] >= len(fenced) > 0
+    # Each fenced attempt that had started was stopped before its end (a fenced job still
+    # waiting for a worker here never started: nothing to stop), and at least one had.
+    report = check_intervals.read(faulty.tmp / "intervals" / "intervals.jsonl")
+    runs = {(a.job_id, a.attempt): a for runs in report.attempts.values() for a in runs}
+    started = [runs[k] for e in fenced if (k := (e["job_id"], e["attempt"])) in runs]
+    assert started and not [a for a in started if a.ended], started
+    assert figures["attempts_stopped"] >= len(started)
 
 
 def _burst(faulty: Project, name: str) -> Stream:
