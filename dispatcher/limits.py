@@ -339,9 +339,26 @@ class Limits:
         # No longer than a lease: a dead claimer's slots are free by the time its jobs
         # are requeued.
         window = min(CLAIM_WINDOW_S, self.settings.lease_seconds)
-        return await self.queues.take(
-            queue, owner=self.owner, tag=tag, jobs=ids, claim_window_s=window, want=want, keys=keys
-        )
+        releases = self._releases.get(queue)
+
+        async def take(release: Sequence[tuple[str, str]]) -> tuple[Taken, list[None]]:
+            taken = await self.queues.take(
+                queue,
+                owner=self.owner,
+                tag=tag,
+                jobs=ids,
+                claim_window_s=window,
+                want=want,
+                keys=keys,
+                release=release,
+            )
+            return taken, [None] * len(release)
+
+        if releases is None:
+            return (await take(()))[0]
+        # The slots of jobs that finished while the last release was in flight go back in
+        # this write: one majority round trip for both, and the take counts them free.
+        return await releases.carry(take)
 
     async def _refused(
         self,

@@ -18,6 +18,7 @@ from common.runtime.supervision import Spawn, spawn_logged
 
 In = TypeVar("In")
 Out = TypeVar("Out")
+R = TypeVar("R")
 
 
 class GroupCommit(Generic[In, Out]):
@@ -42,6 +43,31 @@ class GroupCommit(Generic[In, Out]):
         if self._writer is None or self._writer.done():
             self._writer = self._spawn(self._drain(), "group-commit")
         return await fut
+
+    async def carry(
+        self, write: Callable[[Sequence[In]], Awaitable[tuple[R, Sequence[Out]]]]
+    ) -> R:
+        """Hand the items waiting for the next write (not those in flight) to another write
+        that carries them too, one round trip for both: `write` gets them and returns its
+        own result with one result per item. A failure fails those items as their own
+        write would have."""
+        batch = self._queue[: self._max_batch]
+        del self._queue[: self._max_batch]
+        try:
+            result, outs = await write([item for item, _ in batch])
+        except BaseException as exc:
+            for _, fut in batch:
+                if fut.done():
+                    continue
+                if isinstance(exc, Exception):
+                    fut.set_exception(exc)
+                else:
+                    fut.cancel()
+            raise
+        for (_, fut), out in zip(batch, outs, strict=True):
+            if not fut.done():
+                fut.set_result(out)
+        return result
 
     async def _drain(self) -> None:
         first = True

@@ -203,6 +203,22 @@ def _take_projection(tag: str) -> dict[str, Any]:
     }
 
 
+def _released(held: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The pipeline stage that gives back the slots of `held` (`(job id, tag)` each), and
+    marks `released_at` when it gave back any (none: no stage)."""
+    if not held:
+        return []
+    named = {
+        "$or": [
+            {"$and": [{"$eq": ["$$s.job", job_id]}, {"$eq": ["$$s.tag", tag]}]}
+            for job_id, tag in held
+        ]
+    }
+    kept = {"$filter": {"input": _list("slots"), "as": "s", "cond": {"$not": [named]}}}
+    fewer = {"$lt": [{"$size": kept}, {"$size": _list("slots")}]}
+    return [{"$set": {"slots": kept, "released_at": {"$cond": [fewer, NOW, "$released_at"]}}}]
+
+
 def _slot(job_id: str, tag: str, owner: str, key: str | None) -> dict[str, Any]:
     slot: dict[str, Any] = {"job": job_id, "tag": tag, "owner": owner}
     if key is not None:
@@ -312,13 +328,15 @@ class QueueStore:
         claim_window_s: float,
         want: int | None = None,
         keys: Mapping[str, str | None] | None = None,
+        release: Sequence[tuple[str, str]] = (),
     ) -> Taken:
         """Take a slot for each of the first of `jobs` (but those other slots already name),
         at most `want`, as many as the queue allows now, valid for a claim until `claim_by`
         = now + `claim_window_s`. With `keys` (job id → its key), each slot names its job's
         key, and a key at its `key_concurrency` or out of starts by its `key_rate` gets
-        none.
-        When it allows none,
+        none. In the same write, first, the slots `release` names (`(job id, tag)`, as for
+        `release_many`) are given back, and count no more.
+        When it allows none (and releases none),
         nothing is written (and no change event goes out), and the queue as it stands
         comes back instead, to tell why."""
         room = _room(len(jobs) if want is None else min(want, len(jobs)))
@@ -337,7 +355,7 @@ class QueueStore:
         taken = {"$cond": [{"$gt": [room, 0]}, _per_key(with_deadline, room), []]}
         doc = await self.queues.find_one_and_update(
             {"_id": name},
-            [{"$set": {"slots": {"$concatArrays": [_list("slots"), taken]}}}],
+            [*_released(release), {"$set": {"slots": {"$concatArrays": [_list("slots"), taken]}}}],
             projection=_take_projection(tag),
             return_document=ReturnDocument.AFTER,
         )

@@ -137,6 +137,39 @@ async def test_released_together_frees_exactly_the_slots_named_by_job_and_tag(
     assert doc is not None and doc.slots == ()
 
 
+async def test_a_take_gives_back_the_slots_it_carries_first_and_counts_them_free(
+    store: JobStore,
+) -> None:
+    queues = QueueStore(store.db)
+    await queues.set_limits("fragile", {"concurrency": 2})
+    ids = await pending(store, 4)
+    await queues.take("fragile", owner=OWNER, tag="t1", jobs=ids[:2], claim_window_s=5)
+    before = await store.db["brook_queues"].find_one({"_id": "fragile"})
+    assert before is not None and "released_at" not in before
+    # Full: a take alone gets nothing. Carrying the release of one of t1's slots (and one
+    # named with another claim's tag, kept), it takes that slot again in the same write.
+    assert (await queues.take("fragile", owner=OWNER, tag="t2", jobs=ids[2:], claim_window_s=5)).slots == []
+    taken = await queues.take(
+        "fragile",
+        owner=OWNER,
+        tag="t2",
+        jobs=ids[2:],
+        claim_window_s=5,
+        release=[(ids[0], "t1"), (ids[1], "t9")],
+    )
+    assert [s.job for s in taken.slots] == [ids[2]]
+    doc = await queues.read("fragile")
+    assert doc is not None and sorted(s.job for s in doc.slots) == sorted([ids[1], ids[2]])
+    after = await store.db["brook_queues"].find_one({"_id": "fragile"})
+    assert after is not None and after["released_at"] is not None
+    # Carrying only slots no longer held releases nothing and marks no release.
+    await queues.take(
+        "fragile", owner=OWNER, tag="t3", jobs=ids[3:], claim_window_s=5, release=[(ids[0], "t1")]
+    )
+    again = await store.db["brook_queues"].find_one({"_id": "fragile"})
+    assert again is not None and again["released_at"] == after["released_at"]
+
+
 async def test_prune_frees_what_is_over_and_keeps_what_runs_or_may_still_be_claimed(
     store: JobStore,
 ) -> None:
