@@ -52,6 +52,15 @@ class Cluster:
         proc.wait_for_event("dispatcher.ready", timeout=60)
         return proc
 
+    def tails(self, lines: int = 40, width: int = 400) -> str:
+        """The last `lines` lines of each process's log: a failed test's account."""
+        out = []
+        for i, proc in enumerate(self.procs):
+            tail = proc.raw_log().splitlines()[-lines:]
+            out.append(f"-- {proc.role} #{i} (pid {proc.pid}, {proc.log_path.name}):")
+            out += [line[:width] for line in tail]
+        return "\n".join(out)
+
     def _healthy(self) -> bool:
         try:
             return httpx.get(f"{self.api_url}/healthz", timeout=1, verify=TLS).status_code == 200
@@ -65,6 +74,16 @@ class Cluster:
             proc.stop()
         # Ctrl-C leaves nothing behind: no worker outlives its dispatcher.
         wait_until(lambda: not any(pid_alive(p) for p in children), timeout=10)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that ran processes shows the end of each one's log."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    cluster = getattr(item, "funcargs", {}).get("cluster")
+    if report.when == "call" and report.failed and isinstance(cluster, Cluster):
+        report.sections.append(("brook processes: the end of each log", cluster.tails()))
 
 
 @pytest.fixture
