@@ -506,12 +506,20 @@ class ClientCore(Submitting, BulkOperations):
         backoff = Backoff(0.1, 2.0)
         while True:
             try:
-                # The stream is open before the job is read, so a change between the read
-                # and the first event is still delivered: no wake-up is lost.
+                # The job is read (a majority read: a snapshot a moment behind the newest
+                # write), then followed from the cluster time of that read: a change after
+                # the snapshot is delivered however soon it came. A stream opened first
+                # starts at the newest write, and a completion between the two was in
+                # neither (a wait that never ended, once, in CI).
+                doc, read_at = await self._store.job_doc_now(job_id)
+                if doc is None:
+                    raise JobNotFound(job_id)
+                last.append(Job.from_doc(doc))
+                if last[-1].status in TERMINAL:
+                    return last[-1]
                 async with await self._store.job_changes(
-                    job_id, max_await_ms=WAIT_AWAIT_MS
+                    job_id, max_await_ms=WAIT_AWAIT_MS, start_at=read_at
                 ) as stream:
-                    last.append(await self._store.get(job_id))
                     while last[-1].status not in TERMINAL:
                         change = await stream.next()
                         if change["operationType"] != "update":

@@ -83,14 +83,13 @@ def test_the_blocking_client_enqueues_in_a_transaction_and_the_job_runs_once_com
 ) -> None:
     disp = cluster.dispatcher()
     app: MongoClient[Doc] = MongoClient(settings.mongo_uri)
-    with Client(mongo_client=app, db=settings.db) as brook, app.start_session() as s:
+    with app, Client(mongo_client=app, db=settings.db) as brook, app.start_session() as s:
         with s.start_transaction():
             app[settings.db]["orders_placed"].insert_one({"_id": "o1"}, session=s)
             job = brook.submit("echo", {"order": "o1"}, session=s)
             time.sleep(1.0)  # the dispatcher hears nothing until the commit
             assert not disp.events("job.claimed")
         done = brook.wait(job.id, timeout=30)
-    app.close()
     assert done.status == "completed" and done.result == {"order": "o1"}
     assert [e["job_id"] for e in disp.events("job.claimed")] == [job.id]
 

@@ -187,6 +187,23 @@ async def test_wait_follows_a_change_stream_and_never_polls(
     assert sum(n for (name, _), n in counter.counts.items() if name == "getMore") <= 3
 
 
+async def test_wait_sees_a_completion_that_lands_between_its_read_and_its_stream(
+    aclient: AsyncClient, store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = await aclient.submit("echo", {"x": 1})
+    assert await store.claim(OWNER, 30) is not None
+    read = JobStore.job_doc_now
+
+    async def read_then_complete(self: JobStore, job_id: str) -> Any:
+        doc, at = await read(self, job_id)  # the job as it was: running
+        await store.complete_many(OWNER, [(Lease(job_id=job_id, attempt=1), {"x": 1})])
+        return doc, at  # the stream opens after the completion
+
+    monkeypatch.setattr(JobStore, "job_doc_now", read_then_complete)
+    done = await aclient.wait(job.id, timeout=10)
+    assert done.status == JobStatus.COMPLETED and done.result == {"x": 1}
+
+
 async def test_wait_returns_at_once_for_a_finished_job_and_fails_for_an_unknown_one(
     aclient: AsyncClient,
 ) -> None:

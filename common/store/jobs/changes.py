@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from bson import Timestamp
 from pymongo import CursorType
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.cursor import AsyncCursor
@@ -28,10 +29,18 @@ def buffered(stream: AsyncChangeStream[Doc]) -> int | None:
 class JobChanges(JobsCollection):
     """Change streams and the oplog tail on the jobs collection."""
 
-    async def job_changes(self, job_id: str, *, max_await_ms: int) -> AsyncChangeStream[Doc]:
+    async def job_changes(
+        self, job_id: str, *, max_await_ms: int, start_at: Timestamp | None = None
+    ) -> AsyncChangeStream[Doc]:
         """A change stream of one job's status changes and of its deletion (open it with
-        `async with`). It carries only wake-ups: the job is read again after each."""
-        return await self.jobs.watch(job_status_pipeline(job_id), max_await_time_ms=max_await_ms)
+        `async with`), from the cluster time `start_at` (that of a read of the job, so that
+        no change after the read is missed) or from now. It carries only wake-ups: the job
+        is read again after each."""
+        return await self.jobs.watch(
+            job_status_pipeline(job_id),
+            max_await_time_ms=max_await_ms,
+            start_at_operation_time=start_at,
+        )
 
     async def changes(
         self,
