@@ -181,10 +181,13 @@ async def test_a_sigkilled_dispatchers_slots_come_back_when_its_leases_expire(
     cluster: Cluster, store: JobStore
 ) -> None:
     await QueueStore(store.db).set_limits("fragile", {"concurrency": 2})
-    a = cluster.dispatcher(BROOK_CONCURRENCY="4", BROOK_TASKS=TASKS)
+    # A 10 s lease: A must hold both slots until it is killed, and on a loaded machine a
+    # few seconds without a renewal made it fence itself and hand them back before (CI).
+    lease = {"BROOK_LEASE_SECONDS": "10"}
+    a = cluster.dispatcher(BROOK_CONCURRENCY="4", BROOK_TASKS=TASKS, **lease)
     held = await submit(store, "slow_first", 2, queue="fragile", payload={"first": 120})
     wait_until(lambda: len(a.events("task.started")) == 2, timeout=20)
-    b = cluster.dispatcher(BROOK_CONCURRENCY="4", BROOK_TASKS=TASKS)
+    b = cluster.dispatcher(BROOK_CONCURRENCY="4", BROOK_TASKS=TASKS, **lease)
     waiting = await submit(store, "record", 4, queue="fragile", payload={"seconds": 0.2})
     await asyncio.sleep(1.0)
     assert not b.events("job.claimed")  # free workers, but the queue is full
