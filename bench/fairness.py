@@ -323,14 +323,36 @@ def _drain_for(ctx: Context, label: str, jobs: int, keys: int, seconds: float) -
     }
 
 
-def keyscale(ctx: Context, jobs: int, keys: int = 10_000, seconds: float = 30.0) -> dict[str, Any]:
-    plain = _drain_for(ctx, "scaleplain", jobs, 0, seconds)
-    keyed = _drain_for(ctx, "scalekeys", jobs, keys, seconds)
+def keyscale(
+    ctx: Context, jobs: int, keys: int = 10_000, seconds: float = 30.0, rounds: int = 2
+) -> dict[str, Any]:
+    """Plain and keyed drains, alternated `rounds` times on one set: a drain's rate moves
+    with the set's state (just started, just filled) more than with the build, and one
+    plain-then-keyed pair put all of that on one side of the ratio."""
+    plains: list[dict[str, Any]] = []
+    keyeds: list[dict[str, Any]] = []
+    for r in range(rounds):
+        plains.append(_drain_for(ctx, f"scaleplain{r}", jobs, 0, seconds))
+        keyeds.append(_drain_for(ctx, f"scalekeys{r}", jobs, keys, seconds))
+    plain = {**plains[-1], "jobs_per_s": _mean_rate(plains), "rounds": _rates(plains)}
+    keyed = {**keyeds[-1], "jobs_per_s": _mean_rate(keyeds), "rounds": _rates(keyeds)}
     return {
         "no_keys": plain,
         "key_concurrency": keyed,
         "ratio": round(keyed["jobs_per_s"] / max(plain["jobs_per_s"], 1e-9), 2),
+        "ratio_per_round": [
+            round(k["jobs_per_s"] / max(p["jobs_per_s"], 1e-9), 2)
+            for p, k in zip(plains, keyeds, strict=True)
+        ],
     }
+
+
+def _rates(runs: list[dict[str, Any]]) -> list[float]:
+    return [float(r["jobs_per_s"]) for r in runs]
+
+
+def _mean_rate(runs: list[dict[str, Any]]) -> float:
+    return round(sum(_rates(runs)) / len(runs), 1)
 
 
 def summaries(results: dict[str, Any]) -> list[str]:
@@ -344,7 +366,9 @@ def keyscale_summary(res: dict[str, Any]) -> list[str]:
     return [
         f"keyscale: {plain['pending_at_start']} pending noop jobs, one dispatcher, "
         f"{plain['seconds']:.0f} s each",
-        f"  no keys                               {plain['jobs_per_s']} jobs/s",
+        f"  no keys                               {plain['jobs_per_s']} jobs/s"
+        f" (rounds: {plain.get('rounds', [])})",
         f"  {keyed['keys']} keys, key_concurrency {keyed['key_concurrency']}"
-        f"          {keyed['jobs_per_s']} jobs/s ({res['ratio']:.2f}x)",
+        f"          {keyed['jobs_per_s']} jobs/s ({res['ratio']:.2f}x;"
+        f" rounds: {keyed.get('rounds', [])}, ratios {res.get('ratio_per_round', [])})",
     ]
