@@ -69,6 +69,20 @@ class FakeStore:
         return None
 
 
+def wired(settings: Settings, store: FakeStore, holdings: Holdings) -> Wiring:
+    """A dispatcher's shared parts around a fake store, for a claimer without a database."""
+    return Wiring(
+        settings=settings,
+        store=store,  # type: ignore[arg-type]
+        owner="me",
+        name="me",
+        tasks=frozenset({"noop"}),
+        holdings=holdings,
+        clock=ServerClock(store),  # type: ignore[arg-type]
+        spawn=spawn_logged,
+    )
+
+
 async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up() -> None:
     store = FakeStore({"default": ["d1", "d2", "d3"], "emails": []})
     holdings = Holdings()
@@ -78,18 +92,7 @@ async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up(
         holdings.add(claimed, sent)
         started.append(claimed.id)
 
-    settings = Settings(queues="default:1,emails:2")  # type: ignore[arg-type]
-    clock = ServerClock(store)  # type: ignore[arg-type]
-    wiring = Wiring(
-        settings=settings,
-        store=store,  # type: ignore[arg-type]
-        owner="me",
-        name="me",
-        tasks=frozenset({"noop"}),
-        holdings=holdings,
-        clock=clock,
-        spawn=spawn_logged,
-    )
+    wiring = wired(Settings(queues="default:1,emails:2"), store, holdings)  # type: ignore[arg-type]
     no_limits = Limits(wiring, None)  # type: ignore[arg-type]
     claimer = Claimer(wiring, start, no_limits)
     loop = asyncio.create_task(claimer.run())
@@ -133,16 +136,7 @@ async def test_a_lease_whose_claim_answered_late_is_fenced_from_when_the_claim_w
         started.set()
 
     settings = Settings(lease_seconds=2.0)
-    wiring = Wiring(
-        settings=settings,
-        store=store,  # type: ignore[arg-type]
-        owner="me",
-        name="me",
-        tasks=frozenset({"noop"}),
-        holdings=holdings,
-        clock=ServerClock(store),  # type: ignore[arg-type]
-        spawn=spawn_logged,
-    )
+    wiring = wired(settings, store, holdings)
     claimer = Claimer(wiring, start, Limits(wiring, None))  # type: ignore[arg-type]
     loop = asyncio.create_task(claimer.run())
     claimer.signal()
