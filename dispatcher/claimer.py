@@ -289,7 +289,7 @@ class Claimer:
             # claim (`Limits.start_by`; it goes to a worker before any other): claim only for
             # the workers free now or soon by the recent tasks' pace.
             soon = self.holdings.frees_within(self._slots(target), RATE_START_MARGIN_S / 2)
-            rated = self.holdings.count_waiting(lambda j: self.limits.start_by(j.id) is not None)
+            rated = self.holdings.count_waiting(lambda j: self.limits.start_by(j) is not None)
             room = min(room, self.free_workers() + soon - rated)
         # A keyed queue claims ahead as any other: turns across keys decide what is claimed,
         # a new key's job is claimed at once, alone (`_new_key`), and the hand-off starts the

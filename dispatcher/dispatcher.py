@@ -295,7 +295,13 @@ class Dispatcher:
     def _claimed(self, job: Job, sent: float) -> None:
         """A claimed job (the claimer's callback), its claim sent at `sent`: it waits for a
         free worker."""
-        self.holdings.add(job, sent)
+        if self.holdings.job(job.id) is not None:
+            # An earlier attempt of it is still held here: the server gave this one, so
+            # that one's lease is over. It is stopped, and this one waits until it is gone.
+            self._stop(job.id, "lease_lost")
+            self.supervisor.spawn(self._claimed_after_older(job, sent), f"job:{job.id}")
+            return
+        lease = self.holdings.add(job, sent)
         emit(
             Event.JOB_CLAIMED,
             **job_fields(job),
@@ -306,9 +312,15 @@ class Dispatcher:
         if self._closing:  # a claim that was in flight when the shutdown began
             self._stop(job.id, "shutdown")
             return
+        if self.leases.fence_if_overdue(lease):
+            return  # its claim's answer came back after its lease may have ended
         if self.holdings.cancel_was_seen(job.id):
             self.leases.cancel(job.id)
         self._hand_off()
+
+    async def _claimed_after_older(self, job: Job, sent: float) -> None:
+        await self.holdings.gone(job.id)
+        self._claimed(job, sent)  # fenced there if the wait outlasted its lease
 
     def _free_slots_by_queue(self) -> dict[str, int] | None:
         queues = self.settings.queues
@@ -323,12 +335,12 @@ class Dispatcher:
             # A job of a queue with a rate first: it must start within a margin of its claim.
             job = self.holdings.next_waiting(
                 self._free_slots_by_queue(),
-                first=lambda j: self.limits.start_by(j.id) is not None,
+                first=lambda j: self.limits.start_by(j) is not None,
                 keyed=self.limits.keyed,
             )
             if job is None:
                 return
-            start_by = self.limits.start_by(job.id)
+            start_by = self.limits.start_by(job)
             if start_by is not None and time.monotonic() + HAND_OFF_S > start_by:
                 self._stop(job.id, "handed_back")  # too late for its queue's rate
                 continue
@@ -356,7 +368,7 @@ class Dispatcher:
             over = verdict.kind in ("applied", "lost")
         finally:
             self.holdings.drop(job.id)
-            self.limits.finished(job.id, over=over)
+            self.limits.finished(job, over=over)
             self.claimer.slot_freed()
 
     async def _execute(self, slot: WorkerSlot, job: Job, lease: Lease) -> None:
@@ -397,7 +409,7 @@ class Dispatcher:
             over = verdict.kind in ("applied", "lost")
         finally:
             self.holdings.drop(job.id)
-            self.limits.finished(job.id, over=over)
+            self.limits.finished(job, over=over)
             self.claimer.slot_freed()
 
     async def _parent_traces(self, job: Job) -> tuple[dict[str, str], ...]:

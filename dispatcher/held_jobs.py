@@ -14,6 +14,7 @@ its lease.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -47,6 +48,7 @@ class Holdings:
         # Jobs claimed for their effective priority (priority aging): their stored priority
         # would put them behind the jobs claimed ahead, so they start before those.
         self._aged: set[str] = set()
+        self._gone: dict[str, asyncio.Event] = {}  # set when the job is dropped
 
     def record_run(self, seconds: float) -> None:
         """A task ran for `seconds` (from hand-off to result, as the dispatcher saw it)."""
@@ -151,7 +153,15 @@ class Holdings:
         self._leases.pop(job_id, None)
         self._since.pop(job_id, None)
 
+    async def gone(self, job_id: str) -> None:
+        """Return once this job is no longer held here (at once if it is not)."""
+        if job_id in self._jobs:
+            await self._gone.setdefault(job_id, asyncio.Event()).wait()
+
     def drop(self, job_id: str) -> None:
+        gone = self._gone.pop(job_id, None)
+        if gone is not None:
+            gone.set()
         self._waiting.pop(job_id, None)
         self._aged.discard(job_id)
         self._running.pop(job_id, None)
@@ -179,6 +189,10 @@ class Holdings:
 
     def finishing_count(self) -> int:
         return len(self._jobs) - len(self._waiting) - len(self._running)
+
+    def lease(self, job_id: str) -> Lease | None:
+        """The lease of a job waiting or running here (None once its task has ended)."""
+        return self._leases.get(job_id)
 
     def job(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)

@@ -34,11 +34,15 @@ from common.runtime.metrics import (
     LEASES_SELF_FENCED,
     count_outcome,
 )
-from common.store.jobs import ExpiredLease
+from common.store.jobs import ExpiredLease, Lease
 from dispatcher.dependents import Dependents
 from dispatcher.wiring import Wiring
 
 Kill = Callable[[str, KillReason], bool]
+
+
+def _key(lease: Lease) -> tuple[str, int]:
+    return (lease.job_id, lease.attempt)
 
 # A lease runs out `lease_seconds` after the server applied the claim or the last renewal
 # it confirmed: counted here from when that claim or renewal was sent, which was earlier
@@ -63,8 +67,11 @@ class LeaseKeeper:
         self.kill = kill
         self.swept = swept
         self.dependents = dependents
-        self._renewed: dict[str, float] = {}  # time.monotonic() of the last renewal sent
-        self._expired: set[str] = set()  # workers stopped for a lease not renewed in time
+        # By (job id, attempt), so that nothing of an attempt carries over to a later one of
+        # the same job held here: time.monotonic() of the last renewal sent, and the
+        # attempts stopped for a lease not renewed in time.
+        self._renewed: dict[tuple[str, int], float] = {}
+        self._expired: set[tuple[str, int]] = set()
 
     def cancel(self, job_id: str) -> None:
         """Stop the worker of a held job whose cancel was requested."""
@@ -87,7 +94,7 @@ class LeaseKeeper:
 
     async def renew(self) -> None:
         leases = self.holdings.running()
-        held = {lease.job_id for lease in leases}
+        held = {_key(lease) for lease in leases}
         self._renewed = {k: v for k, v in self._renewed.items() if k in held}
         if not leases:
             return
@@ -101,32 +108,36 @@ class LeaseKeeper:
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="renew", error=str(exc)[:200])
             return
-        for job_id in held - lost:
-            self._renewed[job_id] = sent
+        for lease in leases:
+            if lease.job_id not in lost:
+                self._renewed[_key(lease)] = sent
         LEASE_RENEWALS.inc(len(leases) - len(lost))
-        for job_id in lost:
-            if self.holdings.is_running(job_id) and job_id not in self._expired:
-                self._expired.add(job_id)
-                job = self.holdings.job(job_id)
-                emit(
-                    Event.LEASE_LOST,
-                    level="warning",
-                    **(job_fields(job) if job else {"job_id": job_id}),
-                    owner=self.owner,
-                )
-                LEASES_LOST.inc()
-                self.kill(job_id, "lease_lost")
+        for lease in leases:
+            if lease.job_id not in lost or _key(lease) in self._expired:
+                continue
+            if self.holdings.lease(lease.job_id) != lease:
+                continue  # that attempt is no longer held here
+            self._expired.add(_key(lease))
+            job = self.holdings.job(lease.job_id)
+            emit(
+                Event.LEASE_LOST,
+                level="warning",
+                **(job_fields(job) if job else {"job_id": lease.job_id}),
+                owner=self.owner,
+            )
+            LEASES_LOST.inc()
+            self.kill(lease.job_id, "lease_lost")
 
     # -- leases not renewed in time -----------------------------------------------------------
 
-    def _deadline(self, job_id: str) -> float:
+    def _deadline(self, lease: Lease) -> float:
         """When, on `time.monotonic()`, to stop the job's worker: before its lease may be
         over by the server's clock, allowing for clock drift and the kill."""
-        lease = self.settings.lease_seconds
-        renewed = self._renewed.get(job_id)
+        seconds = self.settings.lease_seconds
+        renewed = self._renewed.get(_key(lease))
         if renewed is None:
-            renewed = self.holdings.lease_since(job_id)
-        return renewed + lease * (1 - CLOCK_DRIFT) - min(STOP_MARGIN_S, lease / 10)
+            renewed = self.holdings.lease_since(lease.job_id)
+        return renewed + seconds * (1 - CLOCK_DRIFT) - min(STOP_MARGIN_S, seconds / 10)
 
     async def expiries(self) -> None:
         """Self-fencing: stop the workers of leases that could not be renewed before they
@@ -134,9 +145,9 @@ class LeaseKeeper:
         while True:
             now = time.monotonic()
             pending = [
-                self._deadline(lease.job_id)
+                self._deadline(lease)
                 for lease in self.holdings.running()
-                if lease.job_id not in self._expired
+                if _key(lease) not in self._expired
             ]
             soonest = min(pending, default=now + self.settings.heartbeat_seconds)
             await asyncio.sleep(min(max(soonest - now, 0.05), self.settings.heartbeat_seconds))
@@ -146,22 +157,33 @@ class LeaseKeeper:
         now = time.monotonic()
         held = set()
         for lease in self.holdings.running():
-            held.add(lease.job_id)
-            if lease.job_id in self._expired or self._deadline(lease.job_id) > now:
-                continue
-            self._expired.add(lease.job_id)
-            job = self.holdings.job(lease.job_id)
-            emit(
-                Event.LEASE_SELF_FENCED,
-                level="warning",
-                **(job_fields(job) if job else {"job_id": lease.job_id}),
-                owner=self.owner,
-                lease_seconds=self.settings.lease_seconds,
-                reason="not renewed in time (MongoDB unreachable): stopped before the lease ends",
-            )
-            LEASES_SELF_FENCED.inc()
-            self.kill(lease.job_id, "lease_lost")
+            held.add(_key(lease))
+            if _key(lease) not in self._expired and self._deadline(lease) <= now:
+                self._fence(lease)
         self._expired &= held
+
+    def fence_if_overdue(self, lease: Lease) -> bool:
+        """A lease just claimed whose claim's answer came back so late (a partition, a
+        failover) that the lease may be over by the server's clock already: stop it before
+        its task starts. True if it was."""
+        if self._deadline(lease) > time.monotonic():
+            return False
+        self._fence(lease)
+        return True
+
+    def _fence(self, lease: Lease) -> None:
+        self._expired.add(_key(lease))
+        job = self.holdings.job(lease.job_id)
+        emit(
+            Event.LEASE_SELF_FENCED,
+            level="warning",
+            **(job_fields(job) if job else {"job_id": lease.job_id}),
+            owner=self.owner,
+            lease_seconds=self.settings.lease_seconds,
+            reason="not renewed in time (MongoDB unreachable): stopped before the lease ends",
+        )
+        LEASES_SELF_FENCED.inc()
+        self.kill(lease.job_id, "lease_lost")
 
     # -- watchdog --------------------------------------------------------------------------
 

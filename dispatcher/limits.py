@@ -150,7 +150,8 @@ class Limits:
         self.held_jobs: Callable[[], list[Job]] = wiring.holdings.jobs
         self.view: dict[str, QueueLimits] = {}
         self._limited: frozenset[str] = frozenset()
-        self.held: dict[str, Held] = {}
+        # By (job id, attempt): an attempt's end never gives back a later attempt's slot.
+        self.held: dict[tuple[str, int], Held] = {}
         # Queues that may hold slots of attempts that are over (a job was requeued, or a
         # sweep came): the next claim that finds one full prunes it first.
         self._suspect: set[str] = set()
@@ -291,7 +292,7 @@ class Limits:
             self.owner, self.settings.lease_seconds, asked, tag, taken.claim_by
         )
         for job in jobs:
-            self.held[job.id] = Held(queue=queue, tag=tag, start_by=start_by)
+            self.held[(job.id, job.attempts)] = Held(queue=queue, tag=tag, start_by=start_by)
         return LimitedClaim(
             queue=queue,
             jobs=jobs,
@@ -422,13 +423,15 @@ class Limits:
     def adopt_strays(self, jobs: Iterable[Job]) -> None:
         """Jobs the plain claim took from a queue that has limits by now (this dispatcher
         had not heard of them yet when it claimed): give each a slot, so it counts."""
-        self._adopt(j for j in jobs if j.queue in self._limited and j.id not in self.held)
+        self._adopt(
+            j for j in jobs if j.queue in self._limited and (j.id, j.attempts) not in self.held
+        )
 
     def _adopt(self, jobs: Iterable[Job]) -> None:
         by_queue: dict[str, list[tuple[str, int, str, str | None]]] = {}
         for job in jobs:
             tag = secrets.token_hex(8)
-            self.held[job.id] = Held(queue=job.queue, tag=tag)
+            self.held[(job.id, job.attempts)] = Held(queue=job.queue, tag=tag)
             by_queue.setdefault(job.queue, []).append((job.id, job.attempts, tag, job.key))
         for queue, entries in by_queue.items():
             self.spawn(self._adopt_write(queue, entries), f"adopt:{queue}")
@@ -454,18 +457,18 @@ class Limits:
         limits = self.view.get(queue) if queue is not None else None
         return limits is not None and limits.keyed
 
-    def start_by(self, job_id: str) -> float | None:
+    def start_by(self, job: Job) -> float | None:
         """The latest `time.monotonic()` this held job's task may start (None: no limit)."""
-        held = self.held.get(job_id)
+        held = self.held.get((job.id, job.attempts))
         return held.start_by if held is not None else None
 
-    def finished(self, job_id: str, *, over: bool) -> None:
+    def finished(self, job: Job, *, over: bool) -> None:
         """The job's attempt ended here. `over`: its final write landed (or another attempt
         holds it), so its slot can go; otherwise it may still be running in MongoDB, and a
         prune frees the slot once the job shows it is not."""
-        held = self.held.pop(job_id, None)
+        held = self.held.pop((job.id, job.attempts), None)
         if held is not None and over:
-            self.spawn(self._release(held, job_id), f"release:{job_id}")
+            self.spawn(self._release(held, job.id), f"release:{job.id}")
 
     async def _release(self, held: Held, job_id: str) -> None:
         releases = self._releases.get(held.queue)

@@ -147,4 +147,6 @@ async def test_a_lease_whose_claim_answered_late_is_fenced_from_when_the_claim_w
     # self-fence counts from the send, never from the answer.
     assert holdings.lease_since("j1") <= store.applied[0] <= answered[0] - 0.7
     keeper = LeaseKeeper(wiring, lambda job_id, reason: True, lambda: None, None)  # type: ignore[arg-type]
-    assert keeper._deadline("j1") < store.applied[0] + settings.lease_seconds
+    lease = holdings.lease("j1")
+    assert lease is not None
+    assert keeper._deadline(lease) < store.applied[0] + settings.lease_seconds
