@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from common.runtime.settings import Settings
-from tests.conftest import Mongo, brook_env
+from tests.conftest import brook_env, set_of
 from tests.e2e.conftest import Cluster
 from tests.support.docblocks import (
     OPTIONS,
@@ -38,12 +38,14 @@ MARK_RE = re.compile(r"@@docs-command-(\d+)@@\n")  # curl ends without a newline
 
 
 @pytest.fixture(scope="module")
-def docs_cluster(mongo: Mongo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def docs_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
     """One API and one dispatcher for every block, as a reader has one `make up` for all:
     the blocks are written so that one's jobs never change another's output."""
     tmp = tmp_path_factory.mktemp("docs")
     settings = Settings(
-        mongo_uri=mongo.uri,
+        mongo_uri=set_of(request).uri,
         db=f"t_docs_{uuid.uuid4().hex[:8]}",
         concurrency=2,
         lease_seconds=5.0,
