@@ -314,6 +314,9 @@ def _drain_for(ctx: Context, label: str, jobs: int, keys: int, seconds: float) -
         time.sleep(seconds)
         done = coll.count_documents({"status": "completed"}) - start
         elapsed = time.monotonic() - t0
+    # The next phase finds the set as this one did: not holding this one's backlog too.
+    ctx.client.drop_database(db)
+    ctx.databases.remove(db)
     return {
         "pending_at_start": jobs,
         "keys": keys,
@@ -328,7 +331,8 @@ def keyscale(
 ) -> dict[str, Any]:
     """Plain and keyed drains, alternated `rounds` times on one set: a drain's rate moves
     with the set's state (just started, just filled) more than with the build, and one
-    plain-then-keyed pair put all of that on one side of the ratio."""
+    plain-then-keyed pair put all of that on one side of the ratio. Each phase drops its
+    database at the end, so every phase starts on a set holding only its own backlog."""
     plains: list[dict[str, Any]] = []
     keyeds: list[dict[str, Any]] = []
     for r in range(rounds):
