@@ -296,12 +296,14 @@ async def test_a_job_that_outranks_all_claimed_ahead_starts_next(
 ) -> None:
     settings = settings.model_copy(update={"prefetch": 8})
     runner = HeldRunner(2)
-    async with dispatcher(settings, store, runner):
+    async with dispatcher(settings, store, runner) as (disp, _):
         await warm_up(store, runner)
         await submit(store, 30)
         await wait_for(lambda: _at_least(store, 6))
         urgent = (await store.submit(JobSpec(task="noop", payload={}, priority=5))).job.id
-        await wait_for(lambda: store.jobs.find_one({"_id": urgent, "status": "running"}))
+        # Held by the dispatcher (its claim's answer is back), not only `running` in
+        # MongoDB: a worker freed before the answer takes the best job held then.
+        await wait_for(lambda: disp.holdings.job(urgent) is not None)
         # Claimed while the buffer held lower jobs: the first worker to free takes it.
         for job_id in list(runner.running)[:1]:
             runner.finish(job_id)
