@@ -4,14 +4,19 @@ and what a take shows of the keys (full, out of starts) makes them wait their tu
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from common.domain.models import Job
 from common.domain.queues import BlockReason, QueueDoc
 from common.store.jobs import JobStore
 from common.store.queues import Taken
 from dispatcher.key_turns import KeyTurns, interleave
+
+# A claim without slots has no `claim_by` to meet.
+NO_CLAIM_DEADLINE = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 class Clock(Protocol):
@@ -113,6 +118,26 @@ class KeyedClaims:
         now = datetime.fromtimestamp(self.clock.now(), UTC)
         keys = {s.key for s in doc.slots if s.key is not None}
         turns.wait(timestamps(doc.key_waits(keys, now)), gen)
+
+    async def claim_slotless(
+        self,
+        queue: str,
+        ids: list[str],
+        keys: Mapping[str, str | None] | None,
+        owner: str,
+        lease_s: float,
+    ) -> list[Job]:
+        """A queue claimed fairly with nothing to count (`QueueLimits.slotless`): these
+        candidates, in the turns' order, claimed directly (no slots to take, settle or give
+        back: one write fewer per claim, none per finished job); the keys served go to the
+        back of the turns."""
+        jobs = await self.store.claim_tagged(
+            owner, lease_s, ids, secrets.token_hex(8), NO_CLAIM_DEADLINE
+        )
+        turns = self.turns.get(queue)
+        if turns is not None and keys is not None:
+            turns.served([keys[i] for i in ids])
+        return jobs
 
     def full(
         self,

@@ -12,7 +12,9 @@ A claim in a limited queue goes through its slots (`common.store.queues`): the c
 jobs, one write that takes a slot for each (as many as the queue allows), the claim itself
 (only before the slots' `claim_by`), and, only when needed, one write that gives back the
 slots of jobs another dispatcher won and records the real starts for a rate. Each job's
-slot is given back after its final write has landed.
+slot is given back after its final write has landed. A queue claimed fairly with nothing
+to count (`fair` alone, `QueueLimits.slotless`) takes no slots: its turns pick the
+candidates and the claim takes them directly.
 
 A queue whose claim got no slot is *closed* here until something can change that, so a
 waiting queue never busy-loops: a full queue until a slot is released anywhere (the
@@ -60,6 +62,11 @@ class Held:
     queue: str
     tag: str
     start_by: float | None = None
+
+
+def _key(job: Job) -> tuple[str, int]:
+    """What a held slot is kept by: an attempt's end never gives back a later one's slot."""
+    return (job.id, job.attempts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,8 +157,7 @@ class Limits:
         self.held_jobs: Callable[[], list[Job]] = wiring.holdings.jobs
         self.view: dict[str, QueueLimits] = {}
         self._limited: frozenset[str] = frozenset()
-        # By (job id, attempt): an attempt's end never gives back a later attempt's slot.
-        self.held: dict[tuple[str, int], Held] = {}
+        self.held: dict[tuple[str, int], Held] = {}  # by `_key`
         # Queues that may hold slots of attempts that are over (a job was requeued, or a
         # sweep came): the next claim that finds one full prunes it first.
         self._suspect: set[str] = set()
@@ -276,6 +282,11 @@ class Limits:
                 queue=queue, jobs=[], dry=dry, blocked=not self.gates.is_open(queue)
             )
         tag = secrets.token_hex(8)
+        if limits is not None and limits.slotless:  # fair alone: nothing to count
+            lease = self.settings.lease_seconds
+            got = await self.keys.claim_slotless(queue, ids[:n], keys, self.owner, lease)
+            self.gates.claimed(queue)
+            return LimitedClaim(queue=queue, jobs=got, dry=dry and len(got) < n)
         taken = await self._take(queue, ids, tag, n, keys)
         if not taken.slots:
             taken = await self._refused(queue, gen, ids, tag, n, taken, keys)
@@ -292,7 +303,7 @@ class Limits:
             self.owner, self.settings.lease_seconds, asked, tag, taken.claim_by
         )
         for job in jobs:
-            self.held[(job.id, job.attempts)] = Held(queue=queue, tag=tag, start_by=start_by)
+            self.held[_key(job)] = Held(queue=queue, tag=tag, start_by=start_by)
         return LimitedClaim(
             queue=queue,
             jobs=jobs,
@@ -423,15 +434,13 @@ class Limits:
     def adopt_strays(self, jobs: Iterable[Job]) -> None:
         """Jobs the plain claim took from a queue that has limits by now (this dispatcher
         had not heard of them yet when it claimed): give each a slot, so it counts."""
-        self._adopt(
-            j for j in jobs if j.queue in self._limited and (j.id, j.attempts) not in self.held
-        )
+        self._adopt(j for j in jobs if j.queue in self._limited and _key(j) not in self.held)
 
     def _adopt(self, jobs: Iterable[Job]) -> None:
         by_queue: dict[str, list[tuple[str, int, str, str | None]]] = {}
         for job in jobs:
             tag = secrets.token_hex(8)
-            self.held[(job.id, job.attempts)] = Held(queue=job.queue, tag=tag)
+            self.held[_key(job)] = Held(queue=job.queue, tag=tag)
             by_queue.setdefault(job.queue, []).append((job.id, job.attempts, tag, job.key))
         for queue, entries in by_queue.items():
             self.spawn(self._adopt_write(queue, entries), f"adopt:{queue}")
@@ -459,14 +468,14 @@ class Limits:
 
     def start_by(self, job: Job) -> float | None:
         """The latest `time.monotonic()` this held job's task may start (None: no limit)."""
-        held = self.held.get((job.id, job.attempts))
+        held = self.held.get(_key(job))
         return held.start_by if held is not None else None
 
     def finished(self, job: Job, *, over: bool) -> None:
         """The job's attempt ended here. `over`: its final write landed (or another attempt
         holds it), so its slot can go; otherwise it may still be running in MongoDB, and a
         prune frees the slot once the job shows it is not."""
-        held = self.held.pop((job.id, job.attempts), None)
+        held = self.held.pop(_key(job), None)
         if held is not None and over:
             self.spawn(self._release(held, job.id), f"release:{job.id}")
 

@@ -84,6 +84,19 @@ class QueueLimits:
         return self.key_concurrency is not None or self.key_rate is not None or self.fair
 
     @property
+    def slotless(self) -> bool:
+        """Fair claiming and nothing to count (no concurrency or rate, on the queue or per
+        key): claimed by turns across keys, without slots to take and give back."""
+        return (
+            self.fair
+            and not self.paused
+            and self.concurrency is None
+            and self.rate is None
+            and self.key_concurrency is None
+            and self.key_rate is None
+        )
+
+    @property
     def rated(self) -> bool:
         """Starts are counted (a rate on the queue or per key): claims wait for a worker."""
         return self.rate is not None or self.key_rate is not None

@@ -10,8 +10,12 @@ from datetime import UTC, datetime
 from brook import AsyncClient
 from common.domain.models import JobSpec
 from common.runtime.settings import Settings
+from common.runtime.supervision import spawn_logged
 from common.store.jobs import JobStore
-from common.store.queues import QueueStore
+from common.store.queues import QUEUES, QueueStore
+from dispatcher.held_jobs import Holdings
+from dispatcher.limits import Limits
+from dispatcher.wiring import Wiring
 
 OWNER = "d1"
 
@@ -128,19 +132,8 @@ async def test_the_python_client_sets_and_lists_key_limits(settings: Settings) -
         assert cleared.fair is False and cleared.key_concurrency is None
 
 
-async def test_a_new_keys_job_is_claimed_out_of_turn_and_a_full_key_closes_nothing(
-    store: JobStore, settings: Settings
-) -> None:
-    """The dispatcher's urgent claim of a key it has nothing of (`only`): that key's job,
-    not the next in turn; a key with nothing due leaves the queue open for the others."""
-    from common.runtime.supervision import spawn_logged
-    from dispatcher.held_jobs import Holdings
-    from dispatcher.limits import Limits
-    from dispatcher.wiring import Wiring
-
-    await QueueStore(store.db).set_limits("tenants", {"fair": True})
-    a_jobs = await submit(store, ["a"] * 5)
-    (b_job,) = await submit(store, ["b"])
+async def dispatcher_limits(store: JobStore, settings: Settings) -> Limits:
+    """A dispatcher's view of the queues' limits, as it claims through them."""
     wiring = Wiring(
         settings=settings,
         store=store,
@@ -153,6 +146,18 @@ async def test_a_new_keys_job_is_claimed_out_of_turn_and_a_full_key_closes_nothi
     )
     limits = Limits(wiring, QueueStore(store.db))
     await limits.refresh()
+    return limits
+
+
+async def test_a_new_keys_job_is_claimed_out_of_turn_and_a_full_key_closes_nothing(
+    store: JobStore, settings: Settings
+) -> None:
+    """The dispatcher's urgent claim of a key it has nothing of (`only`): that key's job,
+    not the next in turn; a key with nothing due leaves the queue open for the others."""
+    await QueueStore(store.db).set_limits("tenants", {"fair": True})
+    a_jobs = await submit(store, ["a"] * 5)
+    (b_job,) = await submit(store, ["b"])
+    limits = await dispatcher_limits(store, settings)
     assert limits.keyed("tenants")
     tasks = frozenset({"noop"})
     # In turn, A's jobs came first (B's key was not heard of); out of turn, B's job.
@@ -163,3 +168,28 @@ async def test_a_new_keys_job_is_claimed_out_of_turn_and_a_full_key_closes_nothi
     assert nothing.jobs == [] and not nothing.blocked and limits.may_claim("tenants")
     more = await limits.claim("tenants", 2, tasks)
     assert [j.id for j in more.jobs] == a_jobs[:2]
+
+
+async def test_a_fair_queue_with_nothing_to_count_claims_by_turns_without_slots(
+    store: JobStore, settings: Settings
+) -> None:
+    queues = QueueStore(store.db)
+    await queues.set_limits("tenants", {"fair": True})
+    a_jobs = await submit(store, ["a"] * 3)
+    b_jobs = await submit(store, ["b"] * 3)
+    limits = await dispatcher_limits(store, settings)
+    tasks = frozenset({"noop"})
+    got = await limits.claim("tenants", 4, tasks)
+    # By turns: two of each key's best, not A's three first (submit order) ...
+    assert sorted(j.id for j in got.jobs) == sorted(a_jobs[:2] + b_jobs[:2])
+    # ... and no slot taken: nothing to count, nothing to give back.
+    doc = await store.db[QUEUES].find_one({"_id": "tenants"})
+    assert doc is not None and not doc.get("slots")
+    # With a per-key limit, the same queue's claims go through its slots.
+    await queues.set_limits("tenants", {"key_concurrency": 3})
+    await limits.refresh()
+    more = await limits.claim("tenants", 2, tasks)
+    assert sorted(j.id for j in more.jobs) == sorted([a_jobs[2], b_jobs[2]])
+    doc = await store.db[QUEUES].find_one({"_id": "tenants"})
+    assert doc is not None
+    assert {j.id for j in more.jobs} <= {slot["job"] for slot in doc["slots"]}
