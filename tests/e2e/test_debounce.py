@@ -56,7 +56,8 @@ async def test_a_hundred_concurrent_submits_through_two_apis_make_one_job_that_r
     assert job["result"] == last["payload"] == job["payload"]
     # It waited for the submits to go quiet: due 1.5 s after the last one, not before.
     assert when(job["started_at"]) >= when(last["run_at"])
-    assert [e for e in disp.events("job.completed") if e["job_id"] == job_id]
+    # Logged once the completion write is back: the API may show the job completed first.
+    wait_until(lambda: [e for e in disp.events("job.completed") if e["job_id"] == job_id])
     assert len(disp.events("task.started")) == 1
     # A submit after it ran starts a new job.
     fresh = http.post("/jobs", json={"task": "noop", "debounce_key": "doc-7", "debounce_s": 0.1})
