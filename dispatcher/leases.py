@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pymongo
+from prometheus_client import Counter
 from pymongo.errors import PyMongoError
 
 from common.domain.errors import LeaseLost
@@ -117,16 +119,7 @@ class LeaseKeeper:
                 continue
             if self.holdings.lease(lease.job_id) != lease:
                 continue  # that attempt is no longer held here
-            self._expired.add(_key(lease))
-            job = self.holdings.job(lease.job_id)
-            emit(
-                Event.LEASE_LOST,
-                level="warning",
-                **(job_fields(job) if job else {"job_id": lease.job_id}),
-                owner=self.owner,
-            )
-            LEASES_LOST.inc()
-            self.kill(lease.job_id, "lease_lost")
+            self._stop_attempt(lease, Event.LEASE_LOST, LEASES_LOST)
 
     # -- leases not renewed in time -----------------------------------------------------------
 
@@ -172,17 +165,26 @@ class LeaseKeeper:
         return True
 
     def _fence(self, lease: Lease) -> None:
-        self._expired.add(_key(lease))
-        job = self.holdings.job(lease.job_id)
-        emit(
+        self._stop_attempt(
+            lease,
             Event.LEASE_SELF_FENCED,
-            level="warning",
-            **(job_fields(job) if job else {"job_id": lease.job_id}),
-            owner=self.owner,
+            LEASES_SELF_FENCED,
             lease_seconds=self.settings.lease_seconds,
             reason="not renewed in time (MongoDB unreachable): stopped before the lease ends",
         )
-        LEASES_SELF_FENCED.inc()
+
+    def _stop_attempt(self, lease: Lease, event: Event, counter: Counter, **fields: Any) -> None:
+        """This attempt's lease is over (or may be): stop it once, saying why."""
+        self._expired.add(_key(lease))
+        job = self.holdings.job(lease.job_id)
+        emit(
+            event,
+            level="warning",
+            **(job_fields(job) if job else {"job_id": lease.job_id}),
+            owner=self.owner,
+            **fields,
+        )
+        counter.inc()
         self.kill(lease.job_id, "lease_lost")
 
     # -- watchdog --------------------------------------------------------------------------
