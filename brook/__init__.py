@@ -8,31 +8,72 @@ is created, and a task module only registers its tasks. `executor`, `dispatcher`
 `ingest` and `common` are internal packages; `brook` sits above them and none of them
 imports it, so a task module that imports `brook` is loaded without a cycle by the API,
 a dispatcher and each worker process.
+
+Each name is imported when it is first used (PEP 562), not with the package: the `brook`
+command imports `brook.cli`, and a command that only speaks HTTP (`brook ls`, `brook
+queue set`, ...) then starts without loading the client, PyMongo or the task runtime
+(about 0.1 s instead of 0.6 on a 2-core host).
 """
 
-from brook.client import AsyncClient, Client
-from common.domain.errors import (
-    BrookError,
-    ConfigError,
-    EmbeddedMongoError,
-    InvalidInput,
-    InvalidSession,
-    JobConflict,
-    JobNotFound,
-    LeaseLost,
-    Retry,
-    ScheduleNotFound,
-    TriggerNotFound,
-    UnknownTask,
-    WaitTimeout,
-)
-from common.domain.models import Job
-from common.domain.status import JobStatus
-from common.domain.steps import DuplicateStep, SignalTimeout, StepError
-from executor.context import SyncTaskContext, TaskContext
-from executor.registry import task
-from executor.schedules import schedule
-from executor.triggers import trigger
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker and an editor see; at run time, `__getattr__`
+    from brook.client import AsyncClient, Client
+    from common.domain.errors import (
+        BrookError,
+        ConfigError,
+        EmbeddedMongoError,
+        InvalidInput,
+        InvalidSession,
+        JobConflict,
+        JobNotFound,
+        LeaseLost,
+        Retry,
+        ScheduleNotFound,
+        TriggerNotFound,
+        UnknownTask,
+        WaitTimeout,
+    )
+    from common.domain.models import Job
+    from common.domain.status import JobStatus
+    from common.domain.steps import DuplicateStep, SignalTimeout, StepError
+    from executor.context import SyncTaskContext, TaskContext
+    from executor.registry import task
+    from executor.schedules import schedule
+    from executor.triggers import trigger
+
+# Where each public name lives.
+_ERRORS = "common.domain.errors"
+_HOME = {
+    "AsyncClient": "brook.client",
+    "Client": "brook.client",
+    "BrookError": _ERRORS,
+    "ConfigError": _ERRORS,
+    "EmbeddedMongoError": _ERRORS,
+    "InvalidInput": _ERRORS,
+    "InvalidSession": _ERRORS,
+    "JobConflict": _ERRORS,
+    "JobNotFound": _ERRORS,
+    "LeaseLost": _ERRORS,
+    "Retry": _ERRORS,
+    "ScheduleNotFound": _ERRORS,
+    "TriggerNotFound": _ERRORS,
+    "UnknownTask": _ERRORS,
+    "WaitTimeout": _ERRORS,
+    "Job": "common.domain.models",
+    "JobStatus": "common.domain.status",
+    "DuplicateStep": "common.domain.steps",
+    "SignalTimeout": "common.domain.steps",
+    "StepError": "common.domain.steps",
+    "SyncTaskContext": "executor.context",
+    "TaskContext": "executor.context",
+    "task": "executor.registry",
+    "schedule": "executor.schedules",
+    "trigger": "executor.triggers",
+}
 
 __all__ = [
     "AsyncClient",
@@ -61,3 +102,16 @@ __all__ = [
     "task",
     "trigger",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'brook' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -108,3 +108,23 @@ def test_every_package_is_installed_by_a_plain_pip_install() -> None:
     }
     assert "common.store.jobs" in found
     assert found <= listed, sorted(found - listed)
+
+
+def test_every_public_name_is_loaded_on_first_use_and_importing_brook_loads_none() -> None:
+    import brook as package
+
+    assert set(package.__all__) == set(package._HOME)
+    code = (
+        "import sys, brook, brook.cli; "
+        "print(sorted(m for m in ('pymongo', 'brook.client', 'executor.registry') if m in sys.modules)); "
+        "from brook import Client, task, Job; print(Client.__module__, task.__module__, Job.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "brook.client executor.registry Job"], out.stdout
+    try:
+        package.NoSuchThing  # noqa: B018
+    except AttributeError as err:
+        assert "NoSuchThing" in str(err)
+    else:
+        raise AssertionError("an unknown name must raise AttributeError")
