@@ -27,6 +27,12 @@ from common.store.db import REPLSET_NAME, embedded_ports, embedded_uri
 
 READY_TIMEOUT_S = 90.0
 PORT_FREE_WAIT_S = 5.0  # how long `up` waits for a port a dead member may still hold
+# How long the set keeps a change's pre-image (the API turns them on for the jobs
+# collection, for exact live events): an hour, not MongoDB's default of as long as the
+# oplog holds the change, a document in `config.system.preimages` per job update that only
+# a wrapping oplog clears (185,000 of them after a day of benches). An event read later
+# than this carries the job as a lookup finds it (docs/live.md).
+PREIMAGE_EXPIRY_S = 3600
 
 
 def find_mongod() -> Path:
@@ -66,6 +72,7 @@ class ReplicaSet:
     members: int = 3
     election_timeout_ms: int = 4000
     ttl_monitor_s: int = 1
+    preimage_expiry_s: int | None = PREIMAGE_EXPIRY_S
     extra_args: tuple[str, ...] = field(default=())
 
     @property
@@ -135,7 +142,25 @@ class ReplicaSet:
         self._initiate()
         if wait:
             self.wait_ready()
+            self._expire_preimages()
         return self.uri
+
+    def _expire_preimages(self) -> None:
+        """Give pre-images `preimage_expiry_s` to live (a cluster parameter, MongoDB 6.0+),
+        unless the set already says so."""
+        if self.preimage_expiry_s is None:
+            return
+        want = {"preAndPostImages": {"expireAfterSeconds": self.preimage_expiry_s}}
+        client: MongoClient[dict[str, Any]] = MongoClient(self.uri, serverSelectionTimeoutMS=30_000)
+        try:
+            got = client.admin.command("getClusterParameter", "changeStreamOptions")
+            params = got["clusterParameters"][0] if got.get("clusterParameters") else {}
+            if params.get("preAndPostImages") != want["preAndPostImages"]:
+                client.admin.command("setClusterParameter", {"changeStreamOptions": want})
+        except PyMongoError as exc:
+            raise EmbeddedMongoError(f"could not set the pre-images' expiry: {exc}") from exc
+        finally:
+            client.close()
 
     def _start_member(self, mongod: Path, index: int, port: int) -> None:
         data = self.node_dir(index)

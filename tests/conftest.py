@@ -70,6 +70,7 @@ EXTRA_PORT_SLOTS = {
     "failover": 6,
     "up_shutdown": 7,
     "hints": 8,
+    "preimages": 9,
 }
 
 

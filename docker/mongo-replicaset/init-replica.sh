@@ -92,6 +92,11 @@ const admin = db.getSiblingDB('admin');
 if (!admin.auth(process.env.MONGO_ROOT_USER, process.env.MONGO_ROOT_PASSWORD)) {
   print('mongo-init: authentication failed'); quit(1);
 }
+// Pre-images (the API turns them on for its jobs collection, for exact live events) live an
+// hour, not as long as the oplog holds their change (MongoDB's default).
+const images = { preAndPostImages: { expireAfterSeconds: 3600 } };
+admin.runCommand({ setClusterParameter: { changeStreamOptions: images } });
+print('mongo-init: change-stream pre-images expire after 3600 s');
 const brookDb = process.env.BROOK_DB;
 const role = {
   privileges: [

@@ -257,6 +257,14 @@ def test_compose_comes_up_from_nothing_and_runs_a_job_submitted_over_http(
     members = json.loads(project.mongosh("mongo1", "JSON.stringify(db.hello().hosts)") or "[]")
     assert sorted(members) == ["mongo1:27017", "mongo2:27017", "mongo3:27017"]
     assert project.primary() in {"mongo1", "mongo2", "mongo3"}
+    root = f"{project.env['MONGO_ROOT_USER']}:{project.env['MONGO_ROOT_PASSWORD']}"
+    expiry = project.mongosh(
+        "mongo1",
+        f"connect('mongodb://{root}@localhost:27017/admin')"
+        ".adminCommand({getClusterParameter: 'changeStreamOptions'})"
+        ".clusterParameters[0].preAndPostImages.expireAfterSeconds",
+    )
+    assert expiry.strip() == "3600", expiry  # pre-images live an hour, not as long as the oplog
 
     with project.http() as http:
         # The token is required: the API is never open on the published port.

@@ -16,7 +16,7 @@ import pytest
 from pymongo import MongoClient
 from pymongo.read_concern import ReadConcern
 
-from brook.replset import ReplicaSet
+from brook.replset import PREIMAGE_EXPIRY_S, ReplicaSet
 from tests.conftest import ROOT, TEST_PORT, Mongo, extra_port
 from tests.support.procs import pid_alive, wait_until
 
@@ -43,6 +43,41 @@ def embedded(mongo: Mongo, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def test_the_set_has_one_primary_and_two_secondaries(embedded: ReplicaSet) -> None:
     states = sorted(state for _, state in embedded.member_states())
     assert states == ["PRIMARY", "SECONDARY", "SECONDARY"]
+
+
+def test_the_set_keeps_a_pre_image_an_hour_not_as_long_as_the_oplog(embedded: ReplicaSet) -> None:
+    client: MongoClient[dict[str, Any]] = MongoClient(embedded.uri)
+    try:
+        got = client.admin.command("getClusterParameter", "changeStreamOptions")
+    finally:
+        client.close()
+    images = got["clusterParameters"][0]["preAndPostImages"]
+    assert images == {"expireAfterSeconds": PREIMAGE_EXPIRY_S} and PREIMAGE_EXPIRY_S == 3600
+
+
+def test_pre_images_older_than_the_expiry_are_removed(tmp_path: Path) -> None:
+    """What the hour above relies on: MongoDB removes expired pre-images (here after 1 s,
+    its remover woken every second instead of every 10)."""
+    rs = ReplicaSet(
+        home=tmp_path,
+        base_port=extra_port("preimages"),
+        members=1,
+        preimage_expiry_s=1,
+        extra_args=("--setParameter", "expiredChangeStreamPreImageRemovalJobSleepSecs=1"),
+    )
+    rs.up()
+    client: MongoClient[dict[str, Any]] = MongoClient(rs.uri, w="majority")
+    try:
+        db = client["t_preimages"]
+        db.create_collection("jobs", changeStreamPreAndPostImages={"enabled": True})
+        db.jobs.insert_many([{"_id": i, "n": 0} for i in range(50)])
+        db.jobs.update_many({}, {"$inc": {"n": 1}})
+        images = client["config"]["system.preimages"]
+        assert images.count_documents({}) == 50
+        wait_until(lambda: images.count_documents({}) == 0, timeout=30)
+    finally:
+        client.close()
+        rs.down()
 
 
 def test_a_majority_write_is_readable_from_a_secondary(embedded: ReplicaSet, db_name: str) -> None:
