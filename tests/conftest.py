@@ -70,13 +70,18 @@ EXTRA_PORT_SLOTS = {
     "failover": 6,
     "up_shutdown": 7,
     "hints": 8,
-    "preimages": 9,
 }
+# Slot 8 ends at TEST_PORT + 99: a one-member set of a test's own takes a spare port of the
+# first ten instead (the shared sets take +0..+2 and +6; +3..+5 are the embedded tests'
+# stand-in set under another backend).
+SPARE_ONE_MEMBER_PORT = TEST_PORT + 8
 
 
 def extra_port(name: str) -> int:
     """The base port of the extra replica set (or `brook up`) called `name`."""
-    return TEST_PORT + 10 + 10 * EXTRA_PORT_SLOTS[name]
+    slot = EXTRA_PORT_SLOTS[name]
+    assert 10 + 10 * slot + 9 < 100, f"slot {slot} would reach the next worker's ports"
+    return TEST_PORT + 10 + 10 * slot
 
 
 # The shared sets' journals: no two 100 MB log files made ahead per member (MongoDB's

@@ -17,7 +17,7 @@ from pymongo import MongoClient
 from pymongo.read_concern import ReadConcern
 
 from brook.replset import PREIMAGE_EXPIRY_S, ReplicaSet
-from tests.conftest import ROOT, TEST_PORT, Mongo, extra_port
+from tests.conftest import ROOT, SPARE_ONE_MEMBER_PORT, TEST_PORT, Mongo, extra_port
 from tests.support.procs import pid_alive, wait_until
 
 
@@ -60,7 +60,7 @@ def test_pre_images_older_than_the_expiry_are_removed(tmp_path: Path) -> None:
     its remover woken every second instead of every 10)."""
     rs = ReplicaSet(
         home=tmp_path,
-        base_port=extra_port("preimages"),
+        base_port=SPARE_ONE_MEMBER_PORT,
         members=1,
         preimage_expiry_s=1,
         extra_args=("--setParameter", "expiredChangeStreamPreImageRemovalJobSleepSecs=1"),
