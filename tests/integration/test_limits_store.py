@@ -4,6 +4,7 @@ releases, pruning, the rate window, pause, adoption, and what the plain claim pa
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -13,6 +14,7 @@ from common.domain.models import JobSpec
 from common.domain.queues import RATE_START_MARGIN_S
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore, Lease
+from common.store.jobs.claims import PENDING_QUEUES
 from common.store.queries import CLAIM_SORT, claim_filter, claim_index
 from common.store.queues import QueueStore
 
@@ -287,10 +289,22 @@ async def test_a_backlog_in_a_limited_queue_costs_the_plain_claim_nothing(
     assert job is not None and job.id == mine
     after = datetime.now(UTC) - timedelta(seconds=1)
     assert await store.next_due(tasks=tasks, exclude={"fragile"}, after=after) is None
+    # The queues with pending jobs: a seek per queue on `claim_by_queue`, not a read of the
+    # backlog (left to itself, the planner scanned `claim_order`: every pending job).
     distinct = await store.db.command(
-        "explain", {"distinct": "jobs", "key": "queue", "query": {"status": "pending"}}
+        "explain",
+        {
+            "aggregate": "jobs",
+            "pipeline": list(PENDING_QUEUES),
+            "hint": "claim_by_queue",
+            "cursor": {},
+        },
+        verbosity="executionStats",
     )
-    assert "DISTINCT_SCAN" in str(distinct["queryPlanner"]["winningPlan"])
+    plan = str(distinct)
+    assert "DISTINCT_SCAN" in plan and "'claim_by_queue'" in plan, plan
+    [keys] = [int(n) for n in re.findall(r"'totalKeysExamined': (\d+)", plan)][:1]
+    assert keys <= 4, keys  # two queues; not the 501 pending jobs
 
 
 async def test_the_queue_stream_names_each_change_and_the_fields_it_touched(

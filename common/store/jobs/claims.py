@@ -19,6 +19,12 @@ from common.store.fields import P, R, as_claimed
 from common.store.jobs.base import JOBS, JobsCollection
 from common.store.queries import CLAIM_SORT, claim_filter, claim_index
 
+# The queues with pending jobs, as a distinct scan of `claim_by_queue` (hint it).
+PENDING_QUEUES: tuple[dict[str, Any], ...] = (
+    {"$match": {"status": P}},
+    {"$sort": {"status": 1, "queue": 1}},
+    {"$group": {"_id": "$queue"}},
+)
 
 class JobClaims(JobsCollection):
     """Claims: pending → running, and where to look for due work."""
@@ -118,8 +124,14 @@ class JobClaims(JobsCollection):
         return doc["run_at"] if doc is not None else None
 
     async def pending_queues(self) -> set[str]:
-        """The queues that hold pending jobs (one distinct scan of `claim_by_queue`)."""
-        return {str(q) for q in await self.jobs.distinct("queue", {"status": P})}
+        """The queues that hold pending jobs: one distinct scan of `claim_by_queue`, a seek
+        per queue. Asked as a `$group` on that index's order with the index named: left to
+        itself, the planner answered `distinct("queue", ...)` with a scan of `claim_order`,
+        where the queue comes after the priority, the due time and the id, so it read every
+        pending job (2.7 s at a million, on the claim path of every queue with limits)."""
+        pipeline = list(PENDING_QUEUES)
+        docs = await (await self.jobs.aggregate(pipeline, hint="claim_by_queue")).to_list()
+        return {str(doc["_id"]) for doc in docs}
 
     async def candidates(
         self, limit: int, *, tasks: Collection[str] | None, queue: str
