@@ -260,9 +260,9 @@ def test_compose_comes_up_from_nothing_and_runs_a_job_submitted_over_http(
     root = f"{project.env['MONGO_ROOT_USER']}:{project.env['MONGO_ROOT_PASSWORD']}"
     expiry = project.mongosh(
         "mongo1",
-        f"connect('mongodb://{root}@localhost:27017/admin')"
+        f"Number(connect('mongodb://{root}@localhost:27017/admin')"
         ".adminCommand({getClusterParameter: 'changeStreamOptions'})"
-        ".clusterParameters[0].preAndPostImages.expireAfterSeconds",
+        ".clusterParameters[0].preAndPostImages.expireAfterSeconds)",  # not Long('3600')
     )
     assert expiry.strip() == "3600", expiry  # pre-images live an hour, not as long as the oplog
 
