@@ -4,7 +4,6 @@ and what a take shows of the keys (full, out of starts) makes them wait their tu
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -124,6 +123,7 @@ class KeyedClaims:
         queue: str,
         ids: list[str],
         keys: Mapping[str, str | None] | None,
+        tag: str,
         owner: str,
         lease_s: float,
     ) -> list[Job]:
@@ -131,9 +131,7 @@ class KeyedClaims:
         candidates, in the turns' order, claimed directly (no slots to take, settle or give
         back: one write fewer per claim, none per finished job); the keys served go to the
         back of the turns."""
-        jobs = await self.store.claim_tagged(
-            owner, lease_s, ids, secrets.token_hex(8), NO_CLAIM_DEADLINE
-        )
+        jobs = await self.store.claim_tagged(owner, lease_s, ids, tag, NO_CLAIM_DEADLINE)
         turns = self.turns.get(queue)
         if turns is not None and keys is not None:
             turns.served([keys[i] for i in ids])

@@ -284,7 +284,7 @@ class Limits:
         tag = secrets.token_hex(8)
         if limits is not None and limits.slotless:  # fair alone: nothing to count
             lease = self.settings.lease_seconds
-            got = await self.keys.claim_slotless(queue, ids[:n], keys, self.owner, lease)
+            got = await self.keys.claim_slotless(queue, ids[:n], keys, tag, self.owner, lease)
             self.gates.claimed(queue)
             return LimitedClaim(queue=queue, jobs=got, dry=dry and len(got) < n)
         taken = await self._take(queue, ids, tag, n, keys)

@@ -95,8 +95,12 @@ if (!admin.auth(process.env.MONGO_ROOT_USER, process.env.MONGO_ROOT_PASSWORD)) {
 // Pre-images (the API turns them on for its jobs collection, for exact live events) live an
 // hour, not as long as the oplog holds their change (MongoDB's default).
 const images = { preAndPostImages: { expireAfterSeconds: 3600 } };
-admin.runCommand({ setClusterParameter: { changeStreamOptions: images } });
-print('mongo-init: change-stream pre-images expire after 3600 s');
+const set = admin.runCommand({ setClusterParameter: { changeStreamOptions: images } });
+if (set.ok === 1) {
+  print('mongo-init: change-stream pre-images expire after 3600 s');
+} else {
+  print('mongo-init: WARNING: pre-images keep MongoDB\'s default expiry: ' + set.errmsg);
+}
 const brookDb = process.env.BROOK_DB;
 const role = {
   privileges: [

@@ -26,6 +26,7 @@ PENDING_QUEUES: tuple[dict[str, Any], ...] = (
     {"$group": {"_id": "$queue"}},
 )
 
+
 class JobClaims(JobsCollection):
     """Claims: pending → running, and where to look for due work."""
 
