@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from datetime import datetime
 from typing import Any
@@ -20,17 +19,12 @@ from common.store.jobs import JobStore
 from executor import registry
 from tests.conftest import brook_env
 from tests.e2e.conftest import JSON, Cluster, wait_terminal
-from tests.support.procs import wait_until
+from tests.support.procs import brook_cli, wait_until
 
 
 def brook(cluster: Cluster, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "brook.cli", *args],
-        env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **env)
+    return brook_cli(*args, env=env, timeout=120)
 
 
 def nested(depth: int) -> dict[str, Any]:

@@ -9,17 +9,11 @@ import httpx
 
 from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster
+from tests.support.procs import brook_cli
 
 
 def brook(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port))
-    return subprocess.run(
-        [sys.executable, "-m", "brook.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return brook_cli(*args, env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port)))
 
 
 def test_brook_ls_pages_with_limit_and_after(cluster: Cluster, http: httpx.Client) -> None:

@@ -18,17 +18,12 @@ from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_events import LIVE, api, dispatcher, submit
 from tests.support.metrics import value
-from tests.support.procs import wait_until
+from tests.support.procs import brook_cli, wait_until
 
 
 def brook(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "brook.cli", *args],
-        env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **LIVE),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **LIVE)
+    return brook_cli(*args, env=env)
 
 
 def test_submit_wait_streams_progress_as_plain_lines_and_prints_the_result(

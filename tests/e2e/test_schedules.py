@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import datetime, timedelta
@@ -20,9 +19,9 @@ import httpx
 from common.domain.schedules import tick_key
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore
-from tests.conftest import ROOT, brook_env
+from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster
-from tests.support.procs import BrookProcess, wait_until
+from tests.support.procs import BrookProcess, brook_cli, wait_until
 
 SCHEDULED = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.scheduled"}
 SECOND = timedelta(seconds=1)
@@ -65,15 +64,7 @@ def submitted(procs: list[BrookProcess], name: str) -> Counter[str]:
 
 
 def brook(settings: Settings, port: int, *args: str) -> subprocess.CompletedProcess[str]:
-    env = brook_env(settings, BROOK_API_PORT=str(port))
-    return subprocess.run(
-        [sys.executable, "-m", "brook.cli", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    return brook_cli(*args, env=brook_env(settings, BROOK_API_PORT=str(port)), timeout=30)
 
 
 async def test_a_one_second_schedule_on_three_dispatchers_gives_exactly_one_job_per_tick(
@@ -202,14 +193,7 @@ def test_a_schedule_naming_an_unknown_task_stops_the_dispatcher_with_one_line(
     settings: Settings,
 ) -> None:
     env = brook_env(settings, BROOK_TASKS="tests.tasks.basic,tests.tasks.scheduled_unknown")
-    proc = subprocess.run(
-        [sys.executable, "-m", "brook.cli", "dispatcher"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = brook_cli("dispatcher", env=env)
     assert proc.returncode == 2
     assert proc.stderr.startswith(
         "brook: error: schedule 'orphan' names unknown task 'no-such-task'; known tasks: "

@@ -13,7 +13,6 @@ import json
 import statistics
 import struct
 import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -21,12 +20,12 @@ from typing import Any
 import httpx
 
 from common.store.jobs import JobStore
-from tests.conftest import ROOT, brook_env
+from tests.conftest import brook_env
 from tests.e2e.conftest import JSON, Cluster
 from tests.support.failpoints import fail_nothing
 from tests.support.http import TLS
 from tests.support.metrics import value
-from tests.support.procs import wait_until
+from tests.support.procs import brook_cli, wait_until
 from tests.support.sse import read_events
 
 MIB = 1024 * 1024
@@ -98,14 +97,7 @@ def test_no_hostile_body_stalls_healthz_and_each_is_refused_within_a_second(
 
 def run_brook(cluster: Cluster, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     full = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **env)
-    return subprocess.run(
-        [sys.executable, "-m", "brook.cli", *args],
-        env=full,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return brook_cli(*args, env=full)
 
 
 def test_an_empty_or_blank_token_is_refused_at_start_with_one_line_and_exit_2(

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import subprocess
-import sys
 import time
 from collections import Counter
 from typing import Any
@@ -26,9 +25,9 @@ from common.runtime.settings import Settings
 from common.store.db import database, make_client
 from common.store.jobs import JobStore
 from common.store.triggers import TriggerStore
-from tests.conftest import ROOT, Mongo, brook_env, extra_port
+from tests.conftest import Mongo, brook_env, extra_port
 from tests.e2e.conftest import Cluster, free_port
-from tests.support.procs import BrookProcess, wait_until
+from tests.support.procs import BrookProcess, brook_cli, wait_until
 
 TRIGGERED = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.triggered", "BROOK_CONCURRENCY": "1"}
 NAME = "paid-orders"
@@ -97,15 +96,7 @@ def step_down(mongo: Mongo) -> None:
 
 
 def brook(settings: Settings, port: int, *args: str) -> subprocess.CompletedProcess[str]:
-    env = brook_env(settings, BROOK_API_PORT=str(port))
-    return subprocess.run(
-        [sys.executable, "-m", "brook.cli", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    return brook_cli(*args, env=brook_env(settings, BROOK_API_PORT=str(port)), timeout=30)
 
 
 # Set BROOK_TEST_TRIGGER_INSERTS to run the exactly-once test at another size (the issue's
@@ -271,14 +262,7 @@ def test_a_bad_trigger_stops_the_dispatcher_with_one_line(
     settings: Settings, module: str, line: str
 ) -> None:
     env = brook_env(settings, BROOK_TASKS=f"tests.tasks.basic,tests.tasks.{module}")
-    proc = subprocess.run(
-        [sys.executable, "-m", "brook.cli", "dispatcher"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = brook_cli("dispatcher", env=env)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(line), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""

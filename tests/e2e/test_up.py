@@ -18,7 +18,7 @@ from brook.replset import ReplicaSet
 from tests.conftest import ROOT, extra_port
 from tests.e2e.conftest import free_port
 from tests.support.http import TLS
-from tests.support.procs import pid_alive, wait_until
+from tests.support.procs import brook_cli, pid_alive, wait_until
 
 
 @pytest.mark.timeout(330)  # its own waits: 90 + 30 + 60 + 30 + 60 + 40 s
@@ -55,13 +55,7 @@ def test_brook_up_runs_everything_restarts_a_killed_dispatcher_and_ctrl_c_cleans
         ]
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "brook.cli", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return brook_cli(*args, env=env)
 
     try:
         wait_until(lambda: events("up.started"), timeout=90)

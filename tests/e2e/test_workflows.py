@@ -5,7 +5,6 @@ lose no release when the dispatcher dies between a parent's completion and its c
 from __future__ import annotations
 
 import subprocess
-import sys
 from typing import Any
 
 import httpx
@@ -16,7 +15,7 @@ from common.store.jobs import JobStore
 from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster, wait_terminal
 from tests.support.checker import check_history
-from tests.support.procs import BrookProcess, wait_until
+from tests.support.procs import BrookProcess, brook_cli, wait_until
 
 TASKS = "tests.tasks.basic,tests.tasks.workflow"
 
@@ -203,8 +202,7 @@ def test_the_cli_submits_with_depends_on_and_lists_waiting_jobs(
 
     def brook(*args: str) -> subprocess.CompletedProcess[str]:
         env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), BROOK_TASKS=TASKS)
-        cmd = [sys.executable, "-m", "brook.cli", *args]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        return brook_cli(*args, env=env)
 
     out = brook("submit", "noop", "--depends-on", parent, "--run-on-parent-failure")
     assert out.returncode == 0, out.stderr

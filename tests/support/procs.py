@@ -14,10 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from brook.replset import pid_alive
+from tests.support import launcher
+from tests.support.launcher import Forked
 
-__all__ = ["BrookProcess", "pid_alive", "wait_until"]
+__all__ = ["BrookProcess", "brook_cli", "pid_alive", "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[2]
+# Forked from the test run's launcher, imports done (`launcher.py`); `brook up` is started as
+# a new interpreter, as a user starts it (its roles are its own children).
+FORKED_ROLES = frozenset({"api", "dispatcher"})
 # `python -m brook.cli ROLE`, after asking Linux to SIGKILL the role when its parent (this
 # test run) dies. Set in the child after exec: a `preexec_fn` is unsafe in a process with
 # threads, as pytest's is (PyMongo's monitors).
@@ -43,6 +48,10 @@ class BrookProcess:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._read_to = 0  # logs(): how far the log has been read and parsed
         self._parsed: list[dict[str, Any]] = []
+        self.proc: subprocess.Popen[bytes] | Forked
+        if role in FORKED_ROLES and launcher.wanted():
+            self.proc = Forked([role], env, ROOT, log_path)
+            return
         if threading.current_thread() is threading.main_thread():
             argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), role]
         else:
@@ -128,13 +137,30 @@ class BrookProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
-        return self.proc.returncode
+        return self.proc.wait()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self._log.close()
+
+
+def brook_cli(
+    *args: str, env: dict[str, str], cwd: Path = ROOT, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`brook ARGS...` run to its end, its stdout and stderr captured as text: forked from the
+    launcher, with its imports done, or a new interpreter (`launcher.wanted()`)."""
+    if launcher.wanted():
+        return launcher.run(list(args), env, cwd, timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "brook.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05) -> Any:
