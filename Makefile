@@ -32,7 +32,7 @@ browser:
 ## Run the whole test suite against a real replica set, in TEST_WORKERS processes (pytest-xdist;
 ## each has a replica set of its own, see tests/conftest.py). Most tests wait on processes and
 ## MongoDB, not on the CPU: more workers than cores pay off. TEST_WORKERS=0 runs in one process.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 6
 ## The docker tests (tests/docker) need a Docker engine: install and start one when missing
 ## (docker/engine.sh, as root or through sudo). Without one they fail, saying why; never skip.
 engine:

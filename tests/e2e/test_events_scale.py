@@ -111,21 +111,20 @@ def test_a_client_that_stops_reading_is_dropped_without_slowing_the_others(
     cluster: Cluster, http: httpx.Client
 ) -> None:
     proc = api(cluster, BROOK_SSE_BUFFER="20")
-    stalled = socket.socket()
-    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    stalled.connect(("127.0.0.1", cluster.port))
-    stalled.sendall(b"GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n")
-    reader = Reader(f"{cluster.api_url}/events", timeout=120)
-    assert reader.connected.wait(10)
-    wait_until(lambda: value(http.get("/metrics").text, "brook_sse_clients") == 2, timeout=10)
-    before = rss_mb(proc.pid)
-    payload = {"blob": "x" * 50_000}  # 300 events of ~50 kB: far more than socket buffers hold
-    ids = [http.post("/jobs", json={"task": "echo", "payload": payload}).json()["id"] for _ in range(300)]
-    wait_until(lambda: len(by_job(reader.events)) == 300, timeout=60)
-    proc.wait_for_event("sse.client_dropped", timeout=10)
-    wait_until(lambda: value(http.get("/metrics").text, "brook_sse_clients") == 1, timeout=10)
-    text = http.get("/metrics").text
-    assert value(text, "brook_sse_dropped_total") == 1
-    assert rss_mb(proc.pid) - before < 40, (before, rss_mb(proc.pid))
-    assert sorted(by_job(reader.stop())) == sorted(ids)
-    stalled.close()
+    with socket.socket() as stalled:  # closed however the test ends
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", cluster.port))
+        stalled.sendall(b"GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n")
+        reader = Reader(f"{cluster.api_url}/events", timeout=120)
+        assert reader.connected.wait(10)
+        wait_until(lambda: value(http.get("/metrics").text, "brook_sse_clients") == 2, timeout=10)
+        before = rss_mb(proc.pid)
+        payload = {"blob": "x" * 50_000}  # 300 events of ~50 kB: far more than socket buffers hold
+        ids = [http.post("/jobs", json={"task": "echo", "payload": payload}).json()["id"] for _ in range(300)]
+        wait_until(lambda: len(by_job(reader.events)) == 300, timeout=60)
+        proc.wait_for_event("sse.client_dropped", timeout=10)
+        wait_until(lambda: value(http.get("/metrics").text, "brook_sse_clients") == 1, timeout=10)
+        text = http.get("/metrics").text
+        assert value(text, "brook_sse_dropped_total") == 1
+        assert rss_mb(proc.pid) - before < 40, (before, rss_mb(proc.pid))
+        assert sorted(by_job(reader.stop())) == sorted(ids)
