@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from common.runtime.settings import Settings
 from tests.conftest import brook_env
 from tests.support.http import TLS
-from tests.support.procs import BrookProcess, pid_alive, wait_until
+from tests.support.procs import BrookProcess, brook_cli, pid_alive, wait_until
 
 JSON = {"Content-Type": "application/json"}  # what a request body must be
 
@@ -35,12 +36,20 @@ class Cluster:
         self.port = free_port()
         self.api_url = f"http://127.0.0.1:{self.port}"
 
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of a `brook` process of this test: its settings, this API's port."""
+        return brook_env(self.settings, **{"BROOK_API_PORT": str(self.port), **extra})
+
     def start(self, role: str, **env: str) -> BrookProcess:
-        extra = {"BROOK_API_PORT": str(self.port), **env}
         n = len(self.procs)
-        proc = BrookProcess(role, brook_env(self.settings, **extra), self.tmp / f"{role}-{n}.log")
+        proc = BrookProcess(role, self.env(**env), self.tmp / f"{role}-{n}.log")
         self.procs.append(proc)
         return proc
+
+    def cli(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """`brook ARGS...` against this test's API, run to its end (60 s at most), its output
+        captured."""
+        return brook_cli(*args, env=self.env(**env))
 
     def api(self, **env: str) -> BrookProcess:
         proc = self.start("api", **env)

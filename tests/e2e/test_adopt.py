@@ -17,14 +17,12 @@ from common.domain.models import JobSpec
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore
 from executor import registry
-from tests.conftest import brook_env
 from tests.e2e.conftest import JSON, Cluster, wait_terminal
 from tests.support.procs import brook_cli, wait_until
 
 
 def brook(cluster: Cluster, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **env)
-    return brook_cli(*args, env=env, timeout=120)
+    return brook_cli(*args, env=cluster.env(**env), timeout=120)
 
 
 def nested(depth: int) -> dict[str, Any]:

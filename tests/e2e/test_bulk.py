@@ -11,7 +11,6 @@ import httpx
 
 from common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster
-from tests.e2e.test_cli import brook
 from tests.e2e.test_faults import wait_all_terminal
 from tests.support.procs import wait_until
 
@@ -30,10 +29,10 @@ async def test_brook_retry_by_error_type_after_a_batch_of_failures(
     until = datetime.now(UTC).isoformat()  # the failures of this batch, not those after
     args = ["retry", "--status", "failed", "--error-type", kind, "--since", since]
     args += ["--until", until]
-    dry = brook(cluster, *args, "--dry-run")
+    dry = cluster.cli(*args, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert json.loads(dry.stdout) == {"count": 6}
-    done = brook(cluster, *args)
+    done = cluster.cli(*args)
     assert done.returncode == 0 and json.loads(done.stdout) == {"count": 6}, done.stderr
     # Each ran again (a second attempt) and failed again; the crashes were left alone.
     wait_until(lambda: len(disp.events("job.failed")) >= 14, timeout=90)
@@ -43,11 +42,11 @@ async def test_brook_retry_by_error_type_after_a_batch_of_failures(
     for job_id in ids[6:]:
         assert (await store.get(job_id)).attempts == 1
     # The same request again: the failures it named were retried; nothing more changes.
-    again = brook(cluster, *args)
+    again = cluster.cli(*args)
     assert json.loads(again.stdout) == {"count": 0}
     # Without the upper bound, the second failures match.
-    assert json.loads(brook(cluster, *args[:-2], "--dry-run").stdout) == {"count": 6}
-    bad = brook(cluster, "retry")
+    assert json.loads(cluster.cli(*args[:-2], "--dry-run").stdout) == {"count": 6}
+    bad = cluster.cli("retry")
     assert bad.returncode == 2 and "filter" in bad.stderr
 
 

@@ -7,13 +7,7 @@ import sys
 
 import httpx
 
-from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster
-from tests.support.procs import brook_cli
-
-
-def brook(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return brook_cli(*args, env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port)))
 
 
 def test_brook_ls_pages_with_limit_and_after(cluster: Cluster, http: httpx.Client) -> None:
@@ -22,7 +16,7 @@ def test_brook_ls_pages_with_limit_and_after(cluster: Cluster, http: httpx.Clien
     seen: list[list[str]] = []
     after: list[str] = []
     while True:
-        out = brook(cluster, "ls", "--limit", "2", *after)
+        out = cluster.cli("ls", "--limit", "2", *after)
         assert out.returncode == 0, out.stderr
         seen.append([line.split()[0] for line in out.stdout.splitlines()])
         hint = out.stderr.strip()
@@ -37,16 +31,16 @@ def test_brook_ls_filters_by_status(cluster: Cluster, http: httpx.Client) -> Non
     cluster.api()
     job = http.post("/jobs", json={"task": "noop"}).json()["id"]
     assert http.post(f"/jobs/{job}/cancel").status_code == 200
-    cancelled = brook(cluster, "ls", "--status", "cancelled")
+    cancelled = cluster.cli("ls", "--status", "cancelled")
     assert cancelled.returncode == 0 and cancelled.stdout.split()[:2] == [job, "cancelled"]
-    assert brook(cluster, "ls", "--status", "pending").stdout == ""
+    assert cluster.cli("ls", "--status", "pending").stdout == ""
 
 
 def test_brook_piped_into_a_reader_that_stops_ends_quietly(cluster: Cluster, http: httpx.Client) -> None:
     cluster.api()
     for _ in range(3):
         http.post("/jobs", json={"task": "noop"})
-    env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port))
+    env = cluster.env()
     # `true` reads nothing and exits at once: every line `brook ls` writes meets a closed pipe.
     out = subprocess.run(
         ["bash", "-c", f"set -o pipefail; {sys.executable} -m brook.cli ls | true"],

@@ -14,16 +14,14 @@ import time
 
 import httpx
 
-from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_events import LIVE, api, dispatcher, submit
 from tests.support.metrics import value
-from tests.support.procs import brook_cli, wait_until
+from tests.support.procs import wait_until
 
 
 def brook(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **LIVE)
-    return brook_cli(*args, env=env)
+    return cluster.cli(*args, **LIVE)
 
 
 def test_submit_wait_streams_progress_as_plain_lines_and_prints_the_result(
@@ -53,7 +51,7 @@ def test_submit_wait_draws_a_progress_bar_on_a_terminal(cluster: Cluster) -> Non
         out = subprocess.run(
             [sys.executable, "-m", "brook.cli", "submit", "steps", "--wait",
              "--payload", '{"steps": 2, "seconds": 1}'],
-            env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **LIVE),
+            env=cluster.env(**LIVE),
             stdout=subprocess.PIPE,
             stderr=terminal,
             text=True,
@@ -89,7 +87,7 @@ def test_watch_follows_one_job_to_its_end_or_every_matching_job(
     cluster: Cluster, http: httpx.Client
 ) -> None:
     api(cluster)
-    env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **LIVE)
+    env = cluster.env(**LIVE)
     everything = subprocess.Popen(
         [sys.executable, "-m", "brook.cli", "watch", "--task", "echo", "--json"],
         env=env,
@@ -131,7 +129,7 @@ def test_submit_wait_rides_out_an_api_restart_without_missing_the_end(cluster: C
     waiting = subprocess.Popen(
         [sys.executable, "-m", "brook.cli", "submit", "steps", "--wait",
          "--payload", '{"steps": 3, "seconds": 3}'],
-        env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **LIVE),
+        env=cluster.env(**LIVE),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

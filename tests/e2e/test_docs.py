@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from common.runtime.settings import Settings
-from tests.conftest import brook_env, set_of
+from tests.conftest import set_of
 from tests.e2e.conftest import Cluster
 from tests.support.docblocks import (
     OPTIONS,
@@ -70,7 +70,7 @@ def run_console_block(block: Block, cluster: Cluster, cwd: Path) -> list[str]:
     script = ["set -u"]
     for i, c in enumerate(commands):
         script += [f"printf '%s\\n' '{MARK.format(i)}'", f"{{ {c.command.replace(DOCS_API, api)}\n}}"]
-    env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port))
+    env = cluster.env()
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     done = subprocess.run(
         ["bash", "-c", "\n".join(script)],

@@ -21,7 +21,6 @@ from common.domain.models import Doc, JobSpec
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster, free_port
-from tests.e2e.test_cli import brook
 from tests.support.procs import BrookProcess, wait_until
 from tests.support.sse import read_events
 
@@ -427,12 +426,12 @@ async def test_brook_signal_wakes_a_waiting_plain_def_task(
     cluster.dispatcher(**DURABLE)
     job_id = await submit(store, "sync_waiter", {"key": "webhook:7"})
     await suspended(store, job_id)
-    out = brook(cluster, "signal", "webhook:7", "--payload", '{"paid": 12.5}')
+    out = cluster.cli("signal", "webhook:7", "--payload", '{"paid": 12.5}')
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"woken": 1}
     job = await finished(store, job_id)
     assert job.status == "completed" and job.result == {"signal": {"paid": 12.5}}
-    bad = brook(cluster, "signal", "no spaces", "--payload", "1")
+    bad = cluster.cli("signal", "no spaces", "--payload", "1")
     assert bad.returncode != 0 and "422" in bad.stderr
 
 

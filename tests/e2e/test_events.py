@@ -16,7 +16,6 @@ from pymongo.errors import PyMongoError
 
 from common.domain.models import JobSpec
 from common.store.jobs import JobStore
-from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster, free_port
 from tests.support.procs import BrookProcess, wait_until
 from tests.support.sse import Ev, Reader, by_job, read_events
@@ -229,7 +228,7 @@ def test_event_streams_need_the_token_like_every_other_endpoint(
 def test_an_api_whose_event_hub_crashes_stops_loudly(cluster: Cluster) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "tests.support.crashing_api"],
-        env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port)),
+        env=cluster.env(),
         capture_output=True,
         text=True,
         timeout=60,

@@ -133,7 +133,7 @@ async def test_pause_starts_nothing_new_lets_running_jobs_finish_and_resume_rest
     disp = cluster.dispatcher(BROOK_CONCURRENCY="4")
     first = await submit(store, "sleep", 2, queue="batch", payload={"seconds": 2})
     wait_until(lambda: len(disp.events("task.started")) == 2, timeout=20)
-    paused = brook_cli(cluster, "queue", "pause", "batch")
+    paused = cluster.cli("queue", "pause", "batch")
     assert paused.returncode == 0, paused.stderr
     queues = QueueStore(store.db)
     paused_at = await updated_at(queues, "batch")
@@ -141,9 +141,9 @@ async def test_pause_starts_nothing_new_lets_running_jobs_finish_and_resume_rest
     await wait_all_terminal(store, 2, timeout=20)  # the running jobs finish
     await asyncio.sleep(1.5)  # and nothing new starts, though workers are free
     assert [(await store.get(j)).status for j in later] == ["pending"] * 3
-    listed = brook_cli(cluster, "queue", "ls")
+    listed = cluster.cli("queue", "ls")
     assert "paused" in listed.stdout and "batch" in listed.stdout
-    resumed = brook_cli(cluster, "queue", "resume", "batch")
+    resumed = cluster.cli("queue", "resume", "batch")
     assert resumed.returncode == 0, resumed.stderr
     resumed_at = await updated_at(queues, "batch")
     await wait_all_terminal(store, 5, timeout=20)  # resume wakes the dispatcher at once
@@ -158,12 +158,6 @@ async def updated_at(queues: QueueStore, name: str) -> Any:
     doc = await queues.queues.find_one({"_id": name})
     assert doc is not None
     return doc["updated_at"]
-
-
-def brook_cli(cluster: Cluster, *args: str) -> Any:
-    from tests.e2e.test_cli import brook
-
-    return brook(cluster, *args)
 
 
 # -- dead dispatchers --------------------------------------------------------------------------
@@ -447,14 +441,14 @@ async def test_the_cli_sets_shows_pauses_resumes_and_clears_limits(
     cluster: Cluster, http: httpx.Client
 ) -> None:
     cluster.api()
-    out = brook_cli(cluster, "queue", "set", "emails", "--concurrency", "2", "--rate", "10/1s")
+    out = cluster.cli("queue", "set", "emails", "--concurrency", "2", "--rate", "10/1s")
     assert out.returncode == 0, out.stderr
-    listed = brook_cli(cluster, "queue", "ls").stdout
+    listed = cluster.cli("queue", "ls").stdout
     assert "concurrency=2 (0 in use) rate=10/1s" in listed
-    assert brook_cli(cluster, "queue", "pause", "emails").returncode == 0
-    assert "paused" in brook_cli(cluster, "queue", "ls").stdout
-    assert brook_cli(cluster, "queue", "resume", "emails").returncode == 0
-    out = brook_cli(cluster, "queue", "set", "emails", "--concurrency", "none", "--rate", "none")
+    assert cluster.cli("queue", "pause", "emails").returncode == 0
+    assert "paused" in cluster.cli("queue", "ls").stdout
+    assert cluster.cli("queue", "resume", "emails").returncode == 0
+    out = cluster.cli("queue", "set", "emails", "--concurrency", "none", "--rate", "none")
     assert out.returncode == 0, out.stderr
     [emails] = [q for q in http.get("/queues").json()["queues"] if q["name"] == "emails"]
     assert (emails["concurrency"], emails["rate"], emails["paused"]) == (None, None, False)
@@ -463,7 +457,7 @@ async def test_the_cli_sets_shows_pauses_resumes_and_clears_limits(
         ["set", "emails", "--rate", "ten"],
         ["set", "emails", "--concurrency", "0"],
     ):
-        out = brook_cli(cluster, "queue", *bad)
+        out = cluster.cli("queue", *bad)
         assert out.returncode == 2 and out.stderr.count("\n") <= 2, out.stderr
-    out = brook_cli(cluster, "queue", "set", "bad name", "--concurrency", "1")
+    out = cluster.cli("queue", "set", "bad name", "--concurrency", "1")
     assert out.returncode == 1 and out.stderr.startswith("brook: error: 422")

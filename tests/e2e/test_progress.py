@@ -19,7 +19,7 @@ from common.runtime.settings import Settings
 from common.store.jobs import JobStore
 from tests.conftest import ROOT, brook_env
 from tests.e2e.conftest import Cluster, wait_terminal
-from tests.support.procs import brook_cli, wait_until
+from tests.support.procs import wait_until
 
 TASKS = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.progress"}
 
@@ -63,8 +63,7 @@ def test_progress_written_by_a_task_is_readable_while_it_runs(
     assert last["message"] == f"attempt 1 step {round(last['fraction'] * 10)}/10"
     # The last report lands before the outcome, so a finished job shows where it ended.
     assert job["progress"]["fraction"] == 1.0 and job["progress"]["message"].endswith("10/10")
-    env = brook_env(settings, BROOK_API_PORT=str(cluster.port))
-    shown = brook_cli("status", job_id, env=env)
+    shown = cluster.cli("status", job_id)
     assert shown.returncode == 0 and '"fraction": 1.0' in shown.stdout
 
 
@@ -98,8 +97,7 @@ def test_submit_wait_shows_progress_as_lines_off_a_terminal_and_a_bar_on_one(
     cluster.api(**TASKS)
     cluster.dispatcher(**TASKS)
     payload = '{"steps": 8, "seconds": 2.5}'
-    env = brook_env(settings, BROOK_API_PORT=str(cluster.port), **TASKS)
-    plain = brook_cli("submit", "steps", "--payload", payload, "--wait", env=env)
+    plain = cluster.cli("submit", "steps", "--payload", payload, "--wait", **TASKS)
     assert plain.returncode == 0 and plain.stdout.strip() == "8"  # stdout: the result alone
     lines = plain.stderr.splitlines()
     assert any(" running " in line and "% attempt 1 step" in line for line in lines), lines

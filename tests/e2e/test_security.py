@@ -12,7 +12,6 @@ import contextlib
 import json
 import statistics
 import struct
-import subprocess
 import threading
 import time
 from typing import Any
@@ -20,12 +19,11 @@ from typing import Any
 import httpx
 
 from common.store.jobs import JobStore
-from tests.conftest import brook_env
 from tests.e2e.conftest import JSON, Cluster
 from tests.support.failpoints import fail_nothing
 from tests.support.http import TLS
 from tests.support.metrics import value
-from tests.support.procs import brook_cli, wait_until
+from tests.support.procs import wait_until
 from tests.support.sse import read_events
 
 MIB = 1024 * 1024
@@ -95,17 +93,12 @@ def test_no_hostile_body_stalls_healthz_and_each_is_refused_within_a_second(
 # -- tokens ------------------------------------------------------------------------------------
 
 
-def run_brook(cluster: Cluster, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), **env)
-    return brook_cli(*args, env=full)
-
-
 def test_an_empty_or_blank_token_is_refused_at_start_with_one_line_and_exit_2(
     cluster: Cluster,
 ) -> None:
     for token in ("", "   "):
         for role in ("api", "up"):
-            done = run_brook(cluster, role, BROOK_API_TOKEN=token)
+            done = cluster.cli(role, BROOK_API_TOKEN=token)
             assert done.returncode == 2, (role, done.stderr)
             [line] = done.stderr.strip().splitlines()
             assert "BROOK_API_TOKEN" in line and "empty" in line
@@ -115,7 +108,7 @@ def test_a_non_loopback_bind_without_a_token_is_refused_unless_allowed_explicitl
     cluster: Cluster,
 ) -> None:
     for role in ("api", "up"):
-        done = run_brook(cluster, role, BROOK_API_HOST="0.0.0.0")
+        done = cluster.cli(role, BROOK_API_HOST="0.0.0.0")
         assert done.returncode == 2, (role, done.stderr)
         [line] = done.stderr.strip().splitlines()
         assert "BROOK_API_HOST" in line and "BROOK_ALLOW_NO_TOKEN" in line
@@ -358,15 +351,15 @@ def test_brook_watch_shows_a_hostile_error_message_as_inert_text(
                                    "max_attempts": 1}).json()
     wait_until(lambda: http.get(f"/jobs/{job['id']}").json()["status"] == "failed")
     for args in (("watch", job["id"]), ("ls",), ("status", job["id"])):
-        done = run_brook(cluster, *args)
+        done = cluster.cli(*args)
         assert done.returncode == 0, done.stderr
         out = done.stdout
         assert "\x1b" not in out and "\x07" not in out and "\r" not in out, args
         assert "\u202e" not in out, args
-    watched = run_brook(cluster, "watch", job["id"]).stdout
+    watched = cluster.cli("watch", job["id"]).stdout
     assert "disk full\\x1b]0;pwned\\x07" in watched and len(watched.strip().splitlines()) >= 1
     assert not any(line.startswith("FAKE") for line in watched.splitlines())
-    waited = run_brook(cluster, "submit", "fail", "--payload", json.dumps({"message": message}),
+    waited = cluster.cli("submit", "fail", "--payload", json.dumps({"message": message}),
                        "--max-attempts", "1", "--wait")
     assert waited.returncode != 0
     assert "\x1b" not in waited.stderr and "\x07" not in waited.stderr

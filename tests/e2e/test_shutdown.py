@@ -472,12 +472,12 @@ def test_the_roles_a_test_run_started_die_with_it_when_it_is_sigkilled(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """No orphan dispatcher goes on claiming jobs (or an API holding its port) after pytest."""
-    from tests.conftest import ROOT, brook_env
+    from tests.conftest import ROOT
 
     pids_file = tmp_path / "pids"
     run = subprocess.Popen(
         [sys.executable, "-c", _KILLED_RUN, str(tmp_path / "dispatcher.log"), str(pids_file)],
-        env=brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port)),
+        env=cluster.env(),
         cwd=ROOT,
     )
     try:

@@ -12,10 +12,9 @@ import httpx
 from brook import AsyncClient
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore
-from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster, wait_terminal
 from tests.support.checker import check_history
-from tests.support.procs import BrookProcess, brook_cli, wait_until
+from tests.support.procs import BrookProcess, wait_until
 
 TASKS = "tests.tasks.basic,tests.tasks.workflow"
 
@@ -201,8 +200,7 @@ def test_the_cli_submits_with_depends_on_and_lists_waiting_jobs(
     parent = http.post("/jobs", json={"task": "noop"}).json()["id"]
 
     def brook(*args: str) -> subprocess.CompletedProcess[str]:
-        env = brook_env(cluster.settings, BROOK_API_PORT=str(cluster.port), BROOK_TASKS=TASKS)
-        return brook_cli(*args, env=env)
+        return cluster.cli(*args, BROOK_TASKS=TASKS)
 
     out = brook("submit", "noop", "--depends-on", parent, "--run-on-parent-failure")
     assert out.returncode == 0, out.stderr
