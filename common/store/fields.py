@@ -229,7 +229,7 @@ def ran_times(ran: RunTimes | None) -> dict[str, Any]:
     # Within the attempt's lease, on the server's clock: never before its claim, never after
     # this write (a dispatcher's reading of the server clock errs by a round trip). So a
     # queue's jobs never show more runs at once than the slots they held.
-    finished = {"$min": [lit(ran.finished_at), NOW]}
+    finished = within_lease(ran.finished_at)
     started = {"$min": [{"$max": [lit(ran.started_at), "$claimed_at"]}, finished]}
     return {"started_at": started, "finished_at": finished}
 

@@ -182,6 +182,19 @@ async def test_run_times_stay_within_the_attempts_lease_on_the_servers_clock(
     assert failed.started_at is not None and failed.finished_at is not None
     assert claimed.claimed_at is not None
     assert claimed.claimed_at <= failed.started_at <= failed.finished_at < late
+    # Both before the claim (a quick task, the dispatcher's reading of the clock a little
+    # behind): neither is before the claim, so a job never shows a start before its run_at.
+    d = (await store.submit(spec())).job.id
+    quick = await store.claim(OWNER, 30)
+    assert quick is not None and quick.id == d and quick.claimed_at is not None
+    done = await store.complete_many(
+        OWNER,
+        [(Lease(job_id=d, attempt=1), None)],
+        ran={d: RunTimes(started_at=early, finished_at=early + timedelta(milliseconds=2))},
+    )
+    assert d in done.done
+    job = await store.get(d)
+    assert job.started_at == job.finished_at == quick.claimed_at
 
 
 async def test_the_claim_query_is_an_index_scan(store: JobStore) -> None:
