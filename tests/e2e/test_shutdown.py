@@ -149,12 +149,36 @@ def exits_within(proc: BrookProcess, since: float, limit: float) -> float:
     try:
         proc.proc.wait(max(since + limit - time.monotonic(), 0.0))
     except subprocess.TimeoutExpired:
+        where = stuck_where(proc.proc.pid)
+        try:
+            proc.proc.wait(10)
+            then = f"it exited {time.monotonic() - since:.2f} s after the signal"
+        except subprocess.TimeoutExpired:
+            then = "it was still running 10 s later"
         log = proc.raw_log()[-3000:]
         proc.kill()  # its workers and roles die with it (PR_SET_PDEATHSIG)
         raise AssertionError(
-            f"{proc.role} still running {limit}s after the signal:\n{log}"
+            f"{proc.role} still running {limit}s after the signal ({then}); it was at:\n"
+            f"{where}\n{log}"
         ) from None
     return time.monotonic() - since
+
+
+def stuck_where(pid: int) -> str:
+    """Where a process is: its kernel state and wait channel, and its Python stacks."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError as exc:
+        return f"(no /proc entry: {exc})"
+    spy = Path(sys.executable).with_name("py-spy")
+    try:
+        stacks = subprocess.run(
+            [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        stacks = f"(no stacks: {exc})"
+    return f"state {stat}, wchan {wchan}\n{stacks}"
 
 
 def assert_gone(pids: list[int]) -> None:
