@@ -8,8 +8,12 @@ that imports the roles' modules once, starts no thread and opens no connection, 
 for requests. For each it forks a child that becomes the role, as `python -m brook.cli
 ROLE` would: its own session, its log file as stdout and stderr, the test's environment,
 working directory and `PYTHONPATH`, then `brook.cli`'s `__main__` run to the end and the
-interpreter's own exit (atexit handlers included). The role's MongoDB client, threads,
-event loop and worker fork server are all made in the role, after the fork, as ever.
+interpreter's own exit (atexit handlers included). The role's MongoDB client, threads and
+event loop are all made in the role, after the fork, as ever. A dispatcher's
+worker fork server is forked too, by the role before it runs anything: multiprocessing's
+own server loop in a process that has already imported what a fresh server would, handed
+to the role as if `ensure_running` had started it (0.45 CPU-s saved a dispatcher, about
+150 of them a run). It holds no client or thread, and exits with the role as ever.
 
 Lifetimes, as with `procs._DIE_WITH_PARENT`: the launcher dies with the test run
 (`PR_SET_PDEATHSIG` toward the thread that started it, the main thread), and each role
@@ -107,6 +111,35 @@ def serve():
                 out.write(f"started {pid}\n")
 
 
+def start_fork_server():
+    # A dispatcher's worker fork server, as a fork of this process (which has imported what
+    # the server would preload) rather than a new interpreter: multiprocessing's own server
+    # loop, handed to the role as if its `ensure_running` had spawned it. Its lifetime is
+    # the same: it exits when the role, which holds the "alive" pipe's write end, dies.
+    import socket
+    from multiprocessing import connection, forkserver
+
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)
+    os.chmod(address, 0o600)
+    listener.listen()
+    alive_r, alive_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(alive_w)
+        try:
+            forkserver.main(listener.fileno(), alive_r, [])
+        finally:
+            os._exit(0)
+    os.close(alive_r)
+    listener.close()
+    server = forkserver._forkserver
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
+
+
 def become(request):
     import io, multiprocessing, runpy
 
@@ -142,6 +175,8 @@ def become(request):
         setattr(sys, f"__{name}__", stream)
     multiprocessing.current_process().authkey = os.urandom(32)  # as a new interpreter has
     sys.argv = ["brook", *request["argv"]]
+    if request["argv"][:1] == ["dispatcher"]:
+        start_fork_server()
     runpy.run_module("brook.cli", run_name="__main__")
 
 
