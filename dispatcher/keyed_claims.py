@@ -137,6 +137,19 @@ class KeyedClaims:
             turns.served([keys[i] for i in ids])
         return jobs
 
+    async def claim_of_key(
+        self, queue: str, key: str | None, tasks: frozenset[str], owner: str, lease_s: float
+    ) -> list[Job]:
+        """A slotless queue's new key: its best due job claimed directly (one write, its key
+        to the back of the turns)."""
+        job = await self.store.claim_of_key(owner, lease_s, queue, key, tasks=tasks)
+        turns = self.turns.get(queue)
+        if job is None:
+            return []
+        if turns is not None:
+            turns.served([key])
+        return [job]
+
     def full(
         self,
         queue: str,

@@ -266,6 +266,8 @@ class Limits:
         keys: dict[str, str | None] | None = None
         # More candidates than slots wanted: the best ones may be held by racing claims.
         want = 2 * n + 2
+        if limits is not None and limits.slotless and only is not None and n == 1:
+            return await self._claim_of_key(queue, only[0], tasks)
         if limits is not None and limits.keyed and only is not None:
             ids, keys = await self.keys.of_key(queue, only[0], want, tasks)
             dry = False  # one key's jobs say nothing of the others'
@@ -312,6 +314,16 @@ class Limits:
             rated=rated,
             dry=dry and len(jobs) < n,
         )
+
+    async def _claim_of_key(
+        self, queue: str, key: str | None, tasks: frozenset[str]
+    ) -> LimitedClaim:
+        """A new key's job in a queue with nothing to count: the key's best due job, claimed
+        in one round trip (no candidates read first)."""
+        lease = self.settings.lease_seconds
+        got = await self.keys.claim_of_key(queue, key, tasks, self.owner, lease)
+        self.gates.claimed(queue)
+        return LimitedClaim(queue=queue, jobs=got)
 
     async def settle(self, claim: LimitedClaim) -> None:
         """After the claim: give back the slots of the jobs another dispatcher won, and with a

@@ -54,6 +54,27 @@ class JobClaims(JobsCollection):
         )
         return Job.from_doc(doc) if doc is not None else None
 
+    async def claim_of_key(
+        self,
+        owner: str,
+        lease_seconds: float,
+        queue: str,
+        key: str | None,
+        *,
+        tasks: Collection[str] | None = None,
+    ) -> Job | None:
+        """Lease the best due pending job of one key of `queue` (a queue claimed by turns,
+        with nothing to count) to `owner`: one `findOneAndUpdate` on `claim_by_key`."""
+        write = queries.claimed_of_key(owner, lease_seconds, queue, key, tasks)
+        doc = await self.jobs.find_one_and_update(
+            write.filter,
+            write.update,
+            sort=CLAIM_SORT,
+            hint="claim_by_key",
+            return_document=ReturnDocument.AFTER,
+        )
+        return Job.from_doc(doc) if doc is not None else None
+
     async def claim_many(
         self,
         owner: str,

@@ -39,6 +39,7 @@ from common.store.queries.base import (
 from common.store.queries.claims import (
     claimed,
     claimed_as_read,
+    claimed_of_key,
     claimed_tagged,
 )
 from common.store.queries.commands import (
@@ -102,6 +103,7 @@ __all__ = [
     "claim_index",
     "claimed",
     "claimed_as_read",
+    "claimed_of_key",
     "claimed_tagged",
     "completed",
     "completed_in_transaction",

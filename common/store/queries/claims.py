@@ -36,6 +36,18 @@ def claimed(
     )
 
 
+def claimed_of_key(
+    owner: str, lease_seconds: float, queue: str, key: str | None, tasks: Collection[str] | None
+) -> Write:
+    """pending → running in a queue claimed by turns across keys: the best due job of one
+    key (sort `CLAIM_SORT`, hint `claim_by_key`; None: the jobs without a key), leased to
+    `owner`."""
+    return Write(
+        filter={**claim_filter(tasks, queue), "key": key},
+        update=[{"$set": claimed_fields(owner, lease_seconds)}],
+    )
+
+
 def claimed_as_read(candidates: Sequence[Doc], owner: str, lease_seconds: float, tag: str) -> Write:
     """pending → running for a batch: each candidate at the attempt number it was read with
     (one claimed and handed back meanwhile is not taken), still due, tagged with `tag`."""

@@ -65,6 +65,7 @@ CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
         {P},
         {R},
     ),
+    "claimed_of_key": (queries.claimed_of_key(OWNER, 30, "q", "k", {"noop"}), {P}, {R}),
     "claimed_tagged": (queries.claimed_tagged(["j1", "j2"], OWNER, 30, "tag", AT), {P}, {R}),
     "lease_renewed": (queries.lease_renewed(OWNER, [LEASE, KNOWING], 30), {R}, set()),
     "progress_reported": (queries.progress_reported(LEASE, OWNER, 0.5, "half"), {R}, set()),
