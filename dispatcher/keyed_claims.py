@@ -25,9 +25,12 @@ class Clock(Protocol):
 
 
 class Gate(Protocol):
-    """How a keyed queue is closed when every key waits (`dispatcher.limits.Gates`)."""
+    """How a keyed queue is closed when every key waits, and told of a claim
+    (`dispatcher.limits.Gates`)."""
 
     def close(self, queue: str, reason: BlockReason, at: float | None, gen: int) -> bool: ...
+
+    def claimed(self, queue: str) -> None: ...
 
 
 class KeyedClaims:
@@ -132,6 +135,7 @@ class KeyedClaims:
         back: one write fewer per claim, none per finished job); the keys served go to the
         back of the turns."""
         jobs = await self.store.claim_tagged(owner, lease_s, ids, tag, NO_CLAIM_DEADLINE)
+        self.gates.claimed(queue)
         turns = self.turns.get(queue)
         if turns is not None and keys is not None:
             turns.served([keys[i] for i in ids])
@@ -143,6 +147,7 @@ class KeyedClaims:
         """A slotless queue's new key: its best due job claimed directly (one write, its key
         to the back of the turns)."""
         job = await self.store.claim_of_key(owner, lease_s, queue, key, tasks=tasks)
+        self.gates.claimed(queue)
         turns = self.turns.get(queue)
         if job is None:
             return []

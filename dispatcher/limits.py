@@ -43,6 +43,7 @@ from common.domain.queues import RATE_START_MARGIN_S, BlockReason, QueueDoc, Que
 from common.runtime.backoff import Backoff
 from common.runtime.group_commit import GroupCommit
 from common.runtime.log_events import Event, emit
+from common.store.jobs import JobStore
 from common.store.queues import CONFIG_FIELDS, Pruned, QueueStore, Taken
 from dispatcher.keyed_claims import Clock, KeyedClaims
 from dispatcher.wiring import Wiring
@@ -146,6 +147,34 @@ class Gates:
             timer.cancel()
 
 
+class PendingQueues:
+    """The queues that hold pending jobs, for a claim across every queue while some have
+    limits: it names the others (one index scan each) instead of skipping the limited
+    queues' jobs one by one. Re-read after `stale()` (every sweep, a requeue); a new job's
+    queue is added as its insert is seen."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self._queues: set[str] = set()
+        self._seen_since: set[str] = set()
+        self._stale = True
+
+    def saw(self, queue: str) -> None:
+        self._queues.add(queue)
+        self._seen_since.add(queue)
+
+    def stale(self) -> None:
+        self._stale = True
+
+    async def read(self) -> set[str]:
+        if self._stale:
+            self._seen_since = set()
+            fresh = await self.store.pending_queues()
+            self._queues = fresh | self._seen_since
+            self._stale = False
+        return self._queues
+
+
 class Limits:
     def __init__(self, wiring: Wiring, queues: QueueStore) -> None:
         self.settings = wiring.settings
@@ -161,13 +190,7 @@ class Limits:
         # Queues that may hold slots of attempts that are over (a job was requeued, or a
         # sweep came): the next claim that finds one full prunes it first.
         self._suspect: set[str] = set()
-        # The queues that hold pending jobs, for a claim across every queue while some have
-        # limits: it names the others (one index scan each) instead of skipping the limited
-        # queues' jobs one by one. Re-read every sweep and after a requeue; a new job's
-        # queue is added as its insert is seen.
-        self._pending_queues: set[str] = set()
-        self._seen_since: set[str] = set()
-        self._pending_stale = True
+        self.pending = PendingQueues(self.store)
         self.gates = Gates(self.clock, lambda queue: self.on_open(queue))
         # The turns of each keyed queue's keys (fair claiming, per-key limits).
         self.keys = KeyedClaims(self.store, self.clock, self.gates)
@@ -193,8 +216,7 @@ class Limits:
 
     def saw(self, queue: str, key: str | None = None) -> None:
         """A job (of `key`) was inserted into `queue`."""
-        self._pending_queues.add(queue)
-        self._seen_since.add(queue)
+        self.pending.saw(queue)
         self.keys.saw(queue, key)
 
     def keys_stale(self) -> None:
@@ -207,12 +229,7 @@ class Limits:
         limits."""
         if not self._limited:
             return None
-        if self._pending_stale:
-            self._seen_since = set()
-            fresh = await self.store.pending_queues()
-            self._pending_queues = fresh | self._seen_since
-            self._pending_stale = False
-        return frozenset(self._pending_queues - self._limited)
+        return frozenset(await self.pending.read() - self._limited)
 
     def closed(self) -> frozenset[str]:
         """Limited queues that cannot start a job now (their due jobs arm no timer)."""
@@ -266,8 +283,10 @@ class Limits:
         keys: dict[str, str | None] | None = None
         # More candidates than slots wanted: the best ones may be held by racing claims.
         want = 2 * n + 2
+        lease = self.settings.lease_seconds
         if limits is not None and limits.slotless and only is not None and n == 1:
-            return await self._claim_of_key(queue, only[0], tasks)
+            got = await self.keys.claim_of_key(queue, only[0], tasks, self.owner, lease)
+            return LimitedClaim(queue=queue, jobs=got)  # a new key's job: one write
         if limits is not None and limits.keyed and only is not None:
             ids, keys = await self.keys.of_key(queue, only[0], want, tasks)
             dry = False  # one key's jobs say nothing of the others'
@@ -285,9 +304,7 @@ class Limits:
             )
         tag = secrets.token_hex(8)
         if limits is not None and limits.slotless:  # fair alone: nothing to count
-            lease = self.settings.lease_seconds
             got = await self.keys.claim_slotless(queue, ids[:n], keys, tag, self.owner, lease)
-            self.gates.claimed(queue)
             return LimitedClaim(queue=queue, jobs=got, dry=dry and len(got) < n)
         taken = await self._take(queue, ids, tag, n, keys)
         if not taken.slots:
@@ -314,16 +331,6 @@ class Limits:
             rated=rated,
             dry=dry and len(jobs) < n,
         )
-
-    async def _claim_of_key(
-        self, queue: str, key: str | None, tasks: frozenset[str]
-    ) -> LimitedClaim:
-        """A new key's job in a queue with nothing to count: the key's best due job, claimed
-        in one round trip (no candidates read first)."""
-        lease = self.settings.lease_seconds
-        got = await self.keys.claim_of_key(queue, key, tasks, self.owner, lease)
-        self.gates.claimed(queue)
-        return LimitedClaim(queue=queue, jobs=got)
 
     async def settle(self, claim: LimitedClaim) -> None:
         """After the claim: give back the slots of the jobs another dispatcher won, and with a
@@ -512,7 +519,7 @@ class Limits:
         """A job went back to pending somewhere (a retry, a lease expiry): a full queue
         may have a slot to reclaim."""
         self._suspect.update(self._limited)
-        self._pending_stale = True
+        self.pending.stale()
         self.keys_stale()
         self.gates.open_waiting()
 
@@ -555,6 +562,6 @@ class Limits:
                 emit(Event.MONGO_UNAVAILABLE, level="warning", op="limits", error=str(exc)[:200])
                 continue
             self._suspect.update(self._limited)
-            self._pending_stale = True
+            self.pending.stale()
             self.keys_stale()
             self.gates.open_waiting()
