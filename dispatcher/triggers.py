@@ -189,6 +189,14 @@ class TriggerFollower:
                 state = await self._checkpoint()
 
     async def _history_lost(self, exc: OperationFailure) -> TriggerState:
+        # Recorded first, then said: whoever reads the trigger after the log line or the
+        # metric finds `history_lost` counted (a leader that lost its lease says nothing;
+        # the next one finds the token gone too and says it).
+        state = await _persist(
+            "trigger.history_lost", lambda: self.store.lost_history(self.name, self.owner)
+        )
+        if state is None:
+            raise LeaseLost(self.name)
         TRIGGER_HISTORY_LOST.labels(trigger=self.name).inc()
         emit(
             Event.TRIGGER_HISTORY_LOST,
@@ -198,11 +206,6 @@ class TriggerFollower:
             error=str(exc)[:300],
             resumes="from now: changes the oplog no longer held made no job",
         )
-        state = await _persist(
-            "trigger.history_lost", lambda: self.store.lost_history(self.name, self.owner)
-        )
-        if state is None:
-            raise LeaseLost(self.name)
         self._token = self._start_at = None
         return state
 
