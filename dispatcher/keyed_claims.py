@@ -148,10 +148,9 @@ class KeyedClaims:
         to the back of the turns)."""
         job = await self.store.claim_of_key(owner, lease_s, queue, key, tasks=tasks)
         self.gates.claimed(queue)
-        turns = self.turns.get(queue)
         if job is None:
             return []
-        if turns is not None:
+        if (turns := self.turns.get(queue)) is not None:
             turns.served([key])
         return [job]
 

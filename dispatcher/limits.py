@@ -280,13 +280,13 @@ class Limits:
         keyed queue, by turns across its keys; with `only`, jobs of that one key."""
         gen = self.gates.generation(queue)
         limits = self.view.get(queue)
-        keys: dict[str, str | None] | None = None
-        # More candidates than slots wanted: the best ones may be held by racing claims.
-        want = 2 * n + 2
         lease = self.settings.lease_seconds
         if limits is not None and limits.slotless and only is not None and n == 1:
             got = await self.keys.claim_of_key(queue, only[0], tasks, self.owner, lease)
             return LimitedClaim(queue=queue, jobs=got)  # a new key's job: one write
+        keys: dict[str, str | None] | None = None
+        # More candidates than slots wanted: the best ones may be held by racing claims.
+        want = 2 * n + 2
         if limits is not None and limits.keyed and only is not None:
             ids, keys = await self.keys.of_key(queue, only[0], want, tasks)
             dry = False  # one key's jobs say nothing of the others'

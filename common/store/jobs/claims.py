@@ -45,14 +45,7 @@ class JobClaims(JobsCollection):
         write = queries.claimed(
             owner, lease_seconds, tasks=tasks, queue=queue, exclude=exclude, among=among
         )
-        doc = await self.jobs.find_one_and_update(
-            write.filter,
-            write.update,
-            sort=CLAIM_SORT,
-            hint=claim_index(tasks, queue, among),
-            return_document=ReturnDocument.AFTER,
-        )
-        return Job.from_doc(doc) if doc is not None else None
+        return await self._claim_best(write, claim_index(tasks, queue, among))
 
     async def claim_of_key(
         self,
@@ -66,11 +59,15 @@ class JobClaims(JobsCollection):
         """Lease the best due pending job of one key of `queue` (a queue claimed by turns,
         with nothing to count) to `owner`: one `findOneAndUpdate` on `claim_by_key`."""
         write = queries.claimed_of_key(owner, lease_seconds, queue, key, tasks)
+        return await self._claim_best(write, "claim_by_key")
+
+    async def _claim_best(self, write: queries.Write, index: str) -> Job | None:
+        """The first job of `write`'s filter in claim order (on `index`), claimed by it."""
         doc = await self.jobs.find_one_and_update(
             write.filter,
             write.update,
             sort=CLAIM_SORT,
-            hint="claim_by_key",
+            hint=index,
             return_document=ReturnDocument.AFTER,
         )
         return Job.from_doc(doc) if doc is not None else None
