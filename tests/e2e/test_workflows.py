@@ -13,7 +13,7 @@ from brook import AsyncClient
 from common.runtime.settings import Settings
 from common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster, wait_terminal
-from tests.support.checker import check_history
+from tests.support.checker import check_history, settled_logs
 from tests.support.procs import BrookProcess, wait_until
 
 TASKS = "tests.tasks.basic,tests.tasks.workflow"
@@ -38,7 +38,8 @@ def batch(http: httpx.Client, *specs: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def assert_clean(store: JobStore, ids: list[str], *procs: BrookProcess) -> None:
-    report = await check_history(store, ids, [e for p in procs for e in p.logs()])
+    logs = await settled_logs(store, lambda: [e for p in procs for e in p.logs()])
+    report = await check_history(store, ids, logs)
     assert report.problems == []
 
 
