@@ -23,6 +23,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from common.domain.models import Doc
+
 Key = str | None
 
 
@@ -120,14 +122,14 @@ class KeyTurns:
                 self._order.move_to_end(key)
 
 
-def interleave(found: Mapping[Key, Sequence[dict[str, object]]]) -> list[dict[str, object]]:
+def interleave(found: Mapping[Key, Sequence[Doc]]) -> list[Doc]:
     """The candidates of several keys (each key's list in claim order, the keys in turn
     order) as one list: the first of each key, then the second of each, ...; then by
     priority, highest first (a stable sort: turns break ties)."""
-    out: list[dict[str, object]] = []
+    out: list[Doc] = []
     lists = list(found.values())
     depth = max((len(v) for v in lists), default=0)
     for i in range(depth):
         out.extend(v[i] for v in lists if i < len(v))
-    out.sort(key=lambda d: -int(d.get("priority") or 0))  # type: ignore[call-overload]
+    out.sort(key=lambda d: -int(d.get("priority") or 0))
     return out

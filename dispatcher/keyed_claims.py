@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from common.domain.models import Job
+from common.domain.models import Doc, Job
 from common.domain.queues import BlockReason, QueueDoc
 from common.store.jobs import JobStore
 from common.store.queues import Taken
@@ -55,11 +55,24 @@ class KeyedClaims:
         """The queue's limits changed: its turns start afresh."""
         self.turns.pop(queue, None)
 
+    async def pick(
+        self, queue: str, want: int, tasks: frozenset[str], gen: int, only: tuple[str | None] | None
+    ) -> tuple[list[Doc], bool]:
+        """A claim's candidates in a keyed queue (whole documents, in the order to take them):
+        by turns across its keys, or with `only`, of that one key's jobs; and whether the
+        queue may have run dry. None due, but keys that wait: the queue waits with them."""
+        if only is not None:
+            return await self.of_key(queue, only[0], want, tasks), False  # says nothing of others
+        docs, dry = await self.candidates(queue, want, tasks, gen)
+        if not docs and not dry:
+            self.all_wait(queue, gen)
+        return docs, dry
+
     async def candidates(
         self, queue: str, want: int, tasks: frozenset[str], gen: int
-    ) -> tuple[list[str], dict[str, str | None], bool]:
-        """A keyed queue's candidates, by turns across its keys (`dispatcher.key_turns`): the
-        ids, each one's key, and whether the queue may have run dry."""
+    ) -> tuple[list[Doc], bool]:
+        """A keyed queue's candidates, by turns across its keys (`dispatcher.key_turns`), and
+        whether the queue may have run dry."""
         turns = self.turns.setdefault(queue, KeyTurns())
         turns.look_started()
         refreshed = False
@@ -69,13 +82,18 @@ class KeyedClaims:
                 turns.refreshed(await self.store.pending_keys(queue))
                 refreshed = True
             now = self.clock.now()
-            # A few keys more than jobs wanted (a key may be full, or its job won by a
-            # racing claim); each key's share of the candidates wanted.
-            picked = turns.pick(want // 2 + 1, now, gen)
+            # Up to a key per job wanted (more than the claim takes: a key may be full, or
+            # its job won by a racing claim). Many keys: each one's first due job. Few: each
+            # key's share of the candidates wanted.
+            picked = turns.pick(want, now, gen)
             if not picked:
-                return [], {}, not turns.waiting(now, gen)
-            per_key = max(1, -(-want // len(picked)))
-            found = await self.store.key_candidates(queue, picked, per_key, tasks=tasks)
+                return [], not turns.waiting(now, gen)
+            if len(picked) > want // 2:
+                per_key = 1
+                found = await self._firsts(queue, picked, tasks, now)
+            else:
+                per_key = -(-want // len(picked))
+                found = await self.store.key_candidates(queue, picked, per_key, tasks=tasks)
             turns.dry(k for k, docs in found.items() if not docs)
             docs = interleave(found)
             if docs or refreshed:
@@ -85,20 +103,32 @@ class KeyedClaims:
         # and none had more. (Keys found empty have left the turns by now.)
         others = [k for k in turns.pick(len(turns), self.clock.now(), gen) if k not in found]
         dry = not others and all(len(v) < per_key for v in found.values())
-        return (
-            [str(d["_id"]) for d in docs],
-            {str(d["_id"]): key_of(d) for d in docs},
-            dry,
-        )
+        return docs, dry
+
+    async def _firsts(
+        self, queue: str, picked: list[str | None], tasks: frozenset[str], now: float
+    ) -> dict[str | None, list[Doc]]:
+        """The first due job of each picked key, in the turns' order: one distinct scan for
+        the named keys (a seek each); a key whose first job is not due yet by this clock, and
+        the jobs without a key, looked at one by one on the server's clock."""
+        named = [k for k in picked if k is not None]
+        firsts = await self.store.first_of_keys(queue, named, tasks=tasks)
+        late = [
+            k
+            for k in picked
+            if k is None or (k in firsts and firsts[k]["run_at"].timestamp() > now)
+        ]
+        more = await self.store.key_candidates(queue, late, 1, tasks=tasks) if late else {}
+        return {
+            k: more[k] if k in more else [firsts[k]] if k in firsts else [] for k in picked
+        }
 
     async def of_key(
         self, queue: str, key: str | None, want: int, tasks: frozenset[str]
-    ) -> tuple[list[str], dict[str, str | None]]:
-        """The best due jobs of one key (a new key's job, claimed out of turn at once):
-        the ids and each one's key."""
+    ) -> list[Doc]:
+        """The best due jobs of one key (a new key's job, claimed out of turn at once)."""
         found = await self.store.key_candidates(queue, [key], want, tasks=tasks)
-        docs = found.get(key, [])
-        return [str(d["_id"]) for d in docs], {str(d["_id"]): key for d in docs}
+        return list(found.get(key, []))
 
     def all_wait(self, queue: str, gen: int) -> None:
         """Every key of a keyed queue waits: the queue waits for a release, or for the first
@@ -122,23 +152,21 @@ class KeyedClaims:
         turns.wait(timestamps(doc.key_waits(keys, now)), gen)
 
     async def claim_slotless(
-        self,
-        queue: str,
-        ids: list[str],
-        keys: Mapping[str, str | None] | None,
-        tag: str,
-        owner: str,
-        lease_s: float,
+        self, queue: str, docs: list[Doc], tag: str, owner: str, lease_s: float
     ) -> list[Job]:
         """A queue claimed fairly with nothing to count (`QueueLimits.slotless`): these
-        candidates, in the turns' order, claimed directly (no slots to take, settle or give
-        back: one write fewer per claim, none per finished job); the keys served go to the
-        back of the turns."""
-        jobs = await self.store.claim_tagged(owner, lease_s, ids, tag, NO_CLAIM_DEADLINE)
+        candidates, in the turns' order, claimed directly as read (no slots to take, settle
+        or give back: one write fewer per claim, none per finished job); the keys served go
+        to the back of the turns."""
+        ids = [str(d["_id"]) for d in docs]
+        read = dict(zip(ids, docs, strict=True))
+        jobs = await self.store.claim_tagged(
+            owner, lease_s, ids, tag, NO_CLAIM_DEADLINE, read=read
+        )
         self.gates.claimed(queue)
         turns = self.turns.get(queue)
-        if turns is not None and keys is not None:
-            turns.served([keys[i] for i in ids])
+        if turns is not None:
+            turns.served([key_of(d) for d in docs])
         return jobs
 
     async def claim_of_key(

@@ -45,7 +45,7 @@ from common.runtime.group_commit import GroupCommit
 from common.runtime.log_events import Event, emit
 from common.store.jobs import JobStore
 from common.store.queues import CONFIG_FIELDS, Pruned, QueueStore, Taken
-from dispatcher.keyed_claims import Clock, KeyedClaims
+from dispatcher.keyed_claims import Clock, KeyedClaims, key_of
 from dispatcher.wiring import Wiring
 
 # How long a claim may take after writing its slots: after `claim_by`, no claim can use
@@ -284,27 +284,23 @@ class Limits:
         if limits is not None and limits.slotless and only is not None and n == 1:
             got = await self.keys.claim_of_key(queue, only[0], tasks, self.owner, lease)
             return LimitedClaim(queue=queue, jobs=got)  # a new key's job: one write
-        keys: dict[str, str | None] | None = None
         # More candidates than slots wanted: the best ones may be held by racing claims.
         want = 2 * n + 2
-        if limits is not None and limits.keyed and only is not None:
-            ids, keys = await self.keys.of_key(queue, only[0], want, tasks)
-            dry = False  # one key's jobs say nothing of the others'
-        elif limits is not None and limits.keyed:
-            ids, keys, dry = await self.keys.candidates(queue, want, tasks, gen)
-            if not ids and not dry:
-                self.keys.all_wait(queue, gen)
-                return LimitedClaim(queue=queue, jobs=[], blocked=not self.gates.is_open(queue))
+        keyed = limits is not None and limits.keyed
+        if keyed:
+            docs, dry = await self.keys.pick(queue, want, tasks, gen, only)
         else:
-            ids = await self.store.candidates(want, tasks=tasks, queue=queue)
-            dry = len(ids) < want
-        if not ids:
-            return LimitedClaim(
-                queue=queue, jobs=[], dry=dry, blocked=not self.gates.is_open(queue)
-            )
+            docs = await self.store.candidates(want, tasks=tasks, queue=queue)
+            dry = len(docs) < want
+        if not docs:
+            blocked = not self.gates.is_open(queue)
+            return LimitedClaim(queue=queue, jobs=[], dry=dry, blocked=blocked)
+        ids = [str(d["_id"]) for d in docs]
+        read = dict(zip(ids, docs, strict=True))
+        keys = {i: key_of(d) for i, d in read.items()} if keyed else None
         tag = secrets.token_hex(8)
         if limits is not None and limits.slotless:  # fair alone: nothing to count
-            got = await self.keys.claim_slotless(queue, ids[:n], keys, tag, self.owner, lease)
+            got = await self.keys.claim_slotless(queue, docs[:n], tag, self.owner, lease)
             return LimitedClaim(queue=queue, jobs=got, dry=dry and len(got) < n)
         taken = await self._take(queue, ids, tag, n, keys)
         if not taken.slots:
@@ -318,8 +314,9 @@ class Limits:
         rated = taken.queue.limits.rated
         # Sent before the claim: its `claimed_at` (the time the rate records) is later.
         start_by = time.monotonic() + RATE_START_MARGIN_S if rated else None
+        # A rate records each claim's time, which only a read-back gives.
         jobs = await self.store.claim_tagged(
-            self.owner, self.settings.lease_seconds, asked, tag, taken.claim_by
+            self.owner, lease, asked, tag, taken.claim_by, read=None if rated else read
         )
         for job in jobs:
             self.held[_key(job)] = Held(queue=queue, tag=tag, start_by=start_by)

@@ -1,14 +1,23 @@
 """Debounce in the jobs store on the real replica set: racing submits of one key become one
 job with the latest payload, due once quiet and never later than the longest wait; a job
-already claimed is left alone and the next submit starts a new one."""
+already claimed is left alone and the next submit starts a new one; a claim that read a
+job before a submit joined it does not run it with the payload it read."""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+import os
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from common.domain.models import JobSpec
+import pytest
+
+from common.domain.models import Job, JobSpec
+from common.runtime.settings import Settings
+from common.store.db import database, make_client
 from common.store.jobs import JobStore
+from tests.support.failpoints import fail_nothing
 
 
 def debounced(
@@ -70,3 +79,59 @@ async def test_debounced_specs_in_a_batch_join_their_keys_jobs_in_spec_order(
     assert out[0].job.id == out[2].job.id and out[2].job.payload == {"n": 2}
     assert out[1].created and out[1].job.debounce_key is None
     assert out[3].job.id not in (out[0].job.id, out[1].job.id)
+
+
+ClaimAs = Callable[[JobStore], Coroutine[Any, Any, list[Job]]]
+
+
+async def claim_many(claimer: JobStore) -> list[Job]:
+    jobs, _ = await claimer.claim_many("d1", 30, 2, tasks={"noop"})
+    return jobs
+
+
+async def claim_through_slots(claimer: JobStore) -> list[Job]:
+    docs = await claimer.candidates(2, tasks={"noop"}, queue="default")
+    ids = [str(d["_id"]) for d in docs]
+    until = datetime.now(UTC) + timedelta(minutes=1)
+    read = dict(zip(ids, docs, strict=True))
+    return await claimer.claim_tagged("d1", 30, ids, "t1", until, read=read)
+
+
+@pytest.mark.parametrize("claim", [claim_many, claim_through_slots])
+async def test_a_submit_that_joins_a_job_a_claim_has_read_is_not_lost_to_that_claim(
+    store: JobStore, settings: Settings, claim: ClaimAs
+) -> None:
+    """A claim of several jobs reads its candidates, then claims them as it read them. A
+    debounced submit joins one in between (its longest wait over, so it stays due): the
+    claim does not take it with the payload it read; the next claim runs the latest."""
+    await store.ensure_indexes()
+    first = await store.submit(debounced(1, quiet=0.01, longest=0.01))
+    plain = await store.submit(JobSpec(task="noop", payload={}))
+    await asyncio.sleep(0.1)  # both due
+    client = make_client(settings, appname="claimer")
+    try:
+        # The claimer's write waits on the server while the submit joins.
+        held = await client.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode={"times": 1},
+            data={
+                "failCommands": ["update"],
+                "appName": f"claimer:{os.getpid()}",
+                "blockConnection": True,
+                "blockTimeMS": 1000,
+            },
+        )
+        claiming = asyncio.create_task(claim(JobStore(database(client, settings))))
+        await client.admin.command(
+            "waitForFailPoint", "failCommand", timesEntered=held["count"] + 1, maxTimeMS=10_000
+        )
+        joined = await store.submit(debounced(2, quiet=0.01, longest=0.01))
+        assert joined.job.id == first.job.id and not joined.created
+        jobs = await claiming
+    finally:
+        await fail_nothing(client)
+        await client.close()
+    assert [j.id for j in jobs] == [plain.job.id]
+    again = await store.claim("d2", 30, tasks={"noop"})
+    assert again is not None and again.id == first.job.id and again.payload == {"n": 2}

@@ -5,13 +5,16 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+import re
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 from brook import AsyncClient
 from common.domain.models import JobSpec
 from common.runtime.settings import Settings
 from common.runtime.supervision import spawn_logged
 from common.store.jobs import JobStore
+from common.store.jobs.claims import firsts_of_keys
 from common.store.queues import QUEUES, QueueStore
 from dispatcher.held_jobs import Holdings
 from dispatcher.limits import Limits
@@ -24,7 +27,9 @@ def keyed(key: str | None, queue: str = "tenants", priority: int = 0) -> JobSpec
     return JobSpec(task="noop", payload={}, queue=queue, key=key, priority=priority)
 
 
-async def submit(store: JobStore, keys: list[str | None], queue: str = "tenants") -> list[str]:
+async def submit(
+    store: JobStore, keys: Sequence[str | None], queue: str = "tenants"
+) -> list[str]:
     return [s.job.id for s in await store.submit_many([keyed(k, queue) for k in keys])]
 
 
@@ -116,6 +121,61 @@ async def test_pending_keys_and_each_keys_best_jobs_come_from_the_key_index(
         {"status": "pending", "queue": "tenants", "key": "a"}, hint="claim_by_key"
     ).explain()
     assert "claim_by_key" in str(plan["queryPlanner"]["winningPlan"])
+
+
+async def test_each_keys_first_job_is_one_distinct_scan_of_the_key_index(
+    store: JobStore,
+) -> None:
+    """Many keys' candidates at once: each key's best pending job of the tasks asked for, a
+    seek per key (not a plan per key, nor a read of every job of the keys)."""
+    await store.ensure_indexes()
+    ids = await submit(store, ["a", "a", "b"] + [f"k{i}" for i in range(40)] * 5)
+    [urgent] = await store.submit_many([keyed("a", priority=5)])
+    [other] = await store.submit_many(
+        [JobSpec(task="other", payload={}, queue="tenants", key="b", priority=9)]
+    )
+    await store.submit_many([JobSpec(task="other", payload={}, queue="tenants", key="c")])
+    keys = ["a", "b", "c", "nobody", *(f"k{i}" for i in range(40))]
+    firsts = await store.first_of_keys("tenants", keys, tasks={"noop"})
+    assert str(firsts["a"]["_id"]) == urgent.job.id and firsts["a"]["priority"] == 5
+    assert str(firsts["b"]["_id"]) == ids[2]  # its noop job: the other task is not asked for
+    assert "c" not in firsts and "nobody" not in firsts
+    assert [str(firsts[f"k{i}"]["_id"]) for i in range(40)] == ids[3:43]
+    assert str((await store.first_of_keys("tenants", ["b"], tasks=None))["b"]["_id"]) == (
+        other.job.id
+    )
+    stats = await store.db.command(
+        "explain",
+        {
+            "aggregate": "jobs",
+            "pipeline": firsts_of_keys("tenants", keys, {"noop"}),
+            "hint": "claim_by_key",
+            "cursor": {},
+        },
+        verbosity="executionStats",
+    )
+    plan = str(stats)
+    assert "DISTINCT_SCAN" in plan and "'claim_by_key'" in plan, plan
+    [seen] = [int(n) for n in re.findall(r"'totalKeysExamined': (\d+)", plan)][:1]
+    assert seen <= 2 * len(keys), seen  # 44 keys; not the 206 pending jobs
+
+
+async def test_many_keys_are_claimed_one_job_each_and_a_key_whose_best_is_not_due_its_due_one(
+    store: JobStore, settings: Settings
+) -> None:
+    await QueueStore(store.db).set_limits("tenants", {"key_concurrency": 2})
+    later = datetime.now(UTC) + timedelta(hours=1)
+    [future] = await store.submit_many(
+        [JobSpec(task="noop", payload={}, queue="tenants", key="k0", priority=9, run_at=later)]
+    )
+    ids = await submit(store, [f"k{i}" for i in range(5)] * 2)
+    limits = await dispatcher_limits(store, settings)
+    tasks = frozenset({"noop"})
+    claimed: list[str] = []
+    for n in (2, 2, 1):  # more keys than half the candidates wanted (2n + 2) each time
+        claimed += [j.id for j in (await limits.claim("tenants", n, tasks)).jobs]
+    assert sorted(claimed) == sorted(ids[:5])  # one job of each key, k0's due one
+    assert (await store.get(future.job.id)).status == "pending"
 
 
 async def test_the_python_client_sets_and_lists_key_limits(settings: Settings) -> None:

@@ -43,7 +43,7 @@ async def claim_through_slots(
     window: float = 5,
 ) -> list[str]:
     """One limited claim, as a dispatcher makes it: slots, claim, and settle if need be."""
-    ids = await store.candidates(n, tasks={"noop"}, queue=queue)
+    ids = [str(d["_id"]) for d in await store.candidates(n, tasks={"noop"}, queue=queue)]
     tag = f"t-{owner}-{n}-{ids[0] if ids else ''}"
     taken = await queues.take(queue, owner=owner, tag=tag, jobs=ids, claim_window_s=window)
     if not taken.slots:

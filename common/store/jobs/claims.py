@@ -5,7 +5,7 @@ their claim under the slots it took (`common.store.queues`); the next due time."
 from __future__ import annotations
 
 import secrets
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +25,28 @@ PENDING_QUEUES: tuple[dict[str, Any], ...] = (
     {"$sort": {"status": 1, "queue": 1}},
     {"$group": {"_id": "$queue"}},
 )
+
+
+def firsts_of_keys(
+    queue: str, keys: Sequence[str], tasks: Collection[str] | None
+) -> list[dict[str, Any]]:
+    """The best pending job of each of `keys` in `queue` (of these tasks), by a distinct scan
+    of `claim_by_key` (hint it): a `$group` with `$first` only, after a `$sort` in the
+    index's order, on a `$match` the index bounds answer whole (a filter the index cannot
+    answer, as `$expr`, or a null key, would make it read every job of the keys)."""
+    match: dict[str, Any] = {"status": P, "queue": queue, "key": {"$in": list(keys)}}
+    if tasks is not None:
+        match["task"] = {"$in": sorted(tasks)}
+    return [
+        {"$match": match},
+        {"$sort": {"status": 1, "queue": 1, "key": 1, **dict(CLAIM_SORT)}},
+        {"$group": {"_id": "$key", "doc": {"$first": "$$ROOT"}}},
+    ]
+
+
+def in_claim_order(docs: list[Doc]) -> list[Doc]:
+    """Jobs in the order a claim takes them: best priority, then earliest due."""
+    return sorted(docs, key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
 
 
 class JobClaims(JobsCollection):
@@ -113,8 +135,7 @@ class JobClaims(JobsCollection):
         won = await self.jobs.find(
             {"_id": {"$in": ids}, "claim_tag": tag, "owner": owner, "status": R}
         ).to_list()
-        won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
-        return [Job.from_doc(d) for d in won], dry
+        return [Job.from_doc(d) for d in in_claim_order(won)], dry
 
     async def next_due(
         self,
@@ -154,40 +175,51 @@ class JobClaims(JobsCollection):
 
     async def candidates(
         self, limit: int, *, tasks: Collection[str] | None, queue: str
-    ) -> list[str]:
-        """The ids of the best due pending jobs of these tasks in `queue`, at most `limit`:
-        what a claim in a limited queue takes its slots for. Read as the primary has them,
-        as the plain claim does: a job heard of from the oplog is not majority-committed yet,
-        and its insert's change-stream event, which comes later, is not news again."""
-        docs = await self._primary().find(
+    ) -> list[Doc]:
+        """The best due pending jobs of these tasks in `queue`, at most `limit`: what a claim
+        in a limited queue takes its slots for (whole documents: a claim that wins them all
+        as read needs no read-back). Read as the primary has them, as the plain claim does:
+        a job heard of from the oplog is not majority-committed yet, and its insert's
+        change-stream event, which comes later, is not news again."""
+        docs: list[Doc] = await self._primary().find(
             claim_filter(tasks, queue),
-            projection={"_id": 1},
             sort=CLAIM_SORT,
             limit=limit,
             hint=claim_index(tasks, queue),
         ).to_list()
-        return [str(d["_id"]) for d in docs]
+        return docs
 
     async def claim_tagged(
-        self, owner: str, lease_seconds: float, ids: Sequence[str], tag: str, before: datetime
+        self,
+        owner: str,
+        lease_seconds: float,
+        ids: Sequence[str],
+        tag: str,
+        before: datetime,
+        *,
+        read: Mapping[str, Doc] | None = None,
     ) -> list[Job]:
         """Lease those of these jobs still due and pending, each marked with the claim's `tag`
         (its slots carry it too), but only while the server's clock is before `before` (the
-        slots' `claim_by`): after it the slots may have been freed, and no claim may use them."""
+        slots' `claim_by`: after it the slots may have been freed, and no claim may use
+        them). With `read` (each job's document as the candidates read found it), each only
+        as read; when it wins them all, no read-back (their `claimed_at` is then unknown)."""
         if not ids:
             return []
-        write = queries.claimed_tagged(ids, owner, lease_seconds, tag, before)
+        docs = [read[i] for i in ids] if read is not None and all(i in read for i in ids) else None
+        write = queries.claimed_tagged(ids, owner, lease_seconds, tag, before, docs)
         if len(ids) == 1:  # one round trip, and a retryable write
             doc = await self.jobs.find_one_and_update(
                 write.filter, write.update, return_document=ReturnDocument.AFTER
             )
             return [Job.from_doc(doc)] if doc is not None else []
-        await self.jobs.update_many(write.filter, write.update)
+        res = await self.jobs.update_many(write.filter, write.update)
+        if docs is not None and res.modified_count == len(ids):
+            return [as_claimed(d, owner) for d in in_claim_order(docs)]
         won = await self.jobs.find(
             {"_id": {"$in": list(ids)}, "claim_tag": tag, "owner": owner, "status": R}
         ).to_list()
-        won.sort(key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
-        return [Job.from_doc(d) for d in won]
+        return [Job.from_doc(d) for d in in_claim_order(won)]
 
     def _primary(self) -> AsyncCollection[Doc]:
         """The jobs as the primary has them (local read concern): a job a dispatcher heard
@@ -201,12 +233,26 @@ class JobClaims(JobsCollection):
         keys = await self._primary().distinct("key", {"status": P, "queue": queue})
         return [None, *sorted(str(k) for k in keys if k is not None)]
 
+    async def first_of_keys(
+        self, queue: str, keys: Sequence[str], *, tasks: Collection[str] | None
+    ) -> dict[str, Doc]:
+        """The best pending job of each of `keys` (named keys: not the jobs without one) in
+        `queue`, due or not: one distinct scan of `claim_by_key`, a seek per key (a plan
+        of its own per key, as `key_candidates` makes, costs the server about eight times
+        more at 66 keys). Whole documents; a key without one is left out."""
+        if not keys:
+            return {}
+        pipeline = firsts_of_keys(queue, keys, tasks)
+        jobs = self._primary()
+        docs = await (await jobs.aggregate(pipeline, hint="claim_by_key")).to_list()
+        return {str(d["_id"]): d["doc"] for d in docs}
+
     async def key_candidates(
         self, queue: str, keys: Sequence[str | None], per_key: int, *, tasks: Collection[str] | None
     ) -> dict[str | None, list[Doc]]:
         """The best due pending jobs of each of `keys` in `queue`, at most `per_key` each (None:
-        the jobs without a key): one aggregation, one index range of `claim_by_key` per key
-        (`$unionWith`), in one round trip however many keys."""
+        the jobs without a key), whole documents: one aggregation, one index range of
+        `claim_by_key` per key (`$unionWith`), in one round trip however many keys."""
         if not keys:
             return {}
 
@@ -215,7 +261,6 @@ class JobClaims(JobsCollection):
                 {"$match": {**claim_filter(tasks, queue), "key": key}},
                 {"$sort": dict(CLAIM_SORT)},
                 {"$limit": per_key},
-                {"$project": {"_id": 1, "key": 1, "priority": 1}},
             ]
 
         pipeline = best(keys[0]) + [

@@ -37,6 +37,7 @@ from common.store.queries.base import (
     without_unknown_dependents,
 )
 from common.store.queries.claims import (
+    as_read,
     claimed,
     claimed_as_read,
     claimed_of_key,
@@ -91,6 +92,7 @@ __all__ = [
     "MAX_MERGED_SCANS",
     "Update",
     "Write",
+    "as_read",
     "attempt_failed",
     "bulk_index",
     "bulk_match",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from datetime import datetime
+from typing import Any
 
 from common.domain.models import Doc
 from common.store.fields import (
@@ -48,25 +49,47 @@ def claimed_of_key(
     )
 
 
+def as_read(doc: Doc) -> dict[str, Any]:
+    """A candidate as it was read: its id at that attempt number, not touched since (a
+    debounced submit joining it moves `debounced` and `updated_at`, a signal waking it
+    `updated_at`). A claim that matches this claims exactly the job that was read, so what
+    was read, with the claim's fields, is what it won (`fields.as_claimed`): no read-back."""
+    return {
+        "_id": doc["_id"],
+        "attempts": doc.get("attempts", 0),
+        "debounced": doc.get("debounced"),  # None: matches a job never joined
+        "updated_at": doc.get("updated_at"),
+    }
+
+
 def claimed_as_read(candidates: Sequence[Doc], owner: str, lease_seconds: float, tag: str) -> Write:
-    """pending → running for a batch: each candidate at the attempt number it was read with
-    (one claimed and handed back meanwhile is not taken), still due, tagged with `tag`."""
-    as_read = [{"_id": d["_id"], "attempts": d.get("attempts", 0)} for d in candidates]
+    """pending → running for a batch: each candidate as it was read (`as_read`: one claimed
+    and handed back, or joined by a debounced submit, meanwhile is not taken), still due,
+    tagged with `tag`."""
     return Write(
-        filter={"$or": as_read, **CLAIM_FILTER},
+        filter={"$or": [as_read(d) for d in candidates], **CLAIM_FILTER},
         update=[{"$set": {**claimed_fields(owner, lease_seconds), "claim_tag": tag}}],
     )
 
 
 def claimed_tagged(
-    ids: Sequence[str], owner: str, lease_seconds: float, tag: str, before: datetime
+    ids: Sequence[str],
+    owner: str,
+    lease_seconds: float,
+    tag: str,
+    before: datetime,
+    read: Sequence[Doc] | None = None,
 ) -> Write:
     """pending → running in a limited queue: these jobs if still due and pending, tagged
     with the claim's `tag` (its slots carry it too), only while the server's clock is before
-    `before` (the slots' `claim_by`)."""
+    `before` (the slots' `claim_by`). With `read` (the jobs' documents as the candidates read
+    found them), each only as read (`as_read`)."""
     due = {"$lte": ["$run_at", NOW]}
     in_time = {"$lt": [NOW, lit(before)]}
+    chosen: dict[str, Any] = (
+        {"$or": [as_read(d) for d in read]} if read is not None else {"_id": {"$in": list(ids)}}
+    )
     return Write(
-        filter={"_id": {"$in": list(ids)}, "status": P, "$expr": {"$and": [due, in_time]}},
+        filter={**chosen, "status": P, "$expr": {"$and": [due, in_time]}},
         update=[{"$set": {**claimed_fields(owner, lease_seconds), "claim_tag": lit(tag)}}],
     )

@@ -240,6 +240,19 @@ def test_progress_starts_and_heartbeats_pass_an_attempts_own_transaction_by() ->
     assert renewed.filter["$or"] == [{"_id": "j1", "attempts": 3, "tx.attempt": {"$ne": 3}}]
 
 
+def test_a_claim_as_read_takes_each_job_only_unchanged_since_its_read() -> None:
+    """A batch claim that wins every job as read uses what it read (no read-back): each job
+    is fenced on its attempt number and on what a debounced join or a signal moves."""
+    read = {"_id": "j1", "attempts": 2, "debounced": 3, "updated_at": AT, "payload": {}}
+    fence = {"_id": "j1", "attempts": 2, "debounced": 3, "updated_at": AT}
+    assert queries.as_read(read) == fence
+    fresh = queries.as_read({"_id": "j2", "attempts": 0})
+    assert fresh["debounced"] is None and fresh["updated_at"] is None  # null: field absent
+    assert queries.claimed_as_read([read], OWNER, 30, "t").filter["$or"] == [fence]
+    tagged = queries.claimed_tagged(["j1"], OWNER, 30, "t", AT, [read])
+    assert tagged.filter["$or"] == [fence] and "_id" not in tagged.filter
+
+
 def test_user_data_goes_in_as_literals_never_as_expressions() -> None:
     write = queries.completed(LEASE, OWNER, {"$where": "$status"}, 60)
     assert isinstance(write.update, list)
