@@ -58,9 +58,9 @@ class KeyedClaims:
     async def pick(
         self, queue: str, want: int, tasks: frozenset[str], gen: int, only: tuple[str | None] | None
     ) -> tuple[list[Doc], bool]:
-        """A claim's candidates in a keyed queue (whole documents, in the order to take them):
-        by turns across its keys, or with `only`, of that one key's jobs; and whether the
-        queue may have run dry. None due, but keys that wait: the queue waits with them."""
+        """A claim's candidates in a keyed queue (`{_id, key, priority}`, in the order to take
+        them): by turns across its keys, or with `only`, of that one key's jobs; and whether
+        the queue may have run dry. None due, but keys that wait: the queue waits with them."""
         if only is not None:
             return await self.of_key(queue, only[0], want, tasks), False  # says nothing of others
         docs, dry = await self.candidates(queue, want, tasks, gen)
@@ -155,14 +155,11 @@ class KeyedClaims:
         self, queue: str, docs: list[Doc], tag: str, owner: str, lease_s: float
     ) -> list[Job]:
         """A queue claimed fairly with nothing to count (`QueueLimits.slotless`): these
-        candidates, in the turns' order, claimed directly as read (no slots to take, settle
-        or give back: one write fewer per claim, none per finished job); the keys served go
-        to the back of the turns."""
+        candidates, in the turns' order, claimed directly (no slots to take, settle or give
+        back: one write fewer per claim, none per finished job); the keys served go to the
+        back of the turns."""
         ids = [str(d["_id"]) for d in docs]
-        read = dict(zip(ids, docs, strict=True))
-        jobs = await self.store.claim_tagged(
-            owner, lease_s, ids, tag, NO_CLAIM_DEADLINE, read=read
-        )
+        jobs = await self.store.claim_tagged(owner, lease_s, ids, tag, NO_CLAIM_DEADLINE)
         self.gates.claimed(queue)
         turns = self.turns.get(queue)
         if turns is not None:

@@ -296,8 +296,7 @@ class Limits:
             blocked = not self.gates.is_open(queue)
             return LimitedClaim(queue=queue, jobs=[], dry=dry, blocked=blocked)
         ids = [str(d["_id"]) for d in docs]
-        read = dict(zip(ids, docs, strict=True))
-        keys = {i: key_of(d) for i, d in read.items()} if keyed else None
+        keys = {str(d["_id"]): key_of(d) for d in docs} if keyed else None
         tag = secrets.token_hex(8)
         if limits is not None and limits.slotless:  # fair alone: nothing to count
             got = await self.keys.claim_slotless(queue, docs[:n], tag, self.owner, lease)
@@ -314,10 +313,7 @@ class Limits:
         rated = taken.queue.limits.rated
         # Sent before the claim: its `claimed_at` (the time the rate records) is later.
         start_by = time.monotonic() + RATE_START_MARGIN_S if rated else None
-        # A rate records each claim's time, which only a read-back gives.
-        jobs = await self.store.claim_tagged(
-            self.owner, lease, asked, tag, taken.claim_by, read=None if rated else read
-        )
+        jobs = await self.store.claim_tagged(self.owner, lease, asked, tag, taken.claim_by)
         for job in jobs:
             self.held[_key(job)] = Held(queue=queue, tag=tag, start_by=start_by)
         return LimitedClaim(

@@ -5,7 +5,7 @@ their claim under the slots it took (`common.store.queues`); the next due time."
 from __future__ import annotations
 
 import secrets
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -33,14 +33,16 @@ def firsts_of_keys(
     """The best pending job of each of `keys` in `queue` (of these tasks), by a distinct scan
     of `claim_by_key` (hint it): a `$group` with `$first` only, after a `$sort` in the
     index's order, on a `$match` the index bounds answer whole (a filter the index cannot
-    answer, as `$expr`, or a null key, would make it read every job of the keys)."""
+    answer, as `$expr`, or a null key, would make it read every job of the keys). Only
+    fields the index holds: no job is read, only its index key."""
     match: dict[str, Any] = {"status": P, "queue": queue, "key": {"$in": list(keys)}}
     if tasks is not None:
         match["task"] = {"$in": sorted(tasks)}
+    first = {f: {"$first": f"${f}"} for f in ("priority", "run_at")}
     return [
         {"$match": match},
         {"$sort": {"status": 1, "queue": 1, "key": 1, **dict(CLAIM_SORT)}},
-        {"$group": {"_id": "$key", "doc": {"$first": "$$ROOT"}}},
+        {"$group": {"_id": "$key", "id": {"$first": "$_id"}, **first}},
     ]
 
 
@@ -123,8 +125,9 @@ class JobClaims(JobsCollection):
             return [], True
         ids = [d["_id"] for d in candidates]
         tag = secrets.token_hex(8)
-        # Each candidate at the attempt number it was read with: one claimed and handed
-        # back meanwhile is not taken here, so a full match means every job is as read.
+        # Each candidate only as it was read (`queries.as_read`): one claimed and handed
+        # back, or joined by a debounced submit, meanwhile is not taken here, so a full
+        # match means every job is as read.
         write = queries.claimed_as_read(candidates, owner, lease_seconds, tag)
         res = await self.jobs.update_many(write.filter, write.update)
         dry = len(candidates) < limit
@@ -176,13 +179,13 @@ class JobClaims(JobsCollection):
     async def candidates(
         self, limit: int, *, tasks: Collection[str] | None, queue: str
     ) -> list[Doc]:
-        """The best due pending jobs of these tasks in `queue`, at most `limit`: what a claim
-        in a limited queue takes its slots for (whole documents: a claim that wins them all
-        as read needs no read-back). Read as the primary has them, as the plain claim does:
-        a job heard of from the oplog is not majority-committed yet, and its insert's
-        change-stream event, which comes later, is not news again."""
+        """The best due pending jobs of these tasks in `queue`, at most `limit`, as `{_id}`:
+        what a claim in a limited queue takes its slots for. Read as the primary has them,
+        as the plain claim does: a job heard of from the oplog is not majority-committed yet,
+        and its insert's change-stream event, which comes later, is not news again."""
         docs: list[Doc] = await self._primary().find(
             claim_filter(tasks, queue),
+            projection={"_id": 1},
             sort=CLAIM_SORT,
             limit=limit,
             hint=claim_index(tasks, queue),
@@ -190,32 +193,22 @@ class JobClaims(JobsCollection):
         return docs
 
     async def claim_tagged(
-        self,
-        owner: str,
-        lease_seconds: float,
-        ids: Sequence[str],
-        tag: str,
-        before: datetime,
-        *,
-        read: Mapping[str, Doc] | None = None,
+        self, owner: str, lease_seconds: float, ids: Sequence[str], tag: str, before: datetime
     ) -> list[Job]:
         """Lease those of these jobs still due and pending, each marked with the claim's `tag`
         (its slots carry it too), but only while the server's clock is before `before` (the
-        slots' `claim_by`: after it the slots may have been freed, and no claim may use
-        them). With `read` (each job's document as the candidates read found it), each only
-        as read; when it wins them all, no read-back (their `claimed_at` is then unknown)."""
+        slots' `claim_by`): after it the slots may have been freed, and no claim may use them.
+        What it won is read back: its candidates were read without their payloads (twice as
+        many as it claims), and a job may have changed since (a debounced submit joined it)."""
         if not ids:
             return []
-        docs = [read[i] for i in ids] if read is not None and all(i in read for i in ids) else None
-        write = queries.claimed_tagged(ids, owner, lease_seconds, tag, before, docs)
+        write = queries.claimed_tagged(ids, owner, lease_seconds, tag, before)
         if len(ids) == 1:  # one round trip, and a retryable write
             doc = await self.jobs.find_one_and_update(
                 write.filter, write.update, return_document=ReturnDocument.AFTER
             )
             return [Job.from_doc(doc)] if doc is not None else []
-        res = await self.jobs.update_many(write.filter, write.update)
-        if docs is not None and res.modified_count == len(ids):
-            return [as_claimed(d, owner) for d in in_claim_order(docs)]
+        await self.jobs.update_many(write.filter, write.update)
         won = await self.jobs.find(
             {"_id": {"$in": list(ids)}, "claim_tag": tag, "owner": owner, "status": R}
         ).to_list()
@@ -239,20 +232,29 @@ class JobClaims(JobsCollection):
         """The best pending job of each of `keys` (named keys: not the jobs without one) in
         `queue`, due or not: one distinct scan of `claim_by_key`, a seek per key (a plan
         of its own per key, as `key_candidates` makes, costs the server about eight times
-        more at 66 keys). Whole documents; a key without one is left out."""
+        more at 66 keys). Each as `{_id, key, priority, run_at}`; a key without one is
+        left out."""
         if not keys:
             return {}
         pipeline = firsts_of_keys(queue, keys, tasks)
         jobs = self._primary()
         docs = await (await jobs.aggregate(pipeline, hint="claim_by_key")).to_list()
-        return {str(d["_id"]): d["doc"] for d in docs}
+        return {
+            str(d["_id"]): {
+                "_id": d["id"],
+                "key": d["_id"],
+                "priority": d["priority"],
+                "run_at": d["run_at"],
+            }
+            for d in docs
+        }
 
     async def key_candidates(
         self, queue: str, keys: Sequence[str | None], per_key: int, *, tasks: Collection[str] | None
     ) -> dict[str | None, list[Doc]]:
         """The best due pending jobs of each of `keys` in `queue`, at most `per_key` each (None:
-        the jobs without a key), whole documents: one aggregation, one index range of
-        `claim_by_key` per key (`$unionWith`), in one round trip however many keys."""
+        the jobs without a key), as `{_id, key, priority}`: one aggregation, one index range
+        of `claim_by_key` per key (`$unionWith`), in one round trip however many keys."""
         if not keys:
             return {}
 
@@ -261,6 +263,7 @@ class JobClaims(JobsCollection):
                 {"$match": {**claim_filter(tasks, queue), "key": key}},
                 {"$sort": dict(CLAIM_SORT)},
                 {"$limit": per_key},
+                {"$project": {"_id": 1, "key": 1, "priority": 1}},
             ]
 
         pipeline = best(keys[0]) + [

@@ -50,10 +50,11 @@ def claimed_of_key(
 
 
 def as_read(doc: Doc) -> dict[str, Any]:
-    """A candidate as it was read: its id at that attempt number, not touched since (a
-    debounced submit joining it moves `debounced` and `updated_at`, a signal waking it
-    `updated_at`). A claim that matches this claims exactly the job that was read, so what
-    was read, with the claim's fields, is what it won (`fields.as_claimed`): no read-back."""
+    """A candidate as a batch claim read it (whole): its id at that attempt number, not
+    touched since (a debounced submit joining it moves `debounced` and `updated_at`, a
+    signal waking it `updated_at`). A claim that matches this claims exactly the job that
+    was read, so what was read, with the claim's fields, is what it won
+    (`fields.as_claimed`): no read-back."""
     return {
         "_id": doc["_id"],
         "attempts": doc.get("attempts", 0),
@@ -73,23 +74,14 @@ def claimed_as_read(candidates: Sequence[Doc], owner: str, lease_seconds: float,
 
 
 def claimed_tagged(
-    ids: Sequence[str],
-    owner: str,
-    lease_seconds: float,
-    tag: str,
-    before: datetime,
-    read: Sequence[Doc] | None = None,
+    ids: Sequence[str], owner: str, lease_seconds: float, tag: str, before: datetime
 ) -> Write:
     """pending → running in a limited queue: these jobs if still due and pending, tagged
     with the claim's `tag` (its slots carry it too), only while the server's clock is before
-    `before` (the slots' `claim_by`). With `read` (the jobs' documents as the candidates read
-    found them), each only as read (`as_read`)."""
+    `before` (the slots' `claim_by`)."""
     due = {"$lte": ["$run_at", NOW]}
     in_time = {"$lt": [NOW, lit(before)]}
-    chosen: dict[str, Any] = (
-        {"$or": [as_read(d) for d in read]} if read is not None else {"_id": {"$in": list(ids)}}
-    )
     return Write(
-        filter={**chosen, "status": P, "$expr": {"$and": [due, in_time]}},
+        filter={"_id": {"$in": list(ids)}, "status": P, "$expr": {"$and": [due, in_time]}},
         update=[{"$set": {**claimed_fields(owner, lease_seconds), "claim_tag": lit(tag)}}],
     )

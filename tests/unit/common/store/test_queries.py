@@ -249,8 +249,6 @@ def test_a_claim_as_read_takes_each_job_only_unchanged_since_its_read() -> None:
     fresh = queries.as_read({"_id": "j2", "attempts": 0})
     assert fresh["debounced"] is None and fresh["updated_at"] is None  # null: field absent
     assert queries.claimed_as_read([read], OWNER, 30, "t").filter["$or"] == [fence]
-    tagged = queries.claimed_tagged(["j1"], OWNER, 30, "t", AT, [read])
-    assert tagged.filter["$or"] == [fence] and "_id" not in tagged.filter
 
 
 def test_user_data_goes_in_as_literals_never_as_expressions() -> None:
