@@ -9,7 +9,7 @@
     python -m bench.run --scenario costs
     python -m bench.run --scenario fairness [--jobs 10000]
     python -m bench.run --scenario bulkplans [--jobs 100000]
-    python -m bench.run --scenario keyscale [--jobs 1000000]
+    python -m bench.run --scenario keyscale [--jobs 1000000] [--rounds 2]
     python -m bench.run --scenario jobcost [--rate 50] [--jobs 500] [--via http,client]
                         [--checkout PATH] [--warmup 100] [--mongo-port 26417]
 
@@ -98,6 +98,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--preload-in-flight", type=int, default=32, help="throughput/backlog")
     p.add_argument("--limit", type=int, default=4, help="limits: the queue's concurrency")
     p.add_argument(
+        "--rounds", type=int, default=2,
+        help="keyscale: plain and keyed drains, alternated this many times (default 2)",
+    )
+    p.add_argument(
         "--log-level",
         default="WARNING",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -116,6 +120,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--jobs, --rate, --duration and --concurrency must be positive")
     if args.warmup < 0:
         p.error("--warmup must not be negative")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     return args
 
 
@@ -440,7 +446,9 @@ def _scale_plan(
         "costs": [("costs", lambda: costs.costs(ctx))],
         "fairness": [("fairness", lambda: fairness.fairness(ctx, args.jobs))],
         "bulkplans": [("bulkplans", lambda: fairness.bulk_plans(ctx, args.jobs))],
-        "keyscale": [("keyscale", lambda: fairness.keyscale(ctx, args.jobs))],
+        "keyscale": [
+            ("keyscale", lambda: fairness.keyscale(ctx, args.jobs, rounds=args.rounds))
+        ],
         "failover": [
             ("failover", lambda: failover.failover(ctx, args.jobs, args.clients or 32))
         ],
