@@ -119,9 +119,7 @@ class KeyedClaims:
             if k is None or (k in firsts and firsts[k]["run_at"].timestamp() > now)
         ]
         more = await self.store.key_candidates(queue, late, 1, tasks=tasks) if late else {}
-        return {
-            k: more[k] if k in more else [firsts[k]] if k in firsts else [] for k in picked
-        }
+        return {k: more.get(k, [firsts[k]] if k in firsts else []) for k in picked}
 
     async def of_key(
         self, queue: str, key: str | None, want: int, tasks: frozenset[str]

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +18,7 @@ from common.store.queues import QUEUES, QueueStore
 from dispatcher.held_jobs import Holdings
 from dispatcher.limits import Limits
 from dispatcher.wiring import Wiring
+from tests.support.plans import explain_aggregate, keys_examined
 
 OWNER = "d1"
 
@@ -144,19 +144,9 @@ async def test_each_keys_first_job_is_one_distinct_scan_of_the_key_index(
     assert str((await store.first_of_keys("tenants", ["b"], tasks=None))["b"]["_id"]) == (
         other.job.id
     )
-    stats = await store.db.command(
-        "explain",
-        {
-            "aggregate": "jobs",
-            "pipeline": firsts_of_keys("tenants", keys, {"noop"}),
-            "hint": "claim_by_key",
-            "cursor": {},
-        },
-        verbosity="executionStats",
-    )
-    plan = str(stats)
+    plan = await explain_aggregate(store, firsts_of_keys("tenants", keys, {"noop"}), "claim_by_key")
     assert "DISTINCT_SCAN" in plan and "'claim_by_key'" in plan, plan
-    [seen] = [int(n) for n in re.findall(r"'totalKeysExamined': (\d+)", plan)][:1]
+    seen = keys_examined(plan)
     assert seen <= 2 * len(keys), seen  # 44 keys; not the 206 pending jobs
 
 

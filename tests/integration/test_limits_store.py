@@ -4,7 +4,6 @@ releases, pruning, the rate window, pause, adoption, and what the plain claim pa
 from __future__ import annotations
 
 import asyncio
-import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,6 +16,7 @@ from common.store.jobs import JobStore, Lease
 from common.store.jobs.claims import PENDING_QUEUES
 from common.store.queries import CLAIM_SORT, claim_filter, claim_index
 from common.store.queues import QueueStore
+from tests.support.plans import explain_aggregate, keys_examined
 
 OWNER = "d1"
 
@@ -291,19 +291,9 @@ async def test_a_backlog_in_a_limited_queue_costs_the_plain_claim_nothing(
     assert await store.next_due(tasks=tasks, exclude={"fragile"}, after=after) is None
     # The queues with pending jobs: a seek per queue on `claim_by_queue`, not a read of the
     # backlog (left to itself, the planner scanned `claim_order`: every pending job).
-    distinct = await store.db.command(
-        "explain",
-        {
-            "aggregate": "jobs",
-            "pipeline": list(PENDING_QUEUES),
-            "hint": "claim_by_queue",
-            "cursor": {},
-        },
-        verbosity="executionStats",
-    )
-    plan = str(distinct)
+    plan = await explain_aggregate(store, list(PENDING_QUEUES), "claim_by_queue")
     assert "DISTINCT_SCAN" in plan and "'claim_by_queue'" in plan, plan
-    [keys] = [int(n) for n in re.findall(r"'totalKeysExamined': (\d+)", plan)][:1]
+    keys = keys_examined(plan)
     assert keys <= 4, keys  # two queues; not the 501 pending jobs
 
 
