@@ -275,7 +275,8 @@ class QueueDoc:
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> QueueDoc:
-        slots = tuple(QueueSlot.from_doc(s) for s in doc.get("slots") or ())
+        # A slot given back is a `null` where it stood until a take compacts the array.
+        slots = tuple(QueueSlot.from_doc(s) for s in doc.get("slots") or () if s is not None)
         return cls(
             name=str(doc["_id"]),
             limits=QueueLimits.from_doc(doc),

@@ -3,7 +3,7 @@
 One document per queue that was ever given a limit (its `_id` is the queue's name):
 
     {concurrency: int|null, rate: {limit, per_seconds}|null, paused: bool,
-     slots:  [{job, tag, owner, claim_by?} | {job, tag, attempt, adopted: true}],
+     slots:  [{job, tag, owner, claim_by?} | {job, tag, attempt, adopted: true} | null],
      starts: [datetime],           # starts inside the rate window, when there is a rate
      updated_at, released_at}
 
@@ -16,7 +16,12 @@ A claim in a limited queue takes its slots first, then the jobs:
    the claim's `tag` (`claim_tag`).
 3. `settle`, only when needed: the slots of jobs another dispatcher won are given back,
    and with a rate, the real starts replace the `claim_by` each slot counted until then.
-4. `release`: after a job's final write, its holder removes its slot.
+4. `release`: after a job's final write, its holder gives its slot back.
+
+A slot given back becomes `null` where it stood (a *tombstone*), and the next `take` after
+`COMPACT_AT` of them drops them all: each write then changes a few elements of `slots`,
+and its oplog entry (and the secondaries' work) holds those elements, not the whole array,
+which removing one from the front would rewrite. Every reader counts only the live slots.
 
 So every running job of a limited queue holds a slot, at every instant: the slot is
 written before the job starts and removed after it stopped. Nothing here expires on a
@@ -64,6 +69,32 @@ def _list(field: str) -> dict[str, Any]:
     return {"$ifNull": [f"${field}", []]}
 
 
+# Tombstones (`null` where a slot was given back) a take drops, once there are this many:
+# one rewrite of the array for so many small writes.
+COMPACT_AT = 256
+# A take's live slots, computed once in its first stage (`_TAKE_LIVE`) and unset in its last.
+LIVE = "$_live"
+
+LIVE_SLOTS: dict[str, Any] = {
+    "$filter": {"input": _list("slots"), "cond": {"$ne": ["$$this", None]}}
+}
+
+
+def _compacted() -> dict[str, Any]:
+    """`slots` as a take leaves them before adding its own: as they stand (a small oplog
+    diff), or without their tombstones once there are `COMPACT_AT` of them."""
+    tombstones = {"$subtract": [{"$size": _list("slots")}, {"$size": LIVE}]}
+    return {"$cond": [{"$gte": [tombstones, COMPACT_AT]}, LIVE, _list("slots")]}
+
+
+def _given_back(named: dict[str, Any]) -> dict[str, Any]:
+    """`slots` with those `named` (a condition on `$$this`) turned to tombstones, in place;
+    `[]` when no live slot is left."""
+    marked = {"$map": {"input": _list("slots"), "in": {"$cond": [named, None, "$$this"]}}}
+    live = {"$anyElementTrue": [{"$map": {"input": marked, "in": {"$ne": ["$$this", None]}}}]}
+    return {"$cond": [live, marked, []]}
+
+
 def _window_start() -> dict[str, Any]:
     """The start of the rate window ending now (null without a rate), `RATE_START_MARGIN_S`
     longer than the rate's `per_seconds` (see there)."""
@@ -71,8 +102,8 @@ def _window_start() -> dict[str, Any]:
     return {"$subtract": [NOW, {"$toLong": window_ms}]}
 
 
-def _count(field: str, cond: dict[str, Any]) -> dict[str, Any]:
-    return {"$size": {"$filter": {"input": _list(field), "cond": cond}}}
+def _count(items: dict[str, Any] | str, cond: dict[str, Any]) -> dict[str, Any]:
+    return {"$size": {"$filter": {"input": items, "cond": cond}}}
 
 
 def _key_window_start() -> dict[str, Any]:
@@ -105,8 +136,8 @@ def _per_key(candidates: dict[str, Any], room: dict[str, Any]) -> dict[str, Any]
     for each key, only while its slots (those held, and those taken before it here) stay
     under `key_concurrency` and its starts in the key rate's window (recorded starts, and
     slots not yet settled, at their `claim_by`) under `key_rate.limit`. A job without a key
-    is held to neither."""
-    held = {"$concatArrays": [_list("slots"), "$$value"]}
+    is held to neither. Inside `take`'s pipeline (the live slots are `LIVE`)."""
+    held = {"$concatArrays": [LIVE, "$$value"]}
     since = _key_window_start()
     no_key = {"$eq": [{"$ifNull": ["$$this.key", None]}, None]}
     by_concurrency = {
@@ -132,19 +163,20 @@ def _per_key(candidates: dict[str, Any], room: dict[str, Any]) -> dict[str, Any]
 def _room(n: int) -> dict[str, Any]:
     """How many of `n` slots the queue can give now: 0 while paused, else bounded by the
     concurrency (every slot counts) and by the starts left in the rate window (recorded
-    starts, and each unsettled slot at its `claim_by`)."""
+    starts, and each unsettled slot at its `claim_by`). Inside `take`'s pipeline (the live
+    slots are `LIVE`)."""
     since = _window_start()
     by_concurrency = {
         "$cond": [
             {"$eq": [{"$ifNull": ["$concurrency", None]}, None]},
             n,
-            {"$subtract": ["$concurrency", {"$size": _list("slots")}]},
+            {"$subtract": ["$concurrency", {"$size": LIVE}]},
         ]
     }
     in_window = {
         "$add": [
-            _count("starts", {"$gt": ["$$this", since]}),
-            _count("slots", {"$gt": ["$$this.claim_by", since]}),
+            _count(_list("starts"), {"$gt": ["$$this", since]}),
+            _count(LIVE, {"$gt": ["$$this.claim_by", since]}),
         ]
     }
     by_rate = {
@@ -182,10 +214,10 @@ def _take_projection(tag: str) -> dict[str, Any]:
                 },
             ]
         },
-        "used": {"$size": _list("slots")},
+        "used": {"$size": LIVE_SLOTS},
         "slots": {
             "$filter": {
-                "input": _list("slots"),
+                "input": LIVE_SLOTS,
                 "cond": {
                     "$or": [
                         keyed,  # with per-key limits, every slot: which keys are full
@@ -204,19 +236,25 @@ def _take_projection(tag: str) -> dict[str, Any]:
 
 
 def _released(held: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
-    """The pipeline stage that gives back the slots of `held` (`(job id, tag)` each), and
-    marks `released_at` when it gave back any (none: no stage)."""
+    """The pipeline stage that gives back the slots of `held` (`(job id, tag)` each), as
+    tombstones, and marks `released_at` when it gave back any (none: no stage)."""
     if not held:
         return []
     named = {
         "$or": [
-            {"$and": [{"$eq": ["$$s.job", job_id]}, {"$eq": ["$$s.tag", tag]}]}
+            {"$and": [{"$eq": ["$$this.job", job_id]}, {"$eq": ["$$this.tag", tag]}]}
             for job_id, tag in held
         ]
     }
-    kept = {"$filter": {"input": _list("slots"), "as": "s", "cond": {"$not": [named]}}}
-    fewer = {"$lt": [{"$size": kept}, {"$size": _list("slots")}]}
-    return [{"$set": {"slots": kept, "released_at": {"$cond": [fewer, NOW, "$released_at"]}}}]
+    any_held = {"$anyElementTrue": [{"$map": {"input": LIVE_SLOTS, "in": named}}]}
+    return [
+        {
+            "$set": {
+                "released_at": {"$cond": [any_held, NOW, "$released_at"]},
+                "slots": _given_back(named),
+            }
+        }
+    ]
 
 
 def _slot(job_id: str, tag: str, owner: str, key: str | None) -> dict[str, Any]:
@@ -355,7 +393,12 @@ class QueueStore:
         taken = {"$cond": [{"$gt": [room, 0]}, _per_key(with_deadline, room), []]}
         doc = await self.queues.find_one_and_update(
             {"_id": name},
-            [*_released(release), {"$set": {"slots": {"$concatArrays": [_list("slots"), taken]}}}],
+            [
+                *_released(release),
+                {"$set": {"_live": LIVE_SLOTS}},
+                {"$set": {"slots": {"$concatArrays": [_compacted(), taken]}}},
+                {"$unset": "_live"},
+            ],
             projection=_take_projection(tag),
             return_document=ReturnDocument.AFTER,
         )
@@ -407,9 +450,16 @@ class QueueStore:
         if not held:
             return False
         either = {"$or": [{"job": job_id, "tag": tag} for job_id, tag in held]}
+        named = {
+            "$or": [
+                {"$and": [{"$eq": ["$$this.job", job_id]}, {"$eq": ["$$this.tag", tag]}]}
+                for job_id, tag in held
+            ]
+        }
+        # Tombstones in place, not a `$pull`: the oplog entry names the elements changed.
         res = await self.queues.update_one(
             {"_id": name, "slots": {"$elemMatch": either}},
-            {"$pull": {"slots": either}, "$currentDate": {"released_at": True}},
+            [{"$set": {"slots": _given_back(named), "released_at": NOW}}],
         )
         return res.modified_count == 1
 
@@ -458,14 +508,8 @@ class QueueStore:
         _, dead = slot_usage(doc, jobs, doc.now)
         if not dead:
             return Pruned(slots=[])
-        res = await self.queues.update_one(
-            {"_id": name},
-            {
-                "$pull": {"slots": {"$or": [{"job": s.job, "tag": s.tag} for s in dead]}},
-                "$currentDate": {"released_at": True},
-            },
-        )
-        return Pruned(slots=dead if res.modified_count else [])
+        freed = await self.release_many(name, [(s.job, s.tag) for s in dead])
+        return Pruned(slots=dead if freed else [])
 
     async def usage(self) -> dict[str, QueueUsage]:
         """Every queue document with its slots in use now, checked against the jobs."""
@@ -481,20 +525,25 @@ class QueueStore:
 
 
 def _settled_slots(tag: str, lost: Collection[str], started: Mapping[str, datetime]) -> Any:
-    """The slots of claim `tag`, less those of `lost` jobs; a `started` job's slot no longer
-    counts as a start at its `claim_by`."""
+    """The slots of claim `tag`, less those of `lost` jobs (tombstones in place); a
+    `started` job's slot no longer counts as a start at its `claim_by`."""
     mine = {"$eq": ["$$this.tag", tag]}
     gone = {"$and": [mine, {"$in": ["$$this.job", lit(list(lost))]}]}
     settled = {"$and": [mine, {"$in": ["$$this.job", lit(list(started))]}]}
     return {
         "$map": {
-            "input": {"$filter": {"input": _list("slots"), "cond": {"$not": [gone]}}},
+            "input": _list("slots"),
             "in": {
-                "$cond": [
-                    settled,
-                    {"$unsetField": {"field": "claim_by", "input": "$$this"}},
-                    "$$this",
-                ]
+                "$switch": {
+                    "branches": [
+                        {"case": gone, "then": None},
+                        {
+                            "case": settled,
+                            "then": {"$unsetField": {"field": "claim_by", "input": "$$this"}},
+                        },
+                    ],
+                    "default": "$$this",
+                }
             },
         }
     }

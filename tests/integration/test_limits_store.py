@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+import bson
 import pytest
 
 from brook import AsyncClient, InvalidInput
@@ -15,7 +16,7 @@ from common.runtime.settings import Settings
 from common.store.jobs import JobStore, Lease
 from common.store.jobs.claims import PENDING_QUEUES
 from common.store.queries import CLAIM_SORT, claim_filter, claim_index
-from common.store.queues import QueueStore
+from common.store.queues import COMPACT_AT, QueueStore
 from tests.support.plans import explain_aggregate, keys_examined
 
 OWNER = "d1"
@@ -137,6 +138,47 @@ async def test_released_together_frees_exactly_the_slots_named_by_job_and_tag(
     await queues.release_many("fragile", [(ids[1], "t1"), (ids[3], "t2")])
     doc = await queues.read("fragile")
     assert doc is not None and doc.slots == ()
+
+
+async def test_a_slot_given_back_is_a_small_write_and_a_take_compacts_the_tombstones(
+    store: JobStore,
+) -> None:
+    """A release turns its slots into `null` where they stood: the oplog entry (what every
+    secondary applies) names those elements, not the whole array, as removing one from the
+    front would. Readers count the live slots; a take drops the tombstones once there are
+    `COMPACT_AT` of them."""
+    queues = QueueStore(store.db)
+    await queues.set_limits("fragile", {"concurrency": 1000})
+    ids = await pending(store, COMPACT_AT + 40)
+    await queues.take("fragile", owner=OWNER, tag="t1", jobs=ids, claim_window_s=30)
+    raw = store.db["brook_queues"]
+    oplog = store.db.client["local"]["oplog.rs"]
+    ns = f"{store.db.name}.brook_queues"
+    assert await queues.release_many("fragile", [(ids[0], "t1")])
+    entry = await oplog.find_one({"ns": ns}, sort=[("$natural", -1)])
+    doc = await raw.find_one({"_id": "fragile"})
+    assert entry is not None and doc is not None
+    assert doc["slots"][0] is None and len(doc["slots"]) == len(ids)
+    array = len(bson.encode({"slots": doc["slots"]}))
+    assert len(bson.encode(entry["o"])) < 300 < array // 20
+    read = await queues.read("fragile")
+    assert read is not None and read.used == len(ids) - 1 and ids[0] not in {s.job for s in read.slots}
+    # Tombstones up to COMPACT_AT - 1 stay where they are through a take...
+    await queues.release_many("fragile", [(i, "t1") for i in ids[1 : COMPACT_AT - 1]])
+    more = await pending(store, 2)
+    await queues.take("fragile", owner=OWNER, tag="t2", jobs=more[:1], claim_window_s=30)
+    doc = await raw.find_one({"_id": "fragile"})
+    assert doc is not None and len(doc["slots"]) == len(ids) + 1
+    # ...and the take that finds COMPACT_AT of them drops them all.
+    await queues.release_many("fragile", [(ids[COMPACT_AT - 1], "t1")])
+    await queues.take("fragile", owner=OWNER, tag="t3", jobs=more[1:], claim_window_s=30)
+    doc = await raw.find_one({"_id": "fragile"})
+    assert doc is not None and None not in doc["slots"]
+    assert [s["job"] for s in doc["slots"]] == [*ids[COMPACT_AT:], *more]
+    # Given back to the last one: no tombstones are left either.
+    await queues.release_many("fragile", [(s["job"], s["tag"]) for s in doc["slots"]])
+    doc = await raw.find_one({"_id": "fragile"})
+    assert doc is not None and doc["slots"] == []
 
 
 async def test_a_take_gives_back_the_slots_it_carries_first_and_counts_them_free(
