@@ -24,7 +24,7 @@ and its oplog entry (and the secondaries' work) holds those elements, not the wh
 which removing one from the front would rewrite. Every reader counts only the live slots.
 
 So every running job of a limited queue holds a slot, at every instant: the slot is
-written before the job starts and removed after it stopped. Nothing here expires on a
+written before the job starts and given back after it stopped. Nothing here expires on a
 timer, so a slow heartbeat can never free a slot under a running job. What a dead
 dispatcher leaves behind (a slot never released, a claim never made) is freed by
 `prune`, which removes only slots the jobs themselves show are over: past `claim_by` (no
@@ -72,7 +72,7 @@ def _list(field: str) -> dict[str, Any]:
 # Tombstones (`null` where a slot was given back) a take drops, once there are this many:
 # one rewrite of the array for so many small writes.
 COMPACT_AT = 256
-# A take's live slots, computed once in its first stage (`_TAKE_LIVE`) and unset in its last.
+# A take's live slots: its pipeline sets `_live` to them once, reads `LIVE`, and unsets it.
 LIVE = "$_live"
 
 LIVE_SLOTS: dict[str, Any] = {
@@ -85,6 +85,16 @@ def _compacted() -> dict[str, Any]:
     diff), or without their tombstones once there are `COMPACT_AT` of them."""
     tombstones = {"$subtract": [{"$size": _list("slots")}, {"$size": LIVE}]}
     return {"$cond": [{"$gte": [tombstones, COMPACT_AT]}, LIVE, _list("slots")]}
+
+
+def _named(held: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """Whether `$$this` is one of the slots of `held` (`(job id, tag)` each)."""
+    return {
+        "$or": [
+            {"$and": [{"$eq": ["$$this.job", job_id]}, {"$eq": ["$$this.tag", tag]}]}
+            for job_id, tag in held
+        ]
+    }
 
 
 def _given_back(named: dict[str, Any]) -> dict[str, Any]:
@@ -240,12 +250,7 @@ def _released(held: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     tombstones, and marks `released_at` when it gave back any (none: no stage)."""
     if not held:
         return []
-    named = {
-        "$or": [
-            {"$and": [{"$eq": ["$$this.job", job_id]}, {"$eq": ["$$this.tag", tag]}]}
-            for job_id, tag in held
-        ]
-    }
+    named = _named(held)
     any_held = {"$anyElementTrue": [{"$map": {"input": LIVE_SLOTS, "in": named}}]}
     return [
         {
@@ -450,16 +455,10 @@ class QueueStore:
         if not held:
             return False
         either = {"$or": [{"job": job_id, "tag": tag} for job_id, tag in held]}
-        named = {
-            "$or": [
-                {"$and": [{"$eq": ["$$this.job", job_id]}, {"$eq": ["$$this.tag", tag]}]}
-                for job_id, tag in held
-            ]
-        }
         # Tombstones in place, not a `$pull`: the oplog entry names the elements changed.
         res = await self.queues.update_one(
             {"_id": name, "slots": {"$elemMatch": either}},
-            [{"$set": {"slots": _given_back(named), "released_at": NOW}}],
+            [{"$set": {"slots": _given_back(_named(held)), "released_at": NOW}}],
         )
         return res.modified_count == 1
 
