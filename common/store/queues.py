@@ -101,8 +101,8 @@ def _given_back(named: dict[str, Any]) -> dict[str, Any]:
     """`slots` with those `named` (a condition on `$$this`) turned to tombstones, in place;
     `[]` when no live slot is left."""
     marked = {"$map": {"input": _list("slots"), "in": {"$cond": [named, None, "$$this"]}}}
-    live = {"$anyElementTrue": [{"$map": {"input": marked, "in": {"$ne": ["$$this", None]}}}]}
-    return {"$cond": [live, marked, []]}
+    # A slot (an object) is true, a tombstone (`null`) false.
+    return {"$cond": [{"$anyElementTrue": [marked]}, marked, []]}
 
 
 def _window_start() -> dict[str, Any]:
@@ -251,7 +251,7 @@ def _released(held: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     if not held:
         return []
     named = _named(held)
-    any_held = {"$anyElementTrue": [{"$map": {"input": LIVE_SLOTS, "in": named}}]}
+    any_held = {"$anyElementTrue": [{"$map": {"input": _list("slots"), "in": named}}]}
     return [
         {
             "$set": {
