@@ -1,7 +1,7 @@
 """`jobcost`: the CPU one job costs each process of a deployment, at a steady arrival rate.
 
     python -m bench.run --scenario jobcost [--rate 50] [--jobs 500] [--via http,client]
-                        [--checkout PATH] [--warmup 100] [--mongo-port 26417]
+                        [--checkout PATH] [--warmup 100] [--mongo-port 26417] [--window-s 30]
 
 For each way in (`--via`), on a fresh embedded three-node set of its own (ports
 `--mongo-port` to +2, data under `.brook/bench-jobcost-<stamp>-<via>`, stopped and deleted at the
@@ -26,6 +26,12 @@ reported beside). The counts
 are in the output. Latency is the job documents' `finished_at - created_at` (the server's
 `$$NOW`, millisecond stamps).
 
+The measured jobs are also cut into windows of `--window-s` seconds from the first measured
+submit: each window's jobs (by `created_at`), their e2e p50/p99 and the CPU-ms per job of
+each role in it (a reading of every group at each window's end), with the seconds since the
+set was made. `--warmup 0 --jobs 9000` thus shows whether the first minute after a fresh
+start is slower than the minutes after it.
+
 `--checkout PATH` runs the roles and the submitter from another checkout of Brook
 (`PATH/.venv/bin/brook`, `PATH/.venv/bin/python`), for an A/B against an older commit;
 the set, the clock and the `/proc` reads stay this checkout's. A checkout without
@@ -43,6 +49,7 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -97,6 +104,7 @@ class Options:
     vias: tuple[str, ...]
     port: int
     log_level: str
+    window_s: float
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Options:
@@ -111,6 +119,7 @@ class Options:
             vias=vias,
             port=port,
             log_level=args.log_level,
+            window_s=args.window_s,
         )
 
 
@@ -232,6 +241,30 @@ class Snapshot:
             "other_cores": round(max(busy * (os.cpu_count() or 1) - ours / max(wall, 1e-9), 0), 2),
             "groups": groups,
         }
+
+
+class Marks(threading.Thread):
+    """A snapshot of every group each `every` seconds after `first`, and one when finished:
+    the edges of the measured windows."""
+
+    def __init__(self, groups: Groups, first: Snapshot, every: float) -> None:
+        super().__init__(name="jobcost-windows", daemon=True)
+        self.groups, self.every = groups, every
+        self.readings = [first]
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        start = self.readings[0].at
+        k = 1
+        while not self._done.wait(max(start + k * self.every - time.monotonic(), 0.0)):
+            self.readings.append(Snapshot.take(self.groups))
+            k += 1
+
+    def finish(self) -> list[Snapshot]:
+        self._done.set()
+        self.join()
+        self.readings.append(Snapshot.take(self.groups))
+        return self.readings
 
 
 # -- submitting --------------------------------------------------------------------------------
@@ -374,15 +407,22 @@ def run_via(opts: Options, checkout: Checkout, via: str, stamp: str, log_dir: Pa
             uri = rs.up()
         except EmbeddedMongoError as exc:
             raise BenchError(f"the set on ports {opts.port}-{opts.port + 2}: {exc}") from exc
+        made = time.monotonic()
         mongods = [pid for i in range(rs.members) if (pid := rs.pid(i)) is not None]
-        return measure(opts, checkout, via, uri, mongods, log_dir)
+        return measure(opts, checkout, via, uri, mongods, log_dir, made)
     finally:
         rs.down()
         shutil.rmtree(home, ignore_errors=True)
 
 
 def measure(
-    opts: Options, checkout: Checkout, via: str, uri: str, mongods: list[int], log_dir: Path
+    opts: Options,
+    checkout: Checkout,
+    via: str,
+    uri: str,
+    mongods: list[int],
+    log_dir: Path,
+    made: float,
 ) -> Doc:
     """Start the roles, warm up, sit idle, then the measured jobs between two CPU readings."""
     env = role_env(opts, checkout, uri)
@@ -419,11 +459,14 @@ def measure(
                 "commit": checkout.commit,
                 "skipped": way.skipped,
             }
-        sent, idle, window = phases(opts, db, procs, way.send, way.pid, mongods)
+        sent, idle, window, readings = phases(opts, db, procs, way.send, way.pid, mongods)
         docs = db[DB]["jobs"].find({"payload.bench": "measured"}, PROJECTION)
         jobs = [JobTimes.from_doc(d) for d in docs]
         logs = {p.role: p.log_events() for p in procs}
-    return figures(opts, checkout, via, sent, idle, window, jobs) | {"logs": logs}
+    return figures(opts, checkout, via, sent, idle, window, jobs) | {
+        "windows": by_window(readings, jobs, opts.window_s, readings[0].at - made),
+        "logs": logs,
+    }
 
 
 def phases(
@@ -433,7 +476,7 @@ def phases(
     send: Submit,
     submitter: int | None,
     mongods: list[int],
-) -> tuple[Doc, Doc, Doc]:
+) -> tuple[Doc, Doc, Doc, list[Snapshot]]:
     """The warm-up (not counted), `IDLE_S` seconds with nothing sent, then the measured
     jobs: what the submitter saw, and the CPU used while idle and while measured."""
     dispatcher, api = procs
@@ -450,9 +493,14 @@ def phases(
     time.sleep(IDLE_S)
     idle = Snapshot.take(groups).since(idle_start)
     before = Snapshot.take(groups)
-    sent = send("measured", opts.jobs)
-    wait_settled(db, DB, procs, timeout=120 + 2 * opts.jobs / opts.rate)
-    return sent, idle, Snapshot.take(groups).since(before)
+    marks = Marks(groups, before, opts.window_s)
+    marks.start()
+    try:
+        sent = send("measured", opts.jobs)
+        wait_settled(db, DB, procs, timeout=120 + 2 * opts.jobs / opts.rate)
+    finally:
+        readings = marks.finish()
+    return sent, idle, readings[-1].since(before), readings
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -516,6 +564,40 @@ def figures(
     }
 
 
+def by_window(
+    readings: list[Snapshot], jobs: list[JobTimes], every: float, offset: float
+) -> list[Doc]:
+    """The measured jobs cut at the readings' edges (by `created_at`, from the first job's):
+    each window's jobs, e2e and CPU-ms per job; `from_s` counts from the set's start."""
+    if not jobs:
+        return []
+    origin = min(j.created for j in jobs)
+    span = (max(j.created for j in jobs) - origin).total_seconds()
+    # The settling after the last submit belongs to the last window that has jobs.
+    readings = [*readings[: min(int(span / every) + 1, len(readings) - 1)], readings[-1]]
+    last = len(readings) - 2
+    buckets: list[list[JobTimes]] = [[] for _ in range(last + 1)]
+    for j in jobs:
+        buckets[min(int((j.created - origin).total_seconds() / every), last)].append(j)
+    out: list[Doc] = []
+    for k, window in enumerate(buckets):
+        spent = readings[k + 1].since(readings[k])
+        n = max(len(window), 1)
+        per_job = {g: round(v["cpu_ms"] / n, 2) for g, v in spent["groups"].items()}
+        per_job["total"] = round(sum(per_job[label] for label in ROLES), 2)
+        e2e = dist([ms(j.finished, j.created) for j in window if j.finished is not None])
+        out.append(
+            {
+                "from_s": round(offset + k * every, 1),
+                "wall_s": spent["wall_s"],
+                "jobs": len(window),
+                "e2e_ms": {p: e2e.get(p) for p in ("p50", "p99", "max")},
+                "cpu_ms_per_job": per_job,
+            }
+        )
+    return out
+
+
 def table(checkout: Checkout, opts: Options, results: list[Doc]) -> str:
     """The short human summary: one row per way in."""
     lines = [
@@ -536,6 +618,12 @@ def table(checkout: Checkout, opts: Options, results: list[Doc]) -> str:
             f"   {r['achieved_rate']:10.1f}   {idle['api']:.1f}/{idle['dispatcher']:.1f}/"
             f"{idle['mongod']:.1f}"
         )
+        for w in r["windows"] if len(r["windows"]) > 1 else []:
+            lines.append(
+                f"  {'':<7}from {w['from_s']:5.0f} s: {w['jobs']:5d} jobs, total "
+                f"{w['cpu_ms_per_job']['total']:6.2f} CPU-ms/job, e2e p50/p99 "
+                f"{w['e2e_ms']['p50']} / {w['e2e_ms']['p99']} ms"
+            )
         if r["anomalies"]["count"] or r["submit"]["errors"]:
             lines.append(
                 f"  {'':<7}anomalies {r['anomalies']}; submit errors {r['submit']['errors']}"

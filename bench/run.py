@@ -11,7 +11,7 @@
     python -m bench.run --scenario bulkplans [--jobs 100000]
     python -m bench.run --scenario keyscale [--jobs 1000000] [--rounds 2]
     python -m bench.run --scenario jobcost [--rate 50] [--jobs 500] [--via http,client]
-                        [--checkout PATH] [--warmup 100] [--mongo-port 26417]
+                        [--checkout PATH] [--warmup 100] [--mongo-port 26417] [--window-s 30]
 
 `fairness` (`bench/fairness.py`) and the seven before it (`bench/scale.py`,
 `bench/failover.py`, `bench/costs.py`) are not part of
@@ -120,6 +120,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--jobs, --rate, --duration and --concurrency must be positive")
     if args.warmup < 0:
         p.error("--warmup must not be negative")
+    if args.window_s <= 0:
+        p.error("--window-s must be positive")
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     return args
@@ -132,6 +134,10 @@ def _jobcost_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mongo-port", type=int, default=None,
         help="jobcost: first of the three ports of its fresh set (default 26417)",
+    )
+    p.add_argument(
+        "--window-s", type=float, default=30.0,
+        help="jobcost: cut the measured jobs into windows this long (default 30 s)",
     )
 
 

@@ -519,9 +519,10 @@ def _endpoint_latencies(base: str, n: int = 50) -> dict[str, Any]:
     return out
 
 
-def _priority_latency(ctx: Context, db: str, base: str, n: int = 50) -> dict[str, float]:
+def _priority_latency(ctx: Context, db: str, base: str, n: int = 50) -> dict[str, Any]:
     """`n` priority-10 jobs, one every 50 ms, while the backlog drains: submit (the
-    server's stamp) → start."""
+    server's stamp) → start, and its two parts: submit → claim (`claimed_at`) and claim →
+    start."""
     ids = []
     with httpx.Client(base_url=base, timeout=30) as http:
         for _ in range(n):
@@ -534,8 +535,12 @@ def _priority_latency(ctx: Context, db: str, base: str, n: int = 50) -> dict[str
         if time.monotonic() > deadline:
             raise BenchError("priority jobs not completed in 60 s")
         time.sleep(0.1)
-    docs = jobs.find({"_id": {"$in": ids}}, {"created_at": 1, "started_at": 1})
-    return dist([ms(d["started_at"], d["created_at"]) for d in docs])
+    stamps = {"created_at": 1, "claimed_at": 1, "started_at": 1}
+    docs = list(jobs.find({"_id": {"$in": ids}}, stamps))
+    return dist([ms(d["started_at"], d["created_at"]) for d in docs]) | {
+        "submit_to_claim": dist([ms(d["claimed_at"], d["created_at"]) for d in docs]),
+        "claim_to_start": dist([ms(d["started_at"], d["claimed_at"]) for d in docs]),
+    }
 
 
 def _drain_rate(ctx: Context, db: str, size: int, procs: list[RoleProcess]) -> float:
