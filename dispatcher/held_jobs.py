@@ -49,6 +49,7 @@ class Holdings:
         # would put them behind the jobs claimed ahead, so they start before those.
         self._aged: set[str] = set()
         self._gone: dict[str, asyncio.Event] = {}  # set when the job is dropped
+        self._last_priority: int | None = None  # of the job claimed last
 
     def record_run(self, seconds: float) -> None:
         """A task ran for `seconds` (from hand-off to result, as the dispatcher saw it)."""
@@ -79,6 +80,7 @@ class Holdings:
         self._jobs[job.id] = job
         self._leases[job.id] = lease
         self._waiting[job.id] = job
+        self._last_priority = job.priority
         return lease
 
     def aged(self, job_id: str) -> None:
@@ -127,9 +129,13 @@ class Holdings:
         )
 
     def outranks(self, priority: int) -> bool:
-        """Whether a job of `priority` would run before some job claimed ahead (False when
-        none is: then it has nothing to jump over)."""
-        return bool(self._waiting) and priority > min(j.priority for j in self._waiting.values())
+        """Whether a job of `priority` would run before some job claimed ahead: one waiting
+        here or, with none waiting, the job claimed last (a claim in flight brings more
+        like it: under a backlog the buffer is often empty while its refill is in flight).
+        False before any claim: nothing to jump over."""
+        if self._waiting:
+            return priority > min(j.priority for j in self._waiting.values())
+        return self._last_priority is not None and priority > self._last_priority
 
     def start(self, job_id: str) -> Lease:
         """Its task was handed to a worker."""

@@ -4,6 +4,7 @@ runner whose tasks end when the test says so."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from common.protocol.runner import (
     WorkerSlot,
 )
 from common.runtime.settings import Settings
+from common.store.db import database, make_client
 from common.store.jobs import JobStore
 from dispatcher.dispatcher import Dispatcher
 
@@ -289,6 +291,47 @@ async def test_a_job_whose_lease_is_lost_while_claimed_ahead_is_dropped_unstarte
         await wait_for(lambda: count_is(store, {"_id": {"$in": others}, "status": "completed"}, 4))
     assert ahead[0] not in runner.started
     assert (await store.get(ahead[0])).owner == "someone-else"
+
+
+async def test_a_job_that_outranks_the_jobs_claimed_last_is_claimed_beside_the_claim_in_flight(
+    settings: Settings, store: JobStore
+) -> None:
+    """Under a backlog the buffer is often empty while its refill is in flight: a job that
+    outranks the jobs claimed last does not wait for that claim's answer."""
+    runner = HeldRunner(2)
+    app = "brook-test-dispatcher"
+    client = make_client(settings, appname=app)
+    admin = store.jobs.database.client.admin
+    try:
+        async with dispatcher(settings, JobStore(database(client, settings)), runner):
+            await warm_up(store, runner)  # two jobs of priority 0 claimed last
+            # The dispatcher's next single-job claim is held on the server for 3 s.
+            held = await admin.command(
+                "configureFailPoint",
+                "failCommand",
+                mode={"times": 1},
+                data={
+                    "failCommands": ["findAndModify"],
+                    "appName": f"{app}:{os.getpid()}",
+                    "blockConnection": True,
+                    "blockTimeMS": 3000,
+                },
+            )
+            low = (await store.submit(JobSpec(task="noop", payload={}))).job.id
+            await admin.command(
+                "waitForFailPoint", "failCommand", timesEntered=held["count"] + 1, maxTimeMS=10_000
+            )
+            urgent = (await store.submit(JobSpec(task="noop", payload={}, priority=5))).job.id
+            await wait_for(lambda: urgent in runner.started, timeout=1.5)
+            # The held claim has not landed yet: the urgent job was claimed beside it.
+            assert (await store.get(low)).status == "pending"
+            runner.auto = True
+            for job_id in list(runner.running):
+                runner.finish(job_id)
+            await wait_for(lambda: count_is(store, {"status": "completed"}, 4), timeout=10)
+    finally:
+        await admin.command("configureFailPoint", "failCommand", mode="off")
+        await client.close()
 
 
 async def test_a_job_that_outranks_all_claimed_ahead_starts_next(

@@ -114,3 +114,28 @@ def test_in_a_keyed_queue_the_job_whose_key_runs_least_here_starts_first() -> No
     plain.add(job("q0", "b", 0.0, queue="plain"))
     nxt = plain.next_waiting(None, keyed=keyed)
     assert nxt is not None and nxt.id == "p1"
+
+
+def test_a_job_outranks_the_jobs_waiting_or_with_none_waiting_the_job_claimed_last() -> None:
+    """The buffer of a dispatcher draining a backlog is often empty while its refill is in
+    flight: a job that outranks what was claimed last jumps that claim too."""
+    from datetime import UTC, datetime
+
+    from common.domain.models import Job
+    from dispatcher.held_jobs import Holdings
+
+    def job(job_id: str, priority: int) -> Job:
+        now = datetime.now(UTC)
+        return Job.from_doc(
+            {"_id": job_id, "task": "noop", "status": "running", "priority": priority,
+             "run_at": now, "created_at": now, "attempts": 1}
+        )
+
+    holdings = Holdings()
+    assert not holdings.outranks(10)  # nothing claimed yet: nothing to jump over
+    holdings.add(job("backlog-1", -10))
+    holdings.add(job("backlog-2", 0))
+    assert holdings.outranks(5) and not holdings.outranks(-10)  # -10 waits here
+    holdings.start("backlog-1")
+    holdings.start("backlog-2")
+    assert holdings.outranks(5) and not holdings.outranks(0)  # none waits: 0 claimed last
