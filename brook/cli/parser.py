@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from datetime import datetime
 
 from brook.cli.api_commands import (
     UNSET,
@@ -28,6 +29,18 @@ from brook.cli.up import cmd_up
 from common.domain.errors import BrookError
 from common.domain.status import JobStatus
 from common.runtime.settings import load_settings
+
+
+def parse_iso(text: str) -> str:
+    """A bulk filter's time bound: an ISO 8601 date or date and time, checked here so a typo
+    is named by its option, not by the API field it becomes. Passed on as written."""
+    try:
+        datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: an ISO 8601 date or time, e.g. 2026-12-03 or 2026-12-03T10:00:00Z"
+        ) from None
+    return text.strip()
 
 
 def parse_concurrency(text: str) -> int | None:
@@ -179,10 +192,14 @@ def _add_bulk_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue")
     p.add_argument("--key", help="the jobs of this key")
     p.add_argument("--error-type", dest="error_type", help="the error.type they ended with")
-    p.add_argument("--since", dest="finished_since", metavar="ISO", help="finished at or after")
-    p.add_argument("--until", dest="finished_until", metavar="ISO", help="finished before")
-    p.add_argument("--created-since", dest="created_since", metavar="ISO")
-    p.add_argument("--created-until", dest="created_until", metavar="ISO")
+    p.add_argument(
+        "--since", dest="finished_since", type=parse_iso, metavar="ISO", help="finished at or after"
+    )
+    p.add_argument(
+        "--until", dest="finished_until", type=parse_iso, metavar="ISO", help="finished before"
+    )
+    p.add_argument("--created-since", dest="created_since", type=parse_iso, metavar="ISO")
+    p.add_argument("--created-until", dest="created_until", type=parse_iso, metavar="ISO")
     p.add_argument(
         "--dry-run", dest="dry_run", action="store_true", help="only count the jobs it would change"
     )

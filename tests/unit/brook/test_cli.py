@@ -39,3 +39,18 @@ def test_the_cli_reads_concurrency_and_rate() -> None:
     for bad in ("20", "x/2", "20/x", "/2"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_rate(bad)
+
+
+@pytest.mark.parametrize("command", ["retry", "cancel"])
+def test_a_bulk_filters_time_bound_that_is_not_iso_is_named_by_its_option(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = build_parser().parse_args(
+        [command, "--since", "2026-12-03", "--until", "2026-12-03T10:00:00Z"]
+    )
+    assert (args.finished_since, args.finished_until) == ("2026-12-03", "2026-12-03T10:00:00Z")
+    for option in ("--since", "--until", "--created-since", "--created-until"):
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args([command, option, "notadate"])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and option in err and "ISO 8601" in err
