@@ -136,7 +136,13 @@ class Claimer:
         self._news = 0
         self._vague = True
         self._batch = 1
-        self._urgent = False  # news of a job that outranks all claimed ahead
+        # News of a job that outranks all claimed ahead, or of a new key: its target, and
+        # the key to claim from (None: the target's best job).
+        self._urgent: dict[Target, tuple[str | None] | None] = {}
+        # The targets in turn order: one that claimed goes to the back, so targets that
+        # share the dispatcher's slots (every queue, without BROOK_QUEUES) take turns
+        # filling them, and no queue's backlog keeps another's jobs from being claimed.
+        self._turns: list[Target] = []
         self._claiming = False  # a look's claims are in flight
         self._jump: asyncio.Task[None] | None = None  # an urgent claim beside them
         aging = settings.priority_aging_seconds
@@ -188,10 +194,11 @@ class Claimer:
             return
         new_key = self._new_key(queue, key)
         if new_key or (priority is not None and self.holdings.outranks(priority)):
-            self._urgent = True
+            only = (key,) if new_key else None
+            target = self._target_of(queue) if queue is not None else None
+            self._urgent[target] = only
             if self._claiming and (self._jump is None or self._jump.done()):
-                only = (key,) if new_key else None
-                self._jump = spawn_logged(self._claim_urgent(queue, only), "urgent-claim")
+                self._jump = spawn_logged(self._claim_urgent(target, only), "urgent-claim")
         self._news += 1
         self.signal(queue, vague=False)
 
@@ -205,15 +212,15 @@ class Claimer:
             and not self.holdings.holds_key(queue, key)
         )
 
-    async def _claim_urgent(self, queue: str | None, only: tuple[str | None] | None) -> None:
-        """Claim one job beside the claim in flight: the best due job of the new key `only`
-        (its job, not the next in turn), or of the queue."""
-        target = self._target_of(queue) if queue is not None else None
+    async def _claim_urgent(self, target: Target, only: tuple[str | None] | None) -> None:
+        """Claim one job of `target` beside the claim in flight: the best due job of the new
+        key `only` (its job, not the next in turn), or of the target."""
         if self._stopping or (target is not None and not self._may_claim(target)):
             return
         # Only while claiming ahead at all, and at most one over: a batch in flight fills
         # at most the room there was when it was sent.
         if self._room_of(target, urgent=True) > 0:
+            self._urgent.pop(target, None)
             await self._claim_for(target, 1, only)
 
     def _due_timer_fired(self) -> None:
@@ -306,11 +313,22 @@ class Claimer:
             return []
         return [
             t
-            for t in self._targets
+            for t in self._in_turn(self._targets)
             if t not in self._dry
             and (t is None or self._may_claim(t))
-            and self._room_of(t, self._urgent) > 0
+            and self._room_of(t, t in self._urgent) > 0
         ]
+
+    def _in_turn(self, targets: set[Target]) -> list[Target]:
+        """`targets` in turn order: the one that claimed longest ago first (new ones first of
+        all, in a fixed order)."""
+        new = sorted((t for t in targets if t not in self._turns), key=lambda t: t or "")
+        self._turns = new + [t for t in self._turns if t in targets]
+        return list(self._turns)
+
+    def _took_turn(self, targets: list[Target]) -> None:
+        """These targets claimed: each goes to the back of the turns."""
+        self._turns = [t for t in self._turns if t not in targets] + targets
 
     def _may_claim(self, queue: str) -> bool:
         return not self.limits.is_limited(queue) or self.limits.may_claim(queue)
@@ -323,16 +341,22 @@ class Claimer:
             # ready worker, news of work or an open limited queue wakes us again.
             return False
         seen = self._signals
-        urgent, self._urgent = self._urgent, False
+        urgent, self._urgent = self._urgent, {}
+        # A job that outranks the work claimed ahead (or a new key's) is claimed first, alone:
+        # one round trip. Then each target in turn fills the room the ones before it left.
+        targets = [t for t in targets if t in urgent] + [t for t in targets if t not in urgent]
         self._claiming = True
         results: dict[Target, list[bool | None]] = {}
         try:
             for target in targets:
-                room = self._room_of(target, urgent)  # the claims before this took some
+                hurry = target in urgent
+                room = self._room_of(target, hurry)  # the claims before this took some
                 if room > 0:
-                    results[target] = await self._claim_for(target, 1 if urgent else room)
+                    n = 1 if hurry else room
+                    results[target] = await self._claim_for(target, n, urgent.get(target))
         finally:
             self._claiming = False
+        self._took_turn([t for t, got in results.items() if True in got])
         if not results:
             return False
         filled = all(all(got) for got in results.values())

@@ -138,3 +138,25 @@ async def test_a_tenants_single_job_starts_ahead_of_another_tenants_backlog(
     # ... and started about as soon as on an idle queue (a generous bound: the machine is
     # shared; bench/ measures the 2x figure).
     assert waited < max(20 * statistics.median(idle), 2.0), (waited, idle)
+
+
+async def test_a_queues_backlog_does_not_starve_the_other_queues_of_its_dispatcher(
+    cluster: Cluster, store: JobStore
+) -> None:
+    """One dispatcher serving every queue, three of them (claimed through their own
+    claims) with a backlog each: a job of a fourth such queue, and of a plain queue, starts
+    at once, not once the backlogs ahead of its queue in the dispatcher's order ran out."""
+    queues = QueueStore(store.db)
+    for name in ("bulk1", "bulk2", "bulk3", "solo"):
+        await queues.set_limits(name, {"fair": True})
+    cluster.dispatcher()
+    for name in ("bulk1", "bulk2", "bulk3"):
+        await submit_keyed(store, "sleep", ["a"] * 300, name, {"seconds": 0.02})
+    await asyncio.sleep(0.5)  # the backlogs are being worked through
+    for _ in range(3):
+        solo = await submit_to_start(store, "b", "solo")
+        plain = await submit_to_start(store, "b", "default")
+        # Each waits for a free worker, not for 900 jobs of 20 ms (9 s on two workers).
+        assert solo < 2.0 and plain < 2.0, (solo, plain)
+    left = await store.jobs.count_documents({"queue": {"$regex": "^bulk"}, "status": "pending"})
+    assert left > 300, left  # the backlogs were still there
