@@ -183,7 +183,8 @@ class Claimer:
         key: str | None = None,
     ) -> None:
         """A job became pending (in `queue`, when known): look now, or when it is due. A
-        due job that outranks every job claimed ahead is claimed at once, alone, even while
+        due job that outranks every job claimed ahead, or whose key or queue has nothing
+        held here while other work fills the buffer, is claimed at once, alone, even while
         a batch claim is in flight (one such claim at a time, so the dispatcher holds at
         most one job over its slots plus prefetch), not when the buffer would next be
         refilled."""
@@ -193,7 +194,8 @@ class Claimer:
             self.timer.at(run_at.timestamp())
             return
         new_key = self._new_key(queue, key)
-        if new_key or (priority is not None and self.holdings.outranks(priority)):
+        new = new_key or self._new_target(queue)
+        if new or (priority is not None and self.holdings.outranks(priority)):
             only = (key,) if new_key else None
             target = self._target_of(queue) if queue is not None else None
             self._urgent[target] = only
@@ -211,6 +213,18 @@ class Claimer:
             and self.limits.keyed(queue)
             and not self.holdings.holds_key(queue, key)
         )
+
+    def _new_target(self, queue: str | None) -> bool:
+        """A due job of a target (a queue claimed on its own, or the queues without limits
+        together) with nothing claimed or running here, while other targets hold this
+        dispatcher's shared workers: its turn comes first, as a new key's does, not after
+        the claims ahead of it (with `BROOK_QUEUES` every queue has slots of its own)."""
+        if self.queues is not None or queue is None or not self.limits.limited():
+            return False
+        target = self._target_of(queue)
+        if target in self._urgent or self.holdings.active() == 0:
+            return False  # told already; or nothing held, so the next look claims it
+        return not self.holdings.holds_any(lambda j: self._target_of(j.queue) == target)
 
     async def _claim_urgent(self, target: Target, only: tuple[str | None] | None) -> None:
         """Claim one job of `target` beside the claim in flight: the best due job of the new

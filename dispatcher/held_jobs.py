@@ -128,6 +128,10 @@ class Holdings:
             for j in (*self._waiting.values(), *self._running.values())
         )
 
+    def holds_any(self, which: Callable[[Job], bool]) -> bool:
+        """Whether a job that `which` picks is waiting or running here."""
+        return any(which(j) for j in (*self._waiting.values(), *self._running.values()))
+
     def outranks(self, priority: int) -> bool:
         """Whether a job of `priority` would run before some job claimed ahead: one waiting
         here or, with none waiting, the job claimed last (a claim in flight brings more

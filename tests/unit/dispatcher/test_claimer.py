@@ -150,3 +150,28 @@ async def test_a_lease_whose_claim_answered_late_is_fenced_from_when_the_claim_w
     lease = holdings.lease("j1")
     assert lease is not None
     assert keeper._deadline(lease) < store.applied[0] + settings.lease_seconds
+
+
+async def test_a_job_of_a_queue_with_nothing_held_here_is_claimed_first_and_from_its_queue() -> (
+    None
+):
+    """Without BROOK_QUEUES the queues share the workers: while a limited queue's backlog
+    fills the buffer, the first job of another queue is urgent for its own target (the
+    queues without limits: None), not for whichever target a look would try first."""
+    store = FakeStore({})
+    holdings = Holdings()
+    wiring = wired(Settings(), store, holdings)
+    limits = Limits(wiring, None)  # type: ignore[arg-type]
+    limits._limited = frozenset({"bulk"})  # a queue with limits, as a refresh would see it
+    claimer = Claimer(wiring, lambda claimed, sent: None, limits)
+    claimer.due_at(None, 0, "default")
+    assert claimer._urgent == {}  # nothing held: the next look claims it anyway
+    holdings.add(job("b1", "bulk"))
+    claimer.due_at(None, 0, "bulk")
+    assert claimer._urgent == {}  # its queue holds a job here: it waits its turn
+    claimer.due_at(None, 0, "default")
+    assert claimer._urgent == {None: None}  # the plain queues hold nothing: they go first
+    holdings.add(job("d1", "default"))
+    claimer._urgent.clear()
+    claimer.due_at(None, 0, "default")
+    assert claimer._urgent == {}
