@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint install bench clean down status browser engine images
+.PHONY: up test lint install bench clean down status browser faketime engine images
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,17 @@ browser:
 		|| echo "WARNING: could not install chromium chromium-driver: the browser tests will fail" >&2; \
 	fi
 
+## The clock-skew tests run dispatchers an hour off through Debian's libfaketime (preloaded);
+## install it if missing (as root, or through sudo).
+faketime:
+	@if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]; then \
+		echo "installing Debian's faketime for the clock-skew tests"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq faketime >/dev/null \
+		|| echo "WARNING: could not install faketime: the clock-skew tests will fail" >&2; \
+	fi
+
 ## Run the whole test suite against a real replica set, in TEST_WORKERS processes (pytest-xdist;
 ## each has a replica set of its own, see tests/conftest.py). Most tests wait on processes and
 ## MongoDB, not on the CPU: more workers than cores pay off. TEST_WORKERS=0 runs in one process.
@@ -41,7 +52,7 @@ engine:
 ## Every API, dispatcher, worker and CLI the suite starts imports Brook: its bytecode is
 ## compiled here once, since with PYTHONDONTWRITEBYTECODE set (as in some shells and CI
 ## images) Python writes none and each of those processes would compile it again.
-test: $(STAMP) browser engine
+test: $(STAMP) browser faketime engine
 	$(BIN)/python -m compileall -q -j 0 brook common dispatcher executor ingest tests >/dev/null
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
 

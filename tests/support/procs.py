@@ -49,7 +49,10 @@ class BrookProcess:
         self._read_to = 0  # logs(): how far the log has been read and parsed
         self._parsed: list[dict[str, Any]] = []
         self.proc: subprocess.Popen[bytes] | Forked
-        if role in FORKED_ROLES and launcher.wanted():
+        # A role with a library of its own preloaded (libfaketime) must be a new process:
+        # a fork of the launcher would not load it.
+        preload = env.get("LD_PRELOAD") == os.environ.get("LD_PRELOAD")
+        if role in FORKED_ROLES and launcher.wanted() and preload:
             self.proc = Forked([role], env, ROOT, log_path)
             return
         if threading.current_thread() is threading.main_thread():
@@ -120,7 +123,9 @@ class BrookProcess:
         todo = [self.pid]
         while todo:
             try:
-                out = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True)
+                out = subprocess.run(
+                    ["pgrep", "-P", str(todo.pop())], capture_output=True, text=True
+                )
             except OSError:
                 return found
             kids = [int(p) for p in out.stdout.split()]
