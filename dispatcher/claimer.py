@@ -159,7 +159,9 @@ class Claimer:
             return set(self.queues)
         return {None, *self.limits.limited()}
 
-    def _target_of(self, queue: str) -> Target:
+    def target_of(self, queue: str) -> Target:
+        """What a claim of a job of `queue` goes through: its queue (with `BROOK_QUEUES`, or
+        limits), or None (the queues without limits, claimed together)."""
         return queue if self.queues or self.limits.is_limited(queue) else None
 
     def signal(self, queue: str | None = None, *, vague: bool = True) -> None:
@@ -172,7 +174,7 @@ class Claimer:
         if queue is None:
             self._dry.clear()
         else:
-            self._dry.discard(self._target_of(queue))
+            self._dry.discard(self.target_of(queue))
         self._wake.set()
 
     def due_at(
@@ -197,7 +199,7 @@ class Claimer:
         new = new_key or self._new_target(queue)
         if new or (priority is not None and self.holdings.outranks(priority)):
             only = (key,) if new_key else None
-            target = self._target_of(queue) if queue is not None else None
+            target = self.target_of(queue) if queue is not None else None
             self._urgent[target] = only
             if self._claiming and (self._jump is None or self._jump.done()):
                 self._jump = spawn_logged(self._claim_urgent(target, only), "urgent-claim")
@@ -221,10 +223,10 @@ class Claimer:
         the claims ahead of it (with `BROOK_QUEUES` every queue has slots of its own)."""
         if self.queues is not None or queue is None or not self.limits.limited():
             return False
-        target = self._target_of(queue)
+        target = self.target_of(queue)
         if target in self._urgent or self.holdings.active() == 0:
             return False  # told already; or nothing held, so the next look claims it
-        return not self.holdings.holds_any(lambda j: self._target_of(j.queue) == target)
+        return not self.holdings.holds_any(lambda j: self.target_of(j.queue) == target)
 
     async def _claim_urgent(self, target: Target, only: tuple[str | None] | None) -> None:
         """Claim one job of `target` beside the claim in flight: the best due job of the new

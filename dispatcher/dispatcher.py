@@ -337,6 +337,7 @@ class Dispatcher:
                 self._free_slots_by_queue(),
                 first=lambda j: self.limits.start_by(j) is not None,
                 keyed=self.limits.keyed,
+                line=self.claimer.target_of,
             )
             if job is None:
                 return

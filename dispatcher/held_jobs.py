@@ -93,25 +93,31 @@ class Holdings:
         room: dict[str, int] | None,
         first: Callable[[Job], bool] = lambda _: False,
         keyed: Callable[[str], bool] = lambda _: False,
+        line: Callable[[str], object] = lambda _: None,
     ) -> Job | None:
         """The best waiting job (claim order: priority, then due time), among the queues
         that have a free slot (`room`: free slots by queue; None: any queue); jobs that
-        `first` picks go before all others, then aged jobs. In a `keyed` queue (claimed by
-        turns across keys), among jobs of one priority, the job whose key has the fewest
-        tasks running here goes first: a key's new job does not wait behind the jobs of a
-        busy key claimed ahead."""
+        `first` picks go before all others, then aged jobs. Among jobs of one priority, the
+        job whose `line` (the queues a dispatcher claims together: a queue with limits, or
+        every queue without) has the fewest tasks running here goes first, and in a `keyed`
+        queue (claimed by turns across keys) the job whose key has: a line's or a key's new
+        job does not wait behind the older jobs of a busy one claimed ahead (the buffer
+        refills with those as fast as it runs them)."""
         fits = [j for j in self._waiting.values() if room is None or room.get(j.queue, 0) > 0]
         if not fits:
             return None
-        busy = Counter((j.queue, j.key) for j in self._running.values() if keyed(j.queue))
+        running = self._running.values()
+        busy = Counter((j.queue, j.key) for j in running if keyed(j.queue))
+        lines = Counter(line(j.queue) for j in running)
 
-        def order(j: Job) -> tuple[bool, bool, int, int, float, str]:
-            running = busy[(j.queue, j.key)] if keyed(j.queue) else 0
+        def order(j: Job) -> tuple[bool, bool, int, int, int, float, str]:
+            key_busy = busy[(j.queue, j.key)] if keyed(j.queue) else 0
             return (
                 not first(j),
                 j.id not in self._aged,
                 -j.priority,
-                running,
+                lines[line(j.queue)],
+                key_busy,
                 j.run_at.timestamp(),
                 j.id,
             )

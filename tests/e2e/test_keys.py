@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -30,7 +31,7 @@ def by_key(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 async def submit_keyed(
-    store: JobStore, task: str, keys: list[str], queue: str, payload: dict[str, Any]
+    store: JobStore, task: str, keys: Sequence[str | None], queue: str, payload: dict[str, Any]
 ) -> list[str]:
     ids: list[str] = []
     specs = [JobSpec(task=task, payload=payload, queue=queue, key=k) for k in keys]
@@ -111,7 +112,7 @@ async def test_a_key_rate_of_3_per_second_holds_on_started_at_for_each_key(
     assert report.problems == []
 
 
-async def submit_to_start(store: JobStore, key: str, queue: str) -> float:
+async def submit_to_start(store: JobStore, key: str | None, queue: str) -> float:
     [job_id] = await submit_keyed(store, "noop", [key], queue, {})
     deadline = asyncio.get_running_loop().time() + 60
     while True:
@@ -160,3 +161,22 @@ async def test_a_queues_backlog_does_not_starve_the_other_queues_of_its_dispatch
         assert solo < 2.0 and plain < 2.0, (solo, plain)
     left = await store.jobs.count_documents({"queue": {"$regex": "^bulk"}, "status": "pending"})
     assert left > 300, left  # the backlogs were still there
+
+
+async def test_a_queue_with_limits_takes_turns_with_a_backlog_of_the_plain_queues(
+    cluster: Cluster, store: JobStore
+) -> None:
+    """A backlog in the plain queues (one line among themselves) fills the dispatcher's
+    buffer with jobs older than a later job of a queue with limits (`fair`, no key): that
+    job is claimed at once and handed to the next free worker, not after every older job
+    the buffer keeps refilling with."""
+    await QueueStore(store.db).set_limits("emails", {"fair": True})
+    cluster.dispatcher()
+    await submit_keyed(store, "sleep", [None] * 600, "default", {"seconds": 0.02})
+    await asyncio.sleep(0.5)  # the backlog is being worked through
+    for _ in range(3):
+        waited = await submit_to_start(store, None, "emails")
+        # It waits for a free worker, not for the older jobs (6 s of work on two workers).
+        assert waited < 2.0, waited
+    left = await store.jobs.count_documents({"queue": "default", "status": "pending"})
+    assert left > 200, left  # the backlog was still there

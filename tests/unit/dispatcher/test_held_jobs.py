@@ -139,3 +139,51 @@ def test_a_job_outranks_the_jobs_waiting_or_with_none_waiting_the_job_claimed_la
     holdings.start("backlog-1")
     holdings.start("backlog-2")
     assert holdings.outranks(5) and not holdings.outranks(0)  # none waits: 0 claimed last
+
+
+def test_the_job_whose_line_runs_least_here_starts_first() -> None:
+    """The plain queues' backlog fills the buffer with jobs older than a later job of a
+    queue with limits (its own line): that one starts on the next free worker, not after
+    the older jobs the buffer keeps refilling with. Jobs of one line keep claim order."""
+    from datetime import UTC, datetime, timedelta
+
+    from common.domain.models import Job
+    from dispatcher.held_jobs import Holdings
+
+    def job(job_id: str, queue: str, age_s: float, priority: int = 0) -> Job:
+        due = datetime.now(UTC) - timedelta(seconds=age_s)
+        return Job.from_doc(
+            {"_id": job_id, "task": "noop", "status": "running", "priority": priority,
+             "queue": queue, "run_at": due, "created_at": due, "attempts": 1}
+        )
+
+    def line(queue: str) -> str | None:
+        return queue if queue == "emails" else None  # a queue with limits; the rest together
+
+    holdings = Holdings()
+    for i in range(6):
+        holdings.add(job(f"d{i}", "default" if i % 2 else "bulk", 10.0 - i))
+    holdings.start("d0")
+    holdings.start("d1")
+    holdings.add(job("e0", "emails", 0.0))  # the newest of all
+    nxt = holdings.next_waiting(None, line=line)
+    assert nxt is not None and nxt.id == "e0"
+    holdings.start("e0")
+    # emails runs one, the plain line two: emails' next job goes first again
+    holdings.add(job("e1", "emails", 0.0))
+    nxt = holdings.next_waiting(None, line=line)
+    assert nxt is not None and nxt.id == "e1"
+    holdings.start("d2")
+    holdings.start("e1")  # now emails runs two, the plain line three
+    holdings.add(job("e2", "emails", 0.0))
+    nxt = holdings.next_waiting(None, line=line)
+    assert nxt is not None and nxt.id == "e2"
+    # A higher priority goes before a quieter line; without lines, claim order alone.
+    holdings.add(job("d-urgent", "default", 0.0, priority=5))
+    nxt = holdings.next_waiting(None, line=line)
+    assert nxt is not None and nxt.id == "d-urgent"
+    nxt = holdings.next_waiting(None)
+    assert nxt is not None and nxt.id == "d-urgent"
+    holdings.unwait("d-urgent")
+    nxt = holdings.next_waiting(None)
+    assert nxt is not None and nxt.id == "d3"
