@@ -51,8 +51,8 @@ class BrookProcess:
         self.proc: subprocess.Popen[bytes] | Forked
         # A role with a library of its own preloaded (libfaketime) must be a new process:
         # a fork of the launcher would not load it.
-        preload = env.get("LD_PRELOAD") == os.environ.get("LD_PRELOAD")
-        if role in FORKED_ROLES and launcher.wanted() and preload:
+        same_preload = env.get("LD_PRELOAD") == os.environ.get("LD_PRELOAD")
+        if role in FORKED_ROLES and launcher.wanted() and same_preload:
             self.proc = Forked([role], env, ROOT, log_path)
             return
         if threading.current_thread() is threading.main_thread():
