@@ -107,17 +107,21 @@ class Holdings:
         if not fits:
             return None
         running = self._running.values()
-        busy = Counter((j.queue, j.key) for j in running if keyed(j.queue))
-        lines = Counter(line(j.queue) for j in running)
+        # Asked once per queue, not per job: this runs on every hand-off, over the buffer.
+        queues = {j.queue for j in fits} | {j.queue for j in running}
+        line_of = {q: line(q) for q in queues}
+        keyed_queues = {q for q in queues if keyed(q)}
+        busy = Counter((j.queue, j.key) for j in running if j.queue in keyed_queues)
+        several = len(set(line_of.values())) > 1
+        lines = Counter(line_of[j.queue] for j in running) if several else Counter()
 
         def order(j: Job) -> tuple[bool, bool, int, int, int, float, str]:
-            key_busy = busy[(j.queue, j.key)] if keyed(j.queue) else 0
             return (
                 not first(j),
                 j.id not in self._aged,
                 -j.priority,
-                lines[line(j.queue)],
-                key_busy,
+                lines[line_of[j.queue]] if several else 0,
+                busy[(j.queue, j.key)] if j.queue in keyed_queues else 0,
                 j.run_at.timestamp(),
                 j.id,
             )
