@@ -112,15 +112,14 @@ class Holdings:
         line_of = {q: line(q) for q in queues}
         keyed_queues = {q for q in queues if keyed(q)}
         busy = Counter((j.queue, j.key) for j in running if j.queue in keyed_queues)
-        several = len(set(line_of.values())) > 1
-        lines = Counter(line_of[j.queue] for j in running) if several else Counter()
+        lines = Counter(line_of[j.queue] for j in running)
 
         def order(j: Job) -> tuple[bool, bool, int, int, int, float, str]:
             return (
                 not first(j),
                 j.id not in self._aged,
                 -j.priority,
-                lines[line_of[j.queue]] if several else 0,
+                lines[line_of[j.queue]],
                 busy[(j.queue, j.key)] if j.queue in keyed_queues else 0,
                 j.run_at.timestamp(),
                 j.id,
@@ -133,10 +132,7 @@ class Holdings:
 
     def holds_key(self, queue: str, key: str | None) -> bool:
         """Whether a job of `key` in `queue` is waiting or running here."""
-        return any(
-            j.queue == queue and j.key == key
-            for j in (*self._waiting.values(), *self._running.values())
-        )
+        return self.holds_any(lambda j: j.queue == queue and j.key == key)
 
     def holds_any(self, which: Callable[[Job], bool]) -> bool:
         """Whether a job that `which` picks is waiting or running here."""

@@ -2,6 +2,30 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
+from common.domain.models import Job
+
+
+def held_job(
+    job_id: str, age_s: float, queue: str, key: str | None = None, priority: int = 0
+) -> Job:
+    """A claimed job, due `age_s` ago."""
+    due = datetime.now(UTC) - timedelta(seconds=age_s)
+    return Job.from_doc(
+        {
+            "_id": job_id,
+            "task": "noop",
+            "status": "running",
+            "priority": priority,
+            "queue": queue,
+            "key": key,
+            "run_at": due,
+            "created_at": due,
+            "attempts": 1,
+        }
+    )
+
 
 def test_a_dispatcher_holds_about_a_fifth_of_a_second_of_work_ahead_and_none_of_long_tasks() -> None:
     from dispatcher.held_jobs import Holdings
@@ -74,17 +98,11 @@ def test_in_a_keyed_queue_the_job_whose_key_runs_least_here_starts_first() -> No
     """Claimed ahead, tenant A's backlog fills the buffer; tenant B's one job, claimed after
     them, starts on the next free worker. Priority still goes first; a plain queue keeps
     claim order."""
-    from datetime import UTC, datetime, timedelta
 
-    from common.domain.models import Job
     from dispatcher.held_jobs import Holdings
 
     def job(job_id: str, key: str, age_s: float, queue: str = "fair", priority: int = 0) -> Job:
-        due = datetime.now(UTC) - timedelta(seconds=age_s)
-        return Job.from_doc(
-            {"_id": job_id, "task": "noop", "status": "running", "priority": priority,
-             "queue": queue, "key": key, "run_at": due, "created_at": due, "attempts": 1}
-        )
+        return held_job(job_id, age_s, queue, key, priority)
 
     def keyed(queue: str) -> bool:
         return queue == "fair"
@@ -145,17 +163,10 @@ def test_the_job_whose_line_runs_least_here_starts_first() -> None:
     """The plain queues' backlog fills the buffer with jobs older than a later job of a
     queue with limits (its own line): that one starts on the next free worker, not after
     the older jobs the buffer keeps refilling with. Jobs of one line keep claim order."""
-    from datetime import UTC, datetime, timedelta
-
-    from common.domain.models import Job
     from dispatcher.held_jobs import Holdings
 
     def job(job_id: str, queue: str, age_s: float, priority: int = 0) -> Job:
-        due = datetime.now(UTC) - timedelta(seconds=age_s)
-        return Job.from_doc(
-            {"_id": job_id, "task": "noop", "status": "running", "priority": priority,
-             "queue": queue, "run_at": due, "created_at": due, "attempts": 1}
-        )
+        return held_job(job_id, age_s, queue, priority=priority)
 
     def line(queue: str) -> str | None:
         return queue if queue == "emails" else None  # a queue with limits; the rest together
