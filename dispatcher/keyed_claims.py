@@ -4,7 +4,7 @@ and what a take shows of the keys (full, out of starts) makes them wait their tu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -127,6 +127,25 @@ class KeyedClaims:
         """The best due jobs of one key (a new key's job, claimed out of turn at once)."""
         found = await self.store.key_candidates(queue, [key], want, tasks=tasks)
         return list(found.get(key, []))
+
+    def wait(self, queue: str, waits: Mapping[str, float | None], gen: int) -> None:
+        """These keys of `queue` wait out of turn: until the server time given, or (None)
+        until a slot of the queue is released here."""
+        self.turns.setdefault(queue, KeyTurns()).wait(waits, gen)
+
+    def wait_all_if_waiting(self, queue: str, gen: int) -> bool:
+        """If every key of `queue` waits, the queue waits with them (True); else another
+        key may start a job now."""
+        turns = self.turns.get(queue)
+        if turns is None or not turns.waiting(self.clock.now(), gen):
+            return False
+        self.all_wait(queue, gen)
+        return True
+
+    def served_keys(self, queue: str, keys: Sequence[str | None]) -> None:
+        """These keys got jobs: to the back of the turns."""
+        if (turns := self.turns.get(queue)) is not None:
+            turns.served(keys)
 
     def all_wait(self, queue: str, gen: int) -> None:
         """Every key of a keyed queue waits: the queue waits for a release, or for the first

@@ -97,6 +97,21 @@ class QueueLimits:
         )
 
     @property
+    def slots_on_jobs(self) -> bool:
+        """A per-key concurrency and nothing else to count (no queue-wide concurrency or
+        rate, no per-key rate, not paused): each running job of a key holds one of its
+        `key_concurrency` slots in its own document (`key_slot`, unique among running jobs
+        by an index), taken by the claim and given back by the write that ends the attempt.
+        No `brook_queues` slots to take, settle or give back."""
+        return (
+            self.key_concurrency is not None
+            and not self.paused
+            and self.concurrency is None
+            and self.rate is None
+            and self.key_rate is None
+        )
+
+    @property
     def rated(self) -> bool:
         """Starts are counted (a rate on the queue or per key): claims wait for a worker."""
         return self.rate is not None or self.key_rate is not None
@@ -120,6 +135,11 @@ def _rate(doc: Mapping[str, Any] | None) -> Rate | None:
 
 
 UNLIMITED = QueueLimits()
+
+
+def key_slot(queue: str, key: str, index: int) -> str:
+    """The `key_slot` a running job of `key` holds in `queue` (a queue name has no `:`)."""
+    return f"{queue}:{index}:{key}"
 
 
 class RateSpec(BaseModel):

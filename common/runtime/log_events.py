@@ -64,6 +64,7 @@ class Event(StrEnum):
     QUEUE_LIMITS_SEEN = "queue.limits_seen"  # a dispatcher applies a queue's new limits
     SLOTS_RECLAIMED = "slots.reclaimed"  # slots a dead or lost attempt left, freed by a prune
     SLOTS_ADOPTED = "slots.adopted"  # running jobs that held no slot of a limited queue
+    KEY_HELD_ELSEWHERE = "key.held_elsewhere"  # a claim found a key's slot held by another
     STREAM_OPENED = "stream.opened"
     STREAM_RESUMED = "stream.resumed"
     STREAM_HISTORY_LOST = "stream.history_lost"

@@ -171,6 +171,9 @@ def claimed_fields(owner: str, lease_seconds: float) -> dict[str, Any]:
         "progress": None,  # a new attempt starts from nothing
         "waiting_for": "$$REMOVE",  # a sleep or a signal wait is over: it runs again
         "woken_at": "$$REMOVE",
+        # A per-key slot is taken by the claims that name one (`QueueLimits.slots_on_jobs`);
+        # any other claim drops what an earlier attempt held.
+        "key_slot": "$$REMOVE",
     }
 
 

@@ -49,7 +49,7 @@ from pymongo.read_concern import ReadConcern
 
 from common.domain.models import Doc
 from common.domain.queues import RATE_START_MARGIN_S, QueueDoc, QueueSlot, slot_usage
-from common.store.fields import NOW, lit
+from common.store.fields import NOW, R, lit
 from common.store.jobs.base import JOBS
 from common.store.pipelines import QUEUE_CHANGES_PIPELINE
 
@@ -516,11 +516,31 @@ class QueueStore:
         queues = [QueueDoc.from_doc(d) for d in docs]
         jobs = await self._jobs({s.job for q in queues for s in q.slots})
         out: dict[str, QueueUsage] = {}
+        on_jobs = [q.name for q in queues if q.limits.slots_on_jobs]
+        held = await self._key_slots_held(on_jobs)
         for q in queues:
             assert q.now is not None
             in_use, _ = slot_usage(q, jobs, q.now)
+            in_use += held.get(q.name, 0)  # slots held on the jobs themselves
             out[q.name] = QueueUsage(doc=q, in_use=in_use, in_window=len(q.window_starts(q.now)))
         return out
+
+    async def _key_slots_held(self, queues: Collection[str]) -> dict[str, int]:
+        """Per queue, the running jobs that hold a `key_slot` (the `key_slots` index)."""
+        if not queues:
+            return {}
+        pipeline = [
+            {
+                "$match": {
+                    "status": R,
+                    "key_slot": {"$type": "string"},
+                    "queue": {"$in": list(queues)},
+                }
+            },
+            {"$group": {"_id": "$queue", "n": {"$sum": 1}}},
+        ]
+        docs = await (await self.jobs.aggregate(pipeline)).to_list()
+        return {str(d["_id"]): int(d["n"]) for d in docs}
 
 
 def _settled_slots(tag: str, lost: Collection[str], started: Mapping[str, datetime]) -> Any:

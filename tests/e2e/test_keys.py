@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import pytest
 
 from common.domain.models import JobSpec
 from common.store.jobs import JobStore
@@ -40,11 +41,18 @@ async def submit_keyed(
     return ids
 
 
+# A per-key limit alone holds its slots on the jobs (a unique index); with the queue's own
+# concurrency, in `brook_queues` (`common.store.queues`): both hold across dispatchers.
+@pytest.mark.parametrize(
+    "limits",
+    [{"key_concurrency": 2}, {"key_concurrency": 2, "concurrency": 50}],
+    ids=["slots-on-the-jobs", "slots-in-brook-queues"],
+)
 async def test_three_dispatchers_never_run_more_than_two_jobs_of_a_key_even_when_one_is_killed(
-    cluster: Cluster, http: httpx.Client, store: JobStore
+    cluster: Cluster, http: httpx.Client, store: JobStore, limits: dict[str, int]
 ) -> None:
     cluster.api()
-    put = http.put("/queues/tenants", json={"key_concurrency": 2})
+    put = http.put("/queues/tenants", json=limits)
     assert put.status_code == 200, put.text
     assert put.json()["key_concurrency"] == 2 and put.json()["fair"] is True
     dispatchers = [cluster.dispatcher(BROOK_CONCURRENCY="4") for _ in range(3)]

@@ -26,13 +26,14 @@ async def queue_jobs(store: JobStore, queue: str) -> list[dict[str, Any]]:
 
 
 async def wait_slots_free(store: JobStore, queue: str, timeout: float = 30) -> None:
-    """Every slot of the queue given back (releases follow the final writes)."""
+    """Every slot of the queue given back (releases follow the final writes), in
+    `brook_queues` and on the jobs (`key_slot`)."""
     queues = QueueStore(store.db)
     deadline = time.monotonic() + timeout
     while True:
         doc = await queues.read(queue)
         assert doc is not None
-        if not doc.slots:
+        if not doc.slots and (await queues.usage())[queue].in_use == 0:
             return
         assert time.monotonic() < deadline, f"slots left in {queue}: {doc}"
         await asyncio.sleep(0.1)

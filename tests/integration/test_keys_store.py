@@ -12,7 +12,7 @@ from brook import AsyncClient
 from common.domain.models import JobSpec
 from common.runtime.settings import Settings
 from common.runtime.supervision import spawn_logged
-from common.store.jobs import JobStore
+from common.store.jobs import JobStore, Lease
 from common.store.jobs.claims import firsts_of_keys
 from common.store.queues import QUEUES, QueueStore
 from dispatcher.held_jobs import Holdings
@@ -182,15 +182,17 @@ async def test_the_python_client_sets_and_lists_key_limits(settings: Settings) -
         assert cleared.fair is False and cleared.key_concurrency is None
 
 
-async def dispatcher_limits(store: JobStore, settings: Settings) -> Limits:
+async def dispatcher_limits(
+    store: JobStore, settings: Settings, owner: str = OWNER, holdings: Holdings | None = None
+) -> Limits:
     """A dispatcher's view of the queues' limits, as it claims through them."""
     wiring = Wiring(
         settings=settings,
         store=store,
-        owner=OWNER,
-        name=OWNER,
+        owner=owner,
+        name=owner,
         tasks=frozenset({"noop"}),
-        holdings=Holdings(),
+        holdings=holdings or Holdings(),
         clock=store.clock,
         spawn=spawn_logged,
     )
@@ -235,11 +237,112 @@ async def test_a_fair_queue_with_nothing_to_count_claims_by_turns_without_slots(
     # ... and no slot taken: nothing to count, nothing to give back.
     doc = await store.db[QUEUES].find_one({"_id": "tenants"})
     assert doc is not None and not doc.get("slots")
-    # With a per-key limit, the same queue's claims go through its slots.
-    await queues.set_limits("tenants", {"key_concurrency": 3})
+    # With a per-key limit and the queue's own, the same queue's claims go through its slots.
+    await queues.set_limits("tenants", {"key_concurrency": 3, "concurrency": 10})
     await limits.refresh()
     more = await limits.claim("tenants", 2, tasks)
     assert sorted(j.id for j in more.jobs) == sorted([a_jobs[2], b_jobs[2]])
     doc = await store.db[QUEUES].find_one({"_id": "tenants"})
     assert doc is not None
     assert {j.id for j in more.jobs} <= {slot["job"] for slot in doc["slots"]}
+
+
+async def slots_of(store: JobStore, ids: Sequence[str]) -> dict[str, str | None]:
+    docs = await store.jobs.find({"_id": {"$in": list(ids)}}, {"key_slot": 1}).to_list()
+    return {str(d["_id"]): d.get("key_slot") for d in docs}
+
+
+async def test_a_key_limit_alone_holds_its_slots_on_the_running_jobs(
+    store: JobStore, settings: Settings
+) -> None:
+    """`key_concurrency` and nothing else to count: each claimed job of a key holds one of
+    the key's slots in its own document (`queue:index:key`, unique among running jobs);
+    `brook_queues` holds none; the write that ends the attempt frees it with the status."""
+    queues = QueueStore(store.db)
+    await queues.set_limits("tenants", {"key_concurrency": 2})
+    a_jobs = await submit(store, ["a"] * 3)
+    b_jobs = await submit(store, ["b", None])
+    limits = await dispatcher_limits(store, settings)
+    tasks = frozenset({"noop"})
+    got = await limits.claim("tenants", 10, tasks)
+    # A's third job waits for one of A's two to end; a job without a key counts for none.
+    assert sorted(j.id for j in got.jobs) == sorted(a_jobs[:2] + b_jobs)
+    held = await slots_of(store, [j.id for j in got.jobs])
+    assert sorted(s for s in held.values() if s) == ["tenants:0:a", "tenants:0:b", "tenants:1:a"]
+    assert held[b_jobs[1]] is None
+    doc = await store.db[QUEUES].find_one({"_id": "tenants"})
+    assert doc is not None and not doc.get("slots")
+    usage = await queues.usage()
+    assert usage["tenants"].in_use == 3
+    # Two running jobs can never hold one slot, whoever writes it.
+    first = next(j for j in got.jobs if held[j.id] == "tenants:0:a")
+    other = next(j for j in got.jobs if held[j.id] == "tenants:1:a")
+    assert not await store.take_slot(OWNER, other.id, other.attempts, "tenants:0:a")
+    nothing = await limits.claim("tenants", 10, tasks)
+    assert nothing.jobs == []
+    # One of A's jobs completes: its slot is free with its status, and A's third job runs.
+    done = await store.complete_many(OWNER, [(Lease(job_id=first.id, attempt=1), None)])
+    assert done.done == {first.id}
+    limits.finished(first, over=True)
+    third = await limits.claim("tenants", 10, tasks)
+    assert [j.id for j in third.jobs] == [a_jobs[2]]
+    assert (await slots_of(store, [a_jobs[2]]))[a_jobs[2]] == "tenants:0:a"
+    assert (await queues.usage())["tenants"].in_use == 3
+
+
+async def test_a_slot_held_by_another_dispatchers_job_stops_the_claim_at_that_key_only(
+    store: JobStore, settings: Settings
+) -> None:
+    """Two dispatchers, a key limited to one: the second one's claim finds the key's slot
+    held (a `DuplicateKeyError` of the `key_slots` index), keeps the jobs it claimed, and
+    that key waits out of turn while the others are claimed; once the holder's attempt ends
+    the key runs again. No key ever has two running jobs."""
+    await QueueStore(store.db).set_limits("tenants", {"key_concurrency": 1})
+    one = await dispatcher_limits(store, settings)
+    (a1,) = await submit(store, ["a"])
+    got = await one.claim("tenants", 1, frozenset({"noop"}))
+    assert [j.id for j in got.jobs] == [a1]
+    a_more = await submit(store, ["a", "a"])
+    others = await submit(store, ["b", "c", "d"])
+    two = await dispatcher_limits(store, settings, owner="d2")
+    tasks = frozenset({"noop"})
+    claimed: list[str] = []
+    for _ in range(4):
+        claimed += [j.id for j in (await two.claim("tenants", 10, tasks)).jobs]
+    assert sorted(claimed) == sorted(others)  # not A's: its one slot is held by `one`
+    running = await store.jobs.count_documents({"key": "a", "status": "running"})
+    assert running == 1
+    done = await store.complete_many(OWNER, [(Lease(job_id=a1, attempt=1), None)])
+    assert done.done == {a1}
+    await asyncio.sleep(0.2)  # the key's wait (`KEY_HELD_ELSEWHERE_S`) is over
+    after = await two.claim("tenants", 10, tasks)
+    assert [j.id for j in after.jobs] == a_more[:1]
+
+
+async def test_running_jobs_take_their_keys_slots_when_a_key_limit_comes(
+    store: JobStore, settings: Settings
+) -> None:
+    """Jobs claimed before their queue had a per-key limit (the plain claim): when it comes,
+    each takes a slot of its key while one is free (the one that finds none runs on, as it
+    started before the limit); the key's next job then waits for a slot."""
+    a_jobs = await submit(store, ["a"] * 3)
+    holdings = Holdings()
+    limits = await dispatcher_limits(store, settings, holdings=holdings)
+    for _ in range(2):
+        job = await store.claim(OWNER, 30, tasks=frozenset({"noop"}), queue="tenants")
+        assert job is not None
+        holdings.add(job)
+    await QueueStore(store.db).set_limits("tenants", {"key_concurrency": 1})
+    await limits.refresh()
+
+    async def adopted() -> list[str | None]:
+        return sorted((await slots_of(store, a_jobs[:2])).values(), key=str)
+
+    for _ in range(100):
+        if "tenants:0:a" in await adopted():
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.1)  # the other adoption's write has landed too
+    assert await adopted() == [None, "tenants:0:a"]
+    got = await limits.claim("tenants", 5, frozenset({"noop"}))
+    assert got.jobs == []

@@ -29,7 +29,7 @@ from common.store.jobs.attempts import JobAttempts
 from common.store.jobs.base import JOBS, JobsCollection
 from common.store.jobs.bulk import JobBulk
 from common.store.jobs.changes import JobChanges, buffered
-from common.store.jobs.claims import JobClaims
+from common.store.jobs.claims import JobClaims, SlotClaim
 from common.store.jobs.commands import JobCommands
 from common.store.jobs.indexes import INDEXES
 from common.store.jobs.outcomes import JobOutcomes
@@ -59,6 +59,7 @@ __all__ = [
     "Lease",
     "RunTimes",
     "Settled",
+    "SlotClaim",
     "Submitted",
     "buffered",
 ]

@@ -5,12 +5,14 @@ their claim under the slots it took (`common.store.queues`); the next due time."
 from __future__ import annotations
 
 import secrets
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from pymongo import ASCENDING, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import DuplicateKeyError
 from pymongo.read_concern import ReadConcern
 
 from common.domain.models import Doc, Job
@@ -44,6 +46,23 @@ def firsts_of_keys(
         {"$sort": {"status": 1, "queue": 1, "key": 1, **dict(CLAIM_SORT)}},
         {"$group": {"_id": "$key", "id": {"$first": "$_id"}, **first}},
     ]
+
+
+@dataclass(frozen=True)
+class SlotClaim:
+    """What a claim holding per-key slots on the jobs won, and the slot it found held by
+    another running job (`refused`: the claim stopped there), if any."""
+
+    jobs: list[Job] = field(default_factory=list)
+    refused: str | None = None
+
+
+def _held_slot(exc: DuplicateKeyError) -> str:
+    """The `key_slot` a claim found taken; any other duplicate is not a claim's to explain."""
+    slot = ((exc.details or {}).get("keyValue") or {}).get("key_slot")
+    if not isinstance(slot, str):
+        raise exc
+    return slot
 
 
 def in_claim_order(docs: list[Doc]) -> list[Doc]:
@@ -213,6 +232,64 @@ class JobClaims(JobsCollection):
             {"_id": {"$in": list(ids)}, "claim_tag": tag, "owner": owner, "status": R}
         ).to_list()
         return [Job.from_doc(d) for d in in_claim_order(won)]
+
+    async def claim_with_slots(
+        self, owner: str, lease_seconds: float, slots: Mapping[str, str | None], tag: str
+    ) -> SlotClaim:
+        """Lease those of these jobs (by id) still due and pending, each holding its
+        `key_slot` (`queries.claimed_with_slots`), tagged with `tag`. A slot held by another
+        running job stops the write there: the jobs claimed before it are read back, and the
+        slot is named. What it won is read back (its candidates were read without payloads)."""
+        if not slots:
+            return SlotClaim()
+        write = queries.claimed_with_slots(slots, owner, lease_seconds, tag)
+        if len(slots) == 1:  # one round trip, and a retryable write
+            try:
+                doc = await self.jobs.find_one_and_update(
+                    write.filter, write.update, return_document=ReturnDocument.AFTER
+                )
+            except DuplicateKeyError as exc:
+                return SlotClaim(refused=_held_slot(exc))
+            return SlotClaim([Job.from_doc(doc)] if doc is not None else [])
+        refused = None
+        try:
+            await self.jobs.update_many(write.filter, write.update)
+        except DuplicateKeyError as exc:
+            refused = _held_slot(exc)
+        won = await self.jobs.find(
+            {"_id": {"$in": list(slots)}, "claim_tag": tag, "owner": owner, "status": R}
+        ).to_list()
+        return SlotClaim([Job.from_doc(d) for d in in_claim_order(won)], refused)
+
+    async def claim_of_key_slot(
+        self,
+        owner: str,
+        lease_seconds: float,
+        queue: str,
+        key: str,
+        slot: str,
+        *,
+        tasks: Collection[str] | None = None,
+    ) -> SlotClaim:
+        """Lease the best due pending job of one key of `queue`, holding `slot` (a new key's
+        job, claimed out of turn): one `findOneAndUpdate` on `claim_by_key`."""
+        write = queries.claimed_of_key(owner, lease_seconds, queue, key, tasks, slot)
+        try:
+            job = await self._claim_best(write, "claim_by_key")
+        except DuplicateKeyError as exc:
+            return SlotClaim(refused=_held_slot(exc))
+        return SlotClaim([job] if job is not None else [])
+
+    async def take_slot(self, owner: str, job_id: str, attempt: int, slot: str) -> bool:
+        """This owner's running attempt takes `slot` (False: another running job holds it,
+        or the attempt is over)."""
+        write = queries.slot_taken(owner, job_id, attempt, slot)
+        try:
+            res = await self.jobs.update_one(write.filter, write.update)
+        except DuplicateKeyError as exc:
+            _held_slot(exc)
+            return False
+        return res.modified_count == 1
 
     def _primary(self) -> AsyncCollection[Doc]:
         """The jobs as the primary has them (local read concern): a job a dispatcher heard

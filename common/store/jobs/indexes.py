@@ -78,6 +78,15 @@ INDEXES = [
         name="signal_waiters",
         partialFilterExpression={"status": P, "waiting_for.kind": "signal"},
     ),
+    # Per-key concurrency held on the jobs (`QueueLimits.slots_on_jobs`): a running job of
+    # a key holds one of its slots, `queue:index:key`; no two running jobs hold the same one,
+    # and the write that ends the attempt (or requeues it) frees it with the status.
+    IndexModel(
+        [("key_slot", ASCENDING)],
+        name="key_slots",
+        unique=True,
+        partialFilterExpression={"status": R, "key_slot": {"$type": "string"}},
+    ),
     # Listing, newest first, by status, task or queue.
     IndexModel([("status", ASCENDING), ("_id", DESCENDING)], name="list_status"),
     IndexModel([("task", ASCENDING), ("_id", DESCENDING)], name="list_task"),

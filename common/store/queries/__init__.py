@@ -42,6 +42,8 @@ from common.store.queries.claims import (
     claimed_as_read,
     claimed_of_key,
     claimed_tagged,
+    claimed_with_slots,
+    slot_taken,
 )
 from common.store.queries.commands import (
     bulk_index,
@@ -107,6 +109,7 @@ __all__ = [
     "claimed_as_read",
     "claimed_of_key",
     "claimed_tagged",
+    "claimed_with_slots",
     "completed",
     "completed_in_transaction",
     "completions_by_id",
@@ -128,6 +131,7 @@ __all__ = [
     "running_fence",
     "settled",
     "signal_waiters",
+    "slot_taken",
     "started",
     "step_entry",
     "step_recorded",

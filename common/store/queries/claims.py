@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -10,6 +10,7 @@ from common.domain.models import Doc
 from common.store.fields import (
     NOW,
     P,
+    R,
     claimed_fields,
     lit,
 )
@@ -38,15 +39,20 @@ def claimed(
 
 
 def claimed_of_key(
-    owner: str, lease_seconds: float, queue: str, key: str | None, tasks: Collection[str] | None
+    owner: str,
+    lease_seconds: float,
+    queue: str,
+    key: str | None,
+    tasks: Collection[str] | None,
+    slot: str | None = None,
 ) -> Write:
     """pending → running in a queue claimed by turns across keys: the best due job of one
     key (sort `CLAIM_SORT`, hint `claim_by_key`; None: the jobs without a key), leased to
-    `owner`."""
-    return Write(
-        filter={**claim_filter(tasks, queue), "key": key},
-        update=[{"$set": claimed_fields(owner, lease_seconds)}],
-    )
+    `owner`; with `slot`, holding that `key_slot`."""
+    fields = claimed_fields(owner, lease_seconds)
+    if slot is not None:
+        fields["key_slot"] = lit(slot)
+    return Write(filter={**claim_filter(tasks, queue), "key": key}, update=[{"$set": fields}])
 
 
 def as_read(doc: Doc) -> dict[str, Any]:
@@ -84,4 +90,32 @@ def claimed_tagged(
     return Write(
         filter={"_id": {"$in": list(ids)}, "status": P, "$expr": {"$and": [due, in_time]}},
         update=[{"$set": {**claimed_fields(owner, lease_seconds), "claim_tag": lit(tag)}}],
+    )
+
+
+def claimed_with_slots(
+    slots: Mapping[str, str | None], owner: str, lease_seconds: float, tag: str
+) -> Write:
+    """pending → running in a queue whose per-key slots are held on the jobs: these jobs if
+    still due and pending, tagged with `tag`, each holding its `key_slot` (None: a job
+    without a key holds none). A slot another running job holds fails the write there
+    (the `key_slots` index): what was claimed before it stays claimed."""
+    ids = list(slots)
+    due = {"$lte": ["$run_at", NOW]}
+    held = {"$arrayElemAt": [lit(list(slots.values())), {"$indexOfArray": [lit(ids), "$_id"]}]}
+    return Write(
+        filter={"_id": {"$in": ids}, "status": P, "$expr": due},
+        update=[
+            {"$set": {**claimed_fields(owner, lease_seconds), "claim_tag": lit(tag)}},
+            {"$set": {"key_slot": held}},
+        ],
+    )
+
+
+def slot_taken(owner: str, job_id: str, attempt: int, slot: str) -> Write:
+    """A running attempt of this owner takes `slot` (a job claimed before its queue's
+    per-key limit was known here)."""
+    return Write(
+        filter={"_id": job_id, "attempts": attempt, "owner": owner, "status": R},
+        update={"$set": {"key_slot": slot}},
     )
