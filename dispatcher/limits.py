@@ -38,50 +38,23 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from common.domain.models import Doc, Job
-from common.domain.queues import (
-    RATE_START_MARGIN_S,
-    BlockReason,
-    QueueDoc,
-    QueueLimits,
-    key_slot,
-)
+from common.domain.models import Job
+from common.domain.queues import RATE_START_MARGIN_S, BlockReason, QueueDoc, QueueLimits
 from common.runtime.backoff import Backoff
 from common.runtime.group_commit import GroupCommit
 from common.runtime.log_events import Event, emit
 from common.store.jobs import JobStore
 from common.store.queues import CONFIG_FIELDS, Pruned, QueueStore, Taken
+from dispatcher.key_slots import Held, KeySlots, moved
+from dispatcher.key_slots import held_key as _key
 from dispatcher.keyed_claims import Clock, KeyedClaims, key_of
 from dispatcher.wiring import Wiring
-
-# A key whose slot (held on the jobs) another dispatcher's running job holds is looked at
-# again after this long (or at the next requeue or sweep): the release of a slot held on a
-# job is the write that ends the attempt, which tells no other dispatcher.
-KEY_HELD_ELSEWHERE_S = 0.1
 
 # How long a claim may take after writing its slots: after `claim_by`, no claim can use
 # them, and a prune may free them. The claim is the very next round trip; a late one
 # fails, and is tried again.
 CLAIM_WINDOW_S = 5.0
 MAX_RATE_BACKOFF_S = 1.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Held:
-    """The slot a job of this dispatcher holds: in `brook_queues` (by `tag`), or on the job
-    itself (`on_job`: its key and the slot's index; `QueueLimits.slots_on_jobs`), or both
-    while a queue's limits change under it; `start_by` (`time.monotonic()`): for a queue
-    with a rate, the latest its task may start, or it is handed back."""
-
-    queue: str
-    tag: str | None = None
-    on_job: tuple[str, int] | None = None
-    start_by: float | None = None
-
-
-def _key(job: Job) -> tuple[str, int]:
-    """What a held slot is kept by: an attempt's end never gives back a later one's slot."""
-    return (job.id, job.attempts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,9 +174,6 @@ class Limits:
         self.view: dict[str, QueueLimits] = {}
         self._limited: frozenset[str] = frozenset()
         self.held: dict[tuple[str, int], Held] = {}  # by `_key`
-        # The indexes of the per-key slots held on the jobs that this dispatcher's jobs
-        # hold (or its claims in flight ask for), by queue and key: a claim asks for others.
-        self._on_jobs: dict[str, dict[str, set[int]]] = {}
         # Queues that may hold slots of attempts that are over (a job was requeued, or a
         # sweep came): the next claim that finds one full prunes it first.
         self._suspect: set[str] = set()
@@ -211,6 +181,9 @@ class Limits:
         self.gates = Gates(self.clock, lambda queue: self.on_open(queue))
         # The turns of each keyed queue's keys (fair claiming, per-key limits).
         self.keys = KeyedClaims(self.store, self.clock, self.gates)
+        lease = self.settings.lease_seconds
+        args = (self.owner, lease, self.clock, self.keys, self.gates, self.held, self.spawn)
+        self.on_jobs = KeySlots(self.store, *args)  # per-key slots held on the jobs
         # Set by the claimer: a queue may be claimed again (None: any queue may).
         self.on_open: Callable[[str | None], None] = lambda _queue: None
         self.loaded = asyncio.Event()
@@ -263,21 +236,7 @@ class Limits:
         changed = {q for q in set(new) | set(self.view) if new.get(q) != self.view.get(q)}
         if not changed:
             return
-        became_limited = {q for q in changed if q in new and q not in self.view}
-        to_jobs = {
-            q
-            for q in changed
-            if q in new
-            and new[q].slots_on_jobs
-            and not (q in self.view and self.view[q].slots_on_jobs)
-        }
-        to_doc = {
-            q
-            for q in changed
-            if q in new
-            and not new[q].slots_on_jobs
-            and (q in became_limited or self.view[q].slots_on_jobs)
-        }
+        to_doc, to_jobs = moved(self.view, new, changed)
         self.view = new
         self._limited = frozenset(new)
         for queue in sorted(changed):
@@ -294,7 +253,7 @@ class Limits:
             self.gates.open(queue)
         held = self.held_jobs()
         self._adopt(j for j in held if j.queue in to_doc)
-        self._adopt_on_jobs(j for j in held if j.queue in to_jobs)
+        self.on_jobs.adopt((j for j in held if j.queue in to_jobs), new)
         self.on_open(None)
 
     async def refresh(self) -> None:
@@ -314,8 +273,9 @@ class Limits:
         gen = self.gates.generation(queue)
         limits = self.view.get(queue)
         lease = self.settings.lease_seconds
-        if limits is not None and limits.slots_on_jobs:
-            return await self._claim_on_jobs(queue, limits, n, tasks, gen, only)
+        if limits is not None and limits.slots_on_jobs and limits.key_concurrency is not None:
+            c = await self.on_jobs.claim(queue, limits.key_concurrency, n, tasks, gen, only)
+            return LimitedClaim(queue=queue, jobs=c.jobs, dry=c.dry, blocked=c.blocked)
         if limits is not None and limits.slotless and only is not None and n == 1:
             got = await self.keys.claim_of_key(queue, only[0], tasks, self.owner, lease)
             return LimitedClaim(queue=queue, jobs=got)  # a new key's job: one write
@@ -359,143 +319,6 @@ class Limits:
             rated=rated,
             dry=dry and len(jobs) < n,
         )
-
-    async def _claim_on_jobs(
-        self,
-        queue: str,
-        limits: QueueLimits,
-        n: int,
-        tasks: frozenset[str],
-        gen: int,
-        only: tuple[str | None] | None,
-    ) -> LimitedClaim:
-        """A claim in a queue whose per-key slots are held on the jobs: by turns across its
-        keys, each candidate of a key asking for a slot index this dispatcher does not hold
-        (a key with none left waits for one of its jobs here to end); one write claims them
-        and takes their slots. A slot another dispatcher's job holds stops the write there:
-        that key waits `KEY_HELD_ELSEWHERE_S`, and the claim goes on without it."""
-        assert limits.key_concurrency is not None
-        lease = self.settings.lease_seconds
-        # A new key's job, claimed out of turn: its best job is found by the claim itself.
-        urgent = only[0] if only is not None and only[0] is not None and n == 1 else None
-        if urgent is not None:
-            docs: list[Doc] = [{"_id": "", "key": urgent}]
-            dry = False
-        else:
-            docs, dry = await self.keys.pick(queue, 2 * n + 2, tasks, gen, only)
-        if not docs:
-            blocked = not self.gates.is_open(queue)
-            return LimitedClaim(queue=queue, jobs=[], dry=dry, blocked=blocked)
-        asked, full = self._ask_slots(queue, limits.key_concurrency, docs, n)
-        if full:
-            self.keys.wait(queue, dict.fromkeys(full), gen)
-        if not asked:
-            blocked = self.keys.wait_all_if_waiting(queue, gen)
-            return LimitedClaim(queue=queue, jobs=[], blocked=blocked)
-        try:
-            if urgent is not None and (at := asked.get("")) is not None:
-                slot = key_slot(queue, *at)
-                got = await self.store.claim_of_key_slot(
-                    self.owner, lease, queue, urgent, slot, tasks=tasks
-                )
-            else:
-                slots = {i: key_slot(queue, *a) if a else None for i, a in asked.items()}
-                got = await self.store.claim_with_slots(
-                    self.owner, lease, slots, secrets.token_hex(8)
-                )
-        finally:
-            self._unask(queue, asked.values())
-        self.gates.claimed(queue)
-        for job in got.jobs:
-            at = asked.get("" if urgent is not None else job.id)
-            if at is not None:
-                self._hold_on_job(queue, *at)
-            self.held[_key(job)] = Held(queue=queue, on_job=at)
-        self.keys.served_keys(queue, [job.key for job in got.jobs])
-        if got.refused is not None:
-            _, _, key = got.refused.split(":", 2)
-            self.keys.wait(queue, {key: self.clock.now() + KEY_HELD_ELSEWHERE_S}, gen)
-            emit(Event.KEY_HELD_ELSEWHERE, level="debug", queue=queue, key=key, slot=got.refused)
-            dry = False  # the claim stopped at that key: the others may have more
-        return LimitedClaim(queue=queue, jobs=got.jobs, dry=dry and len(got.jobs) < n)
-
-    def _ask_slots(
-        self, queue: str, limit: int, docs: Sequence[Doc], n: int
-    ) -> tuple[dict[str, tuple[str, int] | None], list[str]]:
-        """Up to `n` of these candidates (by id), each with the slot it asks for (its key and
-        a free index here; None: a job without a key counts against no key), reserved until
-        the claim answers; and the keys that have no index left here."""
-        held = self._on_jobs.setdefault(queue, {})
-        asked: dict[str, tuple[str, int] | None] = {}
-        full: list[str] = []
-        for doc in docs:
-            if len(asked) >= n:
-                break
-            key = key_of(doc)
-            if key is None:
-                asked[str(doc["_id"])] = None
-                continue
-            used = held.setdefault(key, set())
-            # (After the limit was lowered, higher indexes may still be held: they count.)
-            index = next((i for i in range(limit) if i not in used), None)
-            if index is None or len(used) >= limit:
-                if key not in full:
-                    full.append(key)
-                continue
-            used.add(index)
-            asked[str(doc["_id"])] = (key, index)
-        return asked, full
-
-    def _unask(self, queue: str, asked: Iterable[tuple[str, int] | None]) -> None:
-        for at in asked:
-            if at is not None:
-                self._free_on_job(queue, *at)
-
-    def _hold_on_job(self, queue: str, key: str, index: int) -> None:
-        self._on_jobs.setdefault(queue, {}).setdefault(key, set()).add(index)
-
-    def _free_on_job(self, queue: str, key: str, index: int) -> None:
-        keys = self._on_jobs.get(queue, {})
-        used = keys.get(key)
-        if used is None:
-            return
-        used.discard(index)
-        if not used:
-            del keys[key]
-
-    def _adopt_on_jobs(self, jobs: Iterable[Job]) -> None:
-        """Jobs this dispatcher holds in a queue whose per-key slots are now held on the jobs:
-        each of a key takes a slot there, while one is free (one that finds none runs on
-        over the limit, as it started before it)."""
-        for job in jobs:
-            limits = self.view.get(job.queue)
-            if job.key is None or limits is None or limits.key_concurrency is None:
-                continue
-            old = self.held.get(_key(job))
-            if old is not None and old.on_job is not None:
-                continue  # it holds one already (its queue's limits went and came back)
-            candidate = {"_id": job.id, "key": job.key}
-            asked, _ = self._ask_slots(job.queue, limits.key_concurrency, [candidate], 1)
-            at = asked.get(job.id)
-            if at is None:
-                continue
-            self.held[_key(job)] = Held(queue=job.queue, tag=old.tag if old else None, on_job=at)
-            self.spawn(self._take_slot(job, at), f"adopt-slot:{job.id}")
-
-    async def _take_slot(self, job: Job, at: tuple[str, int]) -> None:
-        slot = key_slot(job.queue, *at)
-        try:
-            took = await self.store.take_slot(self.owner, job.id, job.attempts, slot)
-        except PyMongoError as exc:
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="take_slot", error=str(exc)[:200])
-            took = False
-        if not took:
-            held = self.held.get(_key(job))
-            if held is not None and held.on_job == at:
-                self.held[_key(job)] = Held(queue=held.queue, tag=held.tag)
-            self._free_on_job(job.queue, *at)
-            return
-        emit(Event.SLOTS_ADOPTED, queue=job.queue, jobs=[job.id], slot=slot)
 
     async def settle(self, claim: LimitedClaim) -> None:
         """After the claim: give back the slots of the jobs another dispatcher won, and with a
@@ -619,18 +442,15 @@ class Limits:
         """Jobs the plain claim took from a queue that has limits by now (this dispatcher
         had not heard of them yet when it claimed): give each a slot, so it counts."""
         strays = [j for j in jobs if j.queue in self._limited and _key(j) not in self.held]
-        on_jobs = {q for q, limits in self.view.items() if limits.slots_on_jobs}
-        self._adopt(j for j in strays if j.queue not in on_jobs)
-        self._adopt_on_jobs(j for j in strays if j.queue in on_jobs)
+        self._adopt(j for j in strays if not self.view[j.queue].slots_on_jobs)
+        self.on_jobs.adopt((j for j in strays if self.view[j.queue].slots_on_jobs), self.view)
 
     def _adopt(self, jobs: Iterable[Job]) -> None:
         by_queue: dict[str, list[tuple[str, int, str, str | None]]] = {}
         for job in jobs:
             tag = secrets.token_hex(8)
-            old = self.held.get(_key(job))  # a slot it holds on the job stays its own
-            self.held[_key(job)] = Held(
-                queue=job.queue, tag=tag, on_job=old.on_job if old is not None else None
-            )
+            on_job = self.held[_key(job)].on_job if _key(job) in self.held else None
+            self.held[_key(job)] = Held(queue=job.queue, tag=tag, on_job=on_job)  # kept
             by_queue.setdefault(job.queue, []).append((job.id, job.attempts, tag, job.key))
         for queue, entries in by_queue.items():
             self.spawn(self._adopt_write(queue, entries), f"adopt:{queue}")
@@ -666,16 +486,9 @@ class Limits:
         holds it), so its slot can go; otherwise it may still be running in MongoDB, and a
         prune frees the slot once the job shows it is not."""
         held = self.held.pop(_key(job), None)
-        if held is None:
-            return
-        if held.on_job is not None:
-            # Its final write gave the slot back with the status (`over`); otherwise its
-            # attempt may still be running in MongoDB: a claim that asks for the slot is
-            # refused until the watchdog requeues it.
-            self._free_on_job(held.queue, *held.on_job)
-            if held.tag is None:
-                self.gates.open(held.queue)
-        if held.tag is not None and over:
+        if held is not None:
+            self.on_jobs.finished(held)
+        if held is not None and held.tag is not None and over:
             self.spawn(self._release(held, job.id), f"release:{job.id}")
 
     async def _release(self, held: Held, job_id: str) -> None:

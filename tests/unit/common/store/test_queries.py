@@ -67,6 +67,12 @@ CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
     ),
     "claimed_of_key": (queries.claimed_of_key(OWNER, 30, "q", "k", {"noop"}), {P}, {R}),
     "claimed_tagged": (queries.claimed_tagged(["j1", "j2"], OWNER, 30, "tag", AT), {P}, {R}),
+    "claimed_with_slots": (
+        queries.claimed_with_slots({"j1": "q:0:k", "j2": None}, OWNER, 30, "tag"),
+        {P},
+        {R},
+    ),
+    "slot_taken": (queries.slot_taken(OWNER, "j1", 3, "q:0:k"), {R}, set()),
     "lease_renewed": (queries.lease_renewed(OWNER, [LEASE, KNOWING], 30), {R}, set()),
     "progress_reported": (queries.progress_reported(LEASE, OWNER, 0.5, "half"), {R}, set()),
     "started": (queries.started(LEASE, OWNER, AT), {R}, set()),
