@@ -129,7 +129,9 @@ class KeySlots:
             docs: list[Doc] = [{"_id": "", "key": urgent}]
             dry = False
         else:
-            docs, dry = await self.keys.pick(queue, 2 * n + 2, tasks, gen, only)
+            # A few more candidates than it claims (a key may be full, or its job won by
+            # another claim): none takes a slot in `brook_queues`, so few are lost.
+            docs, dry = await self.keys.pick(queue, n + 2, tasks, gen, only)
         if not docs:
             return SlotsClaimed(jobs=[], dry=dry, blocked=not self.gates.is_open(queue))
         asked, full = self.ask(queue, limit, docs, n)

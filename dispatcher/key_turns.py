@@ -20,7 +20,7 @@ generation moves), or until its rate window frees. Pure: no database, no clock o
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from common.domain.models import Doc
@@ -94,6 +94,15 @@ class KeyTurns:
         if over:
             del self._waits[key]
         return not over
+
+    def any_other(self, besides: Container[Key], now: float, generation: int) -> bool:
+        """Whether some key not in `besides` may start a job now (a look from the front
+        that stops at the first: the keys just looked at are at the front)."""
+        for key in self._order:
+            if key in besides or (key is not None and self._waiting(key, now, generation)):
+                continue
+            return True
+        return False
 
     def waiting(self, now: float, generation: int) -> bool:
         """Whether every key in the order waits (none may start a job now)."""

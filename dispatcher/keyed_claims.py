@@ -101,7 +101,7 @@ class KeyedClaims:
             turns.stale = True  # nothing due in the keys it knew: look for keys it missed
         # Dry: every key that may start a job was looked at (none is left that was not),
         # and none had more. (Keys found empty have left the turns by now.)
-        others = [k for k in turns.pick(len(turns), self.clock.now(), gen) if k not in found]
+        others = turns.any_other(found, self.clock.now(), gen)
         dry = not others and all(len(v) < per_key for v in found.values())
         return docs, dry
 

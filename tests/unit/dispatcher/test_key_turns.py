@@ -185,3 +185,18 @@ def test_a_key_heard_of_during_a_look_is_not_dropped_by_that_looks_empty_read() 
     turns.look_started()
     turns.dry(["b"])  # the next look finds it empty too: now it goes
     assert turns.keys() == []
+
+
+def test_any_other_key_that_may_start_looks_past_the_keys_just_read_and_the_waiting() -> None:
+    turns = KeyTurns()
+    turns.refreshed(["a", "b", "c"])
+    assert turns.any_other({"a", "b"}, now=0, generation=0)
+    turns.wait({"c": None}, 0)  # at its limit until a slot is released (the generation moves)
+    assert not turns.any_other({"a", "b"}, now=0, generation=0)
+    assert turns.any_other({"a", "b"}, now=0, generation=1)
+    turns.wait({"c": 5.0}, 1)  # out of starts until t=5
+    assert not turns.any_other({"a", "b"}, now=4, generation=1)
+    assert turns.any_other({"a", "b"}, now=5, generation=1)
+    turns.saw(None)  # the jobs without a key never wait
+    turns.wait({"c": 9.0}, 1)
+    assert turns.any_other({"a", "b"}, now=6, generation=1)
