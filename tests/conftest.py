@@ -202,7 +202,7 @@ def set_of(request: pytest.FixtureRequest) -> Mongo:
 
 
 # `BROOK_TEST_LEAKS=1`: after each test, a full garbage collection; a socket or file the
-# test left open to the collector fails that test (off by default: it costs the run ~5%).
+# test left open to the collector fails that test (off by default: it costs the run ~15%).
 # Without it, such a `ResourceWarning` fails whichever later test the collector runs in.
 LEAK_CHECK = os.environ.get("BROOK_TEST_LEAKS") == "1"
 
