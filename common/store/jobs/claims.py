@@ -219,19 +219,8 @@ class JobClaims(JobsCollection):
         slots' `claim_by`): after it the slots may have been freed, and no claim may use them.
         What it won is read back: its candidates were read without their payloads (twice as
         many as it claims), and a job may have changed since (a debounced submit joined it)."""
-        if not ids:
-            return []
         write = queries.claimed_tagged(ids, owner, lease_seconds, tag, before)
-        if len(ids) == 1:  # one round trip, and a retryable write
-            doc = await self.jobs.find_one_and_update(
-                write.filter, write.update, return_document=ReturnDocument.AFTER
-            )
-            return [Job.from_doc(doc)] if doc is not None else []
-        await self.jobs.update_many(write.filter, write.update)
-        won = await self.jobs.find(
-            {"_id": {"$in": list(ids)}, "claim_tag": tag, "owner": owner, "status": R}
-        ).to_list()
-        return [Job.from_doc(d) for d in in_claim_order(won)]
+        return (await self._claim_ids(write, ids, owner, tag)).jobs
 
     async def claim_with_slots(
         self, owner: str, lease_seconds: float, slots: Mapping[str, str | None], tag: str
@@ -240,10 +229,18 @@ class JobClaims(JobsCollection):
         `key_slot` (`queries.claimed_with_slots`), tagged with `tag`. A slot held by another
         running job stops the write there: the jobs claimed before it are read back, and the
         slot is named. What it won is read back (its candidates were read without payloads)."""
-        if not slots:
-            return SlotClaim()
         write = queries.claimed_with_slots(slots, owner, lease_seconds, tag)
-        if len(slots) == 1:  # one round trip, and a retryable write
+        return await self._claim_ids(write, list(slots), owner, tag)
+
+    async def _claim_ids(
+        self, write: queries.Write, ids: Sequence[str], owner: str, tag: str
+    ) -> SlotClaim:
+        """Run a claim of these jobs by id (`write` tags them with `tag`) and say what it won:
+        one job in one retryable round trip; more in one `update_many`, then read back by
+        the tag. A `key_slot` another running job holds stops the write there (named)."""
+        if not ids:
+            return SlotClaim()
+        if len(ids) == 1:
             try:
                 doc = await self.jobs.find_one_and_update(
                     write.filter, write.update, return_document=ReturnDocument.AFTER
@@ -257,7 +254,7 @@ class JobClaims(JobsCollection):
         except DuplicateKeyError as exc:
             refused = _held_slot(exc)
         won = await self.jobs.find(
-            {"_id": {"$in": list(slots)}, "claim_tag": tag, "owner": owner, "status": R}
+            {"_id": {"$in": list(ids)}, "claim_tag": tag, "owner": owner, "status": R}
         ).to_list()
         return SlotClaim([Job.from_doc(d) for d in in_claim_order(won)], refused)
 

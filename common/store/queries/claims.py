@@ -106,8 +106,13 @@ def claimed_with_slots(
     return Write(
         filter={"_id": {"$in": ids}, "status": P, "$expr": due},
         update=[
-            {"$set": {**claimed_fields(owner, lease_seconds), "claim_tag": lit(tag)}},
-            {"$set": {"key_slot": held}},
+            {
+                "$set": {
+                    **claimed_fields(owner, lease_seconds),
+                    "claim_tag": lit(tag),
+                    "key_slot": held,
+                }
+            }
         ],
     )
 
