@@ -21,8 +21,8 @@ RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
-# Then the project (packages brook, common, ingest, dispatcher, executor and the `brook`
-# console script).
+# Then the project (one import package, `brook`, the role folders linked below it, and the
+# `brook` console script).
 COPY . /app
 RUN pip install --no-deps . \
     && rm -rf /app/build /app/*.egg-info

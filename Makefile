@@ -53,7 +53,7 @@ engine:
 ## compiled here once, since with PYTHONDONTWRITEBYTECODE set (as in some shells and CI
 ## images) Python writes none and each of those processes would compile it again.
 test: $(STAMP) browser faketime engine
-	$(BIN)/python -m compileall -q -j 0 brook common dispatcher executor ingest tests >/dev/null
+	$(BIN)/python -m compileall -q -j 0 brook tests >/dev/null
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
 
 ## Local stand-ins for mongo:7 and python:3.11-slim (no Docker Hub needed); ends with two
@@ -63,7 +63,7 @@ images:
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy common ingest dispatcher executor brook tests bench
+	$(BIN)/mypy brook tests bench
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run

@@ -25,7 +25,7 @@ from pymongo.collection import Collection
 from bench.harness import Doc, proc_cpu_s
 from bench.scale import pending_doc
 from bench.scenarios import Context
-from common.store.jobs import INDEXES
+from brook.common.store.jobs import INDEXES
 
 CLAIM = [{"$set": {"status": "running", "attempts": 1, "owner": "bench",
                    "lease_expires_at": "$$NOW", "claimed_at": "$$NOW"}}]

@@ -14,10 +14,10 @@ import httpx
 from bench.harness import Api, BenchError
 from bench.scenarios import Context
 from bench.stats import dist
-from common.domain.models import JobSpec
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore
+from brook.common.domain.models import JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore
 
 
 async def _client(

@@ -30,11 +30,11 @@ from bench.harness import BenchError
 from bench.limits import _dispatchers, wait_settled_queue
 from bench.scenarios import PROJECTION, Context
 from bench.stats import JobTimes
-from common.domain.models import JobSpec
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore
-from common.store.queues import QueueStore
+from brook.common.domain.models import JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore
+from brook.common.store.queues import QueueStore
 
 IDLE_SAMPLES = 30
 B_SAMPLES = 7
@@ -222,9 +222,9 @@ def bulk_plans(ctx: Context, jobs: int) -> dict[str, Any]:
     ten error types, a tenth of those cancelled), a fifth with a key, plus as many pending."""
     from datetime import UTC, datetime, timedelta
 
-    from common.domain.bulk import JobFilter
-    from common.domain.status import JobStatus
-    from common.store.queries import bulk_index, bulk_match
+    from brook.common.domain.bulk import JobFilter
+    from brook.common.domain.status import JobStatus
+    from brook.common.store.queries import bulk_index, bulk_match
 
     db = ctx.new_db("bulkplans")
     now = datetime.now(UTC)

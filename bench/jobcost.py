@@ -80,8 +80,8 @@ from bench.harness import (
 )
 from bench.jobcost_submit import open_loop
 from bench.stats import JobTimes, anomalies, dist, ms
+from brook.common.domain.errors import EmbeddedMongoError
 from brook.replset import ReplicaSet
-from common.domain.errors import EmbeddedMongoError
 
 DB = "bench_jobcost"
 TASK = "noop"

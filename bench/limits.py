@@ -27,12 +27,12 @@ from typing import Any
 from bench.harness import BenchError, RoleProcess, free_port, role, role_env
 from bench.scenarios import PROJECTION, Context
 from bench.stats import JobTimes, max_overlap
-from common.domain.models import JobSpec
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore
-from common.store.queries import CLAIM_SORT, claim_filter, claim_index
-from common.store.queues import QueueStore
+from brook.common.domain.models import JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore
+from brook.common.store.queries import CLAIM_SORT, claim_filter, claim_index
+from brook.common.store.queues import QueueStore
 
 BACKLOG = 5000  # jobs waiting in a limited queue, ahead of the unlimited ones
 TASKS = frozenset({"noop", "echo", "sleep", "fail", "crash", "cpu"})  # the demo tasks

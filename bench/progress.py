@@ -11,8 +11,8 @@ import multiprocessing
 import time
 from multiprocessing.connection import Connection
 
-from common.protocol.runner import RunJob
-from executor.progress import INTERVAL_S, ProgressReporter
+from brook.common.protocol.runner import RunJob
+from brook.executor.progress import INTERVAL_S, ProgressReporter
 
 
 def _drain(conn: Connection) -> None:

@@ -46,10 +46,10 @@ from bench.harness import (
 from bench.scenarios import Context
 from bench.stats import dist, ms
 from brook import AsyncClient, Client
-from common.domain.errors import WaitTimeout
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import INDEXES, JobStore
+from brook.common.domain.errors import WaitTimeout
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import INDEXES, JobStore
 
 NOOP_BODY = json.dumps({"task": "noop", "payload": {}})
 

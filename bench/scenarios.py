@@ -46,10 +46,10 @@ from bench.stats import (
     per_second,
 )
 from brook import AsyncClient
-from common.domain.models import JobSpec
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore, Lease
+from brook.common.domain.models import JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore, Lease
 
 PROJECTION = {"status": 1, "attempts": 1, "created_at": 1, "started_at": 1, "finished_at": 1}
 NOOP = {"task": "noop", "payload": {}}

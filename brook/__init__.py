@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time, `__getattr__`
     from brook.client import AsyncClient, Client
-    from common.domain.errors import (
+    from brook.common.domain.errors import (
         BrookError,
         ConfigError,
         EmbeddedMongoError,
@@ -37,16 +37,16 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time, `__geta
         UnknownTask,
         WaitTimeout,
     )
-    from common.domain.models import Job
-    from common.domain.status import JobStatus
-    from common.domain.steps import DuplicateStep, SignalTimeout, StepError
-    from executor.context import SyncTaskContext, TaskContext
-    from executor.registry import task
-    from executor.schedules import schedule
-    from executor.triggers import trigger
+    from brook.common.domain.models import Job
+    from brook.common.domain.status import JobStatus
+    from brook.common.domain.steps import DuplicateStep, SignalTimeout, StepError
+    from brook.executor.context import SyncTaskContext, TaskContext
+    from brook.executor.registry import task
+    from brook.executor.schedules import schedule
+    from brook.executor.triggers import trigger
 
 # Where each public name lives.
-_ERRORS = "common.domain.errors"
+_ERRORS = "brook.common.domain.errors"
 _HOME = {
     "AsyncClient": "brook.client",
     "Client": "brook.client",
@@ -63,16 +63,16 @@ _HOME = {
     "TriggerNotFound": _ERRORS,
     "UnknownTask": _ERRORS,
     "WaitTimeout": _ERRORS,
-    "Job": "common.domain.models",
-    "JobStatus": "common.domain.status",
-    "DuplicateStep": "common.domain.steps",
-    "SignalTimeout": "common.domain.steps",
-    "StepError": "common.domain.steps",
-    "SyncTaskContext": "executor.context",
-    "TaskContext": "executor.context",
-    "task": "executor.registry",
-    "schedule": "executor.schedules",
-    "trigger": "executor.triggers",
+    "Job": "brook.common.domain.models",
+    "JobStatus": "brook.common.domain.status",
+    "DuplicateStep": "brook.common.domain.steps",
+    "SignalTimeout": "brook.common.domain.steps",
+    "StepError": "brook.common.domain.steps",
+    "SyncTaskContext": "brook.executor.context",
+    "TaskContext": "brook.executor.context",
+    "task": "brook.executor.registry",
+    "schedule": "brook.executor.schedules",
+    "trigger": "brook.executor.triggers",
 }
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The Python API: `Client` (blocking) and `AsyncClient` (asyncio).
 
 Both write to MongoDB directly, through the same code as the HTTP API
-(`common.operations.client_core`): the same validation and messages, the same task-name
+(`brook.common.operations.client_core`): the same validation and messages, the same task-name
 check, the same store. `Client` is not a second copy of `AsyncClient`: each of its methods
 runs the `AsyncClient` coroutine of the same name on a private event-loop thread.
 
@@ -27,15 +27,15 @@ from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
 
-from common.domain.errors import InvalidSession
-from common.domain.models import Doc
-from common.operations.client_core import BlockingSessions, ClientCore, Submitting
-from common.operations.task_directory import TaskDirectory
-from common.runtime.blocking import Coro, LoopThread, T, blocking, blocking_or_in_session
-from common.runtime.settings import Settings, load_settings
-from common.store.db import database, make_client, sync_database
-from common.store.jobs import JobStore
-from executor.registry import registered
+from brook.common.domain.errors import InvalidSession
+from brook.common.domain.models import Doc
+from brook.common.operations.client_core import BlockingSessions, ClientCore, Submitting
+from brook.common.operations.task_directory import TaskDirectory
+from brook.common.runtime.blocking import Coro, LoopThread, T, blocking, blocking_or_in_session
+from brook.common.runtime.settings import Settings, load_settings
+from brook.common.store.db import database, make_client, sync_database
+from brook.common.store.jobs import JobStore
+from brook.executor.registry import registered
 
 
 def _settings(uri: str | None, db: str | None) -> Settings:

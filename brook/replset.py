@@ -22,8 +22,8 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
-from common.domain.errors import EmbeddedMongoError
-from common.store.db import REPLSET_NAME, embedded_ports, embedded_uri
+from brook.common.domain.errors import EmbeddedMongoError
+from brook.common.store.db import REPLSET_NAME, embedded_ports, embedded_uri
 
 READY_TIMEOUT_S = 90.0
 PORT_FREE_WAIT_S = 5.0  # how long `up` waits for a port a dead member may still hold

@@ -15,21 +15,21 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from common.domain.schedules import Schedule
-from common.domain.triggers import Trigger
-from common.protocol.runner import Runner
-from common.runtime import tracing
-from common.runtime.log import configure_logging
-from common.runtime.log_events import Event, emit
-from common.runtime.metrics import serve_metrics
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore
-from dispatcher.dispatcher import Dispatcher
-from executor.pool import WorkerPool
-from executor.registry import load_tasks
-from executor.schedules import declared_schedules
-from executor.triggers import declared_triggers
+from brook.common.domain.schedules import Schedule
+from brook.common.domain.triggers import Trigger
+from brook.common.protocol.runner import Runner
+from brook.common.runtime import tracing
+from brook.common.runtime.log import configure_logging
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.metrics import serve_metrics
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore
+from brook.dispatcher.dispatcher import Dispatcher
+from brook.executor.pool import WorkerPool
+from brook.executor.registry import load_tasks
+from brook.executor.schedules import declared_schedules
+from brook.executor.triggers import declared_triggers
 
 # After the dispatcher stopped: how long closing the pool and the client may take.
 CLOSE_S = 1.0

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, SSEError
 
+from brook.common.runtime.settings import Settings
 from brook.terminal import safe
-from common.runtime.settings import Settings
 
 JsonObject = dict[str, Any]
 OnEvent = Callable[[str, JsonObject], bool]  # (kind, data) → True to stop following

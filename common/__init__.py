@@ -7,7 +7,7 @@ import sys as _sys
 
 if "structlog" not in _sys.modules and "rich" not in _sys.modules:
     # structlog imports `rich`, when it is installed (the CLI's progress bar uses it), for the
-    # tracebacks of its console renderer; Brook logs JSON only (`common.runtime.log`). Keeping
+    # tracebacks of its console renderer; Brook logs JSON only (`brook.common.runtime.log`). Keeping
     # rich out of that first import saves every process (API, dispatcher, forkserver, CLI)
     # about 0.1 CPU-s of its start; rich still imports normally afterwards.
     _sys.modules["rich"] = None  # type: ignore[assignment]

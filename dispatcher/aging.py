@@ -25,8 +25,8 @@ import time
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 
-from common.domain.models import Doc, Job
-from dispatcher.wiring import Wiring
+from brook.common.domain.models import Doc, Job
+from brook.dispatcher.wiring import Wiring
 
 AGED_LOOK = 8
 

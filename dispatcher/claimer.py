@@ -21,15 +21,15 @@ from datetime import UTC, datetime
 
 from pymongo.errors import PyMongoError
 
-from common.domain.models import Job
-from common.domain.queues import RATE_START_MARGIN_S
-from common.runtime.log_events import Event, emit
-from common.runtime.metrics import CLAIMS
-from common.runtime.supervision import spawn_logged
-from common.store.clock import ServerClock
-from dispatcher.aging import Aging
-from dispatcher.limits import Limits
-from dispatcher.wiring import Wiring
+from brook.common.domain.models import Job
+from brook.common.domain.queues import RATE_START_MARGIN_S
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.metrics import CLAIMS
+from brook.common.runtime.supervision import spawn_logged
+from brook.common.store.clock import ServerClock
+from brook.dispatcher.aging import Aging
+from brook.dispatcher.limits import Limits
+from brook.dispatcher.wiring import Wiring
 
 MAX_BATCH = 64
 # Claims pause while this many finished tasks still wait for their outcome write (MongoDB

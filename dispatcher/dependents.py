@@ -17,12 +17,12 @@ from collections.abc import Collection
 
 from pymongo.errors import PyMongoError
 
-from common.operations.dependents import Via, settle
-from common.runtime.log_events import Event, emit
-from common.runtime.settings import Settings
-from common.runtime.supervision import Spawn
-from common.store.failover_retry import ride_out
-from common.store.jobs import JobStore
+from brook.common.operations.dependents import Via, settle
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.settings import Settings
+from brook.common.runtime.supervision import Spawn
+from brook.common.store.failover_retry import ride_out
+from brook.common.store.jobs import JobStore
 
 # How long a settle may ride out a failover (in lease lengths) before the sweep takes over.
 SETTLE_LEASES = 2

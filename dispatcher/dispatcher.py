@@ -41,10 +41,10 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from common.domain.models import Job
-from common.domain.schedules import Schedule
-from common.domain.triggers import Trigger
-from common.protocol.runner import (
+from brook.common.domain.models import Job
+from brook.common.domain.schedules import Schedule
+from brook.common.domain.triggers import Trigger
+from brook.common.protocol.runner import (
     KillReason,
     Outcome,
     ProgressReport,
@@ -54,30 +54,30 @@ from common.protocol.runner import (
     StepRecord,
     WorkerSlot,
 )
-from common.runtime import tracing
-from common.runtime.log_events import Event, emit, job_fields
-from common.runtime.metrics import JOB_WAIT
-from common.runtime.settings import Settings
-from common.runtime.supervision import Supervisor
-from common.store.failover_retry import ride_out
-from common.store.jobs import JobStore, Lease, RunTimes
-from common.store.queues import QueueStore
-from common.store.schedules import ScheduleStore
-from dispatcher.claimer import Claimer
-from dispatcher.dependents import Dependents
-from dispatcher.held_jobs import Holdings
-from dispatcher.leases import LeaseKeeper
-from dispatcher.limits import Limits
-from dispatcher.oplog_hints import Announced, InsertHints
-from dispatcher.outcomes import Outcomes
-from dispatcher.presence import Presence
-from dispatcher.progress import ProgressKeeper
-from dispatcher.schedules import ScheduleRunner
-from dispatcher.start_times import StartMarks
-from dispatcher.steps import StepKeeper
-from dispatcher.stream import StreamFollower, TokenSaver
-from dispatcher.triggers import TriggerRunner
-from dispatcher.wiring import Wiring
+from brook.common.runtime import tracing
+from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.metrics import JOB_WAIT
+from brook.common.runtime.settings import Settings
+from brook.common.runtime.supervision import Supervisor
+from brook.common.store.failover_retry import ride_out
+from brook.common.store.jobs import JobStore, Lease, RunTimes
+from brook.common.store.queues import QueueStore
+from brook.common.store.schedules import ScheduleStore
+from brook.dispatcher.claimer import Claimer
+from brook.dispatcher.dependents import Dependents
+from brook.dispatcher.held_jobs import Holdings
+from brook.dispatcher.leases import LeaseKeeper
+from brook.dispatcher.limits import Limits
+from brook.dispatcher.oplog_hints import Announced, InsertHints
+from brook.dispatcher.outcomes import Outcomes
+from brook.dispatcher.presence import Presence
+from brook.dispatcher.progress import ProgressKeeper
+from brook.dispatcher.schedules import ScheduleRunner
+from brook.dispatcher.start_times import StartMarks
+from brook.dispatcher.steps import StepKeeper
+from brook.dispatcher.stream import StreamFollower, TokenSaver
+from brook.dispatcher.triggers import TriggerRunner
+from brook.dispatcher.wiring import Wiring
 
 # After the grace period: how long stopped jobs may take to be handed back, and the
 # resume token to be saved, before the dispatcher exits anyway (MongoDB may be down).

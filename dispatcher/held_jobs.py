@@ -19,8 +19,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from common.domain.models import Job
-from common.store.jobs import Lease
+from brook.common.domain.models import Job
+from brook.common.store.jobs import Lease
 
 # How long a cancel request seen on the stream is remembered, for a job whose claim
 # response has not reached us yet when the event does.

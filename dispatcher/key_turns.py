@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from common.domain.models import Doc
+from brook.common.domain.models import Doc
 
 Key = str | None
 

@@ -8,25 +8,25 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from common.domain.models import Doc, Job
-from common.domain.queues import BlockReason, QueueDoc
-from common.store.jobs import JobStore
-from common.store.queues import Taken
-from dispatcher.key_turns import KeyTurns, interleave
+from brook.common.domain.models import Doc, Job
+from brook.common.domain.queues import BlockReason, QueueDoc
+from brook.common.store.jobs import JobStore
+from brook.common.store.queues import Taken
+from brook.dispatcher.key_turns import KeyTurns, interleave
 
 # A claim without slots has no `claim_by` to meet.
 NO_CLAIM_DEADLINE = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 class Clock(Protocol):
-    """The server's clock as seen from here (`common.store.clock.ServerClock`)."""
+    """The server's clock as seen from here (`brook.common.store.clock.ServerClock`)."""
 
     def now(self) -> float: ...
 
 
 class Gate(Protocol):
     """How a keyed queue is closed when every key waits, and told of a claim
-    (`dispatcher.limits.Gates`)."""
+    (`brook.dispatcher.limits.Gates`)."""
 
     def close(self, queue: str, reason: BlockReason, at: float | None, gen: int) -> bool: ...
 

@@ -25,20 +25,20 @@ import pymongo
 from prometheus_client import Counter
 from pymongo.errors import PyMongoError
 
-from common.domain.errors import LeaseLost
-from common.protocol.runner import KillReason
-from common.runtime.backoff import backoff_delay
-from common.runtime.log_events import Event, emit, job_fields
-from common.runtime.metrics import (
+from brook.common.domain.errors import LeaseLost
+from brook.common.protocol.runner import KillReason
+from brook.common.runtime.backoff import backoff_delay
+from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.metrics import (
     LEASE_RENEWALS,
     LEASES_EXPIRED,
     LEASES_LOST,
     LEASES_SELF_FENCED,
     count_outcome,
 )
-from common.store.jobs import ExpiredLease, Lease
-from dispatcher.dependents import Dependents
-from dispatcher.wiring import Wiring
+from brook.common.store.jobs import ExpiredLease, Lease
+from brook.dispatcher.dependents import Dependents
+from brook.dispatcher.wiring import Wiring
 
 Kill = Callable[[str, KillReason], bool]
 

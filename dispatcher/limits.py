@@ -8,7 +8,7 @@ always was; once some queue has limits, a claim across every queue names the que
 with pending jobs and no limits (`plain_queues`), so the jobs waiting in limited queues
 are never even scanned.
 
-A claim in a limited queue goes through its slots (`common.store.queues`): the candidate
+A claim in a limited queue goes through its slots (`brook.common.store.queues`): the candidate
 jobs, one write that takes a slot for each (as many as the queue allows), the claim itself
 (only before the slots' `claim_by`), and, only when needed, one write that gives back the
 slots of jobs another dispatcher won and records the real starts for a rate. Each job's
@@ -38,17 +38,17 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from common.domain.models import Job
-from common.domain.queues import RATE_START_MARGIN_S, BlockReason, QueueDoc, QueueLimits
-from common.runtime.backoff import Backoff
-from common.runtime.group_commit import GroupCommit
-from common.runtime.log_events import Event, emit
-from common.store.jobs import JobStore
-from common.store.queues import CONFIG_FIELDS, Pruned, QueueStore, Taken
-from dispatcher.key_slots import Held, KeySlots, moved
-from dispatcher.key_slots import held_key as _key
-from dispatcher.keyed_claims import Clock, KeyedClaims, key_of
-from dispatcher.wiring import Wiring
+from brook.common.domain.models import Job
+from brook.common.domain.queues import RATE_START_MARGIN_S, BlockReason, QueueDoc, QueueLimits
+from brook.common.runtime.backoff import Backoff
+from brook.common.runtime.group_commit import GroupCommit
+from brook.common.runtime.log_events import Event, emit
+from brook.common.store.jobs import JobStore
+from brook.common.store.queues import CONFIG_FIELDS, Pruned, QueueStore, Taken
+from brook.dispatcher.key_slots import Held, KeySlots, moved
+from brook.dispatcher.key_slots import held_key as _key
+from brook.dispatcher.keyed_claims import Clock, KeyedClaims, key_of
+from brook.dispatcher.wiring import Wiring
 
 # How long a claim may take after writing its slots: after `claim_by`, no claim can use
 # them, and a prune may free them. The claim is the very next round trip; a late one

@@ -28,11 +28,11 @@ from typing import Any
 
 from pymongo.errors import OperationFailure, PyMongoError
 
-from common.runtime.backoff import Backoff
-from common.runtime.log_events import Event, emit
-from common.store.db import is_transient
-from common.store.jobs import JobStore
-from common.store.pipelines import oplog_insert_as_change
+from brook.common.runtime.backoff import Backoff
+from brook.common.runtime.log_events import Event, emit
+from brook.common.store.db import is_transient
+from brook.common.store.jobs import JobStore
+from brook.common.store.pipelines import oplog_insert_as_change
 
 # Errors that will not go away by asking again: no access to `local`, no oplog to tail
 # (a standalone server, a `mongos`). 13 Unauthorized, 20 IllegalOperation, 2 BadValue

@@ -18,20 +18,20 @@ from typing import Any, Literal
 
 from pymongo.errors import PyMongoError
 
-from common.domain.errors import JobNotFound, LeaseLost
-from common.domain.models import Job
-from common.domain.status import JobStatus
-from common.protocol.runner import RELEASES, Outcome
-from common.runtime.backoff import Backoff, backoff_delay
-from common.runtime.group_commit import GroupCommit
-from common.runtime.log_events import Event, emit, job_fields
-from common.runtime.metrics import JOB_DURATION, count_outcome
-from common.runtime.settings import Settings
-from common.runtime.supervision import Spawn
-from common.store.failover_retry import ride_out
-from common.store.jobs import JobStore, Lease, RunTimes
-from dispatcher.dependents import Dependents
-from dispatcher.steps import StepKeeper
+from brook.common.domain.errors import JobNotFound, LeaseLost
+from brook.common.domain.models import Job
+from brook.common.domain.status import JobStatus
+from brook.common.protocol.runner import RELEASES, Outcome
+from brook.common.runtime.backoff import Backoff, backoff_delay
+from brook.common.runtime.group_commit import GroupCommit
+from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.metrics import JOB_DURATION, count_outcome
+from brook.common.runtime.settings import Settings
+from brook.common.runtime.supervision import Spawn
+from brook.common.store.failover_retry import ride_out
+from brook.common.store.jobs import JobStore, Lease, RunTimes
+from brook.dispatcher.dependents import Dependents
+from brook.dispatcher.steps import StepKeeper
 
 VerdictKind = Literal["applied", "lost", "refused", "deadline"]
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 
 from pymongo.errors import PyMongoError
 
-from common.runtime.log_events import Event, emit
-from common.store.failover_retry import ride_out
-from dispatcher.wiring import Wiring
+from brook.common.runtime.log_events import Event, emit
+from brook.common.store.failover_retry import ride_out
+from brook.dispatcher.wiring import Wiring
 
 
 class Presence:

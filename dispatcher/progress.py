@@ -16,10 +16,10 @@ import contextlib
 
 from pymongo.errors import PyMongoError
 
-from common.protocol.runner import ProgressReport
-from common.runtime.log_events import Event, emit, job_fields
-from common.runtime.supervision import Spawn
-from common.store.jobs import JobStore, Lease
+from brook.common.protocol.runner import ProgressReport
+from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.supervision import Spawn
+from brook.common.store.jobs import JobStore, Lease
 
 # How long an attempt's outcome waits for its last progress write to land first.
 SETTLE_S = 1.0

@@ -25,13 +25,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from common.domain.models import JobSpec
-from common.domain.schedules import Schedule, ScheduleState
-from common.runtime.log_events import Event, emit, job_fields
-from common.store.clock import ServerClock
-from common.store.failover_retry import ride_out
-from common.store.jobs import JobStore
-from common.store.schedules import ScheduleStore
+from brook.common.domain.models import JobSpec
+from brook.common.domain.schedules import Schedule, ScheduleState
+from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.store.clock import ServerClock
+from brook.common.store.failover_retry import ride_out
+from brook.common.store.jobs import JobStore
+from brook.common.store.schedules import ScheduleStore
 
 MAX_SLEEP_S = 60.0
 

@@ -16,10 +16,10 @@ from datetime import datetime
 
 from pymongo.errors import PyMongoError
 
-from common.runtime.log_events import Event, emit
-from common.runtime.supervision import Spawn
-from common.store.clock import ServerClock
-from common.store.jobs import JobStore, Lease
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.supervision import Spawn
+from brook.common.store.clock import ServerClock
+from brook.common.store.jobs import JobStore, Lease
 
 MARK_AFTER_S = 0.5
 

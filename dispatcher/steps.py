@@ -23,15 +23,15 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from common.domain.models import Job, whole_ms
-from common.protocol.runner import StepAck, StepRecord, Suspend
-from common.runtime.log_events import Event, emit
-from common.runtime.metrics import STEPS
-from common.runtime.supervision import Spawn
-from common.store.clock import ServerClock
-from common.store.failover_retry import ride_out
-from common.store.jobs import JobStore, Lease
-from common.store.signals import SignalStore
+from brook.common.domain.models import Job, whole_ms
+from brook.common.protocol.runner import StepAck, StepRecord, Suspend
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.metrics import STEPS
+from brook.common.runtime.supervision import Spawn
+from brook.common.store.clock import ServerClock
+from brook.common.store.failover_retry import ride_out
+from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.signals import SignalStore
 
 
 class StepKeeper:

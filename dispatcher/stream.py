@@ -14,12 +14,12 @@ from typing import Any
 
 from pymongo.errors import OperationFailure, PyMongoError
 
-from common.runtime.backoff import Backoff
-from common.runtime.log_events import Event, emit
-from common.runtime.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
-from common.store.db import is_history_lost
-from common.store.jobs import JobStore
-from common.store.pipelines import (
+from brook.common.runtime.backoff import Backoff
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
+from brook.common.store.db import is_history_lost
+from brook.common.store.jobs import JobStore
+from brook.common.store.pipelines import (
     DISPATCHER_PIPELINE,
     DISPATCHER_PIPELINE_VERSION,
     INVALIDATING,

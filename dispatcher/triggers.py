@@ -34,17 +34,23 @@ from typing import Any, TypeVar
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
-from common.domain.models import Doc, JobSpec
-from common.domain.triggers import Trigger, TriggerState, change_key, change_payload, token_time
-from common.runtime import tracing
-from common.runtime.backoff import Backoff
-from common.runtime.log_events import Event, emit, job_fields
-from common.runtime.metrics import TRIGGER_HISTORY_LOST, TRIGGER_JOBS
-from common.store.db import is_history_lost
-from common.store.failover_retry import ride_out
-from common.store.jobs import JobStore, buffered
-from common.store.pipelines import INVALIDATING
-from common.store.triggers import TriggerStore
+from brook.common.domain.models import Doc, JobSpec
+from brook.common.domain.triggers import (
+    Trigger,
+    TriggerState,
+    change_key,
+    change_payload,
+    token_time,
+)
+from brook.common.runtime import tracing
+from brook.common.runtime.backoff import Backoff
+from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.metrics import TRIGGER_HISTORY_LOST, TRIGGER_JOBS
+from brook.common.store.db import is_history_lost
+from brook.common.store.failover_retry import ride_out
+from brook.common.store.jobs import JobStore, buffered
+from brook.common.store.pipelines import INVALIDATING
+from brook.common.store.triggers import TriggerStore
 
 BATCH = 500  # changes per submit at most
 SAVE_EVERY_S = 1.0  # an idle stream's newer token is saved at most this often

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from common.runtime.settings import Settings
-from common.runtime.supervision import Spawn
-from common.store.jobs import JobStore
-from dispatcher.held_jobs import Holdings
+from brook.common.runtime.settings import Settings
+from brook.common.runtime.supervision import Spawn
+from brook.common.store.jobs import JobStore
+from brook.dispatcher.held_jobs import Holdings
 
 if TYPE_CHECKING:
-    from common.store.clock import ServerClock
+    from brook.common.store.clock import ServerClock
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,10 +7,10 @@ Task modules import the public names from `brook`, which re-exports these::
 `executor` never imports `brook` (it is the floor below), so those names are defined here.
 """
 
-from common.domain.errors import Retry
-from executor.context import SyncTaskContext, TaskContext
-from executor.registry import task
-from executor.schedules import schedule
-from executor.triggers import trigger
+from brook.common.domain.errors import Retry
+from brook.executor.context import SyncTaskContext, TaskContext
+from brook.executor.registry import task
+from brook.executor.schedules import schedule
+from brook.executor.triggers import trigger
 
 __all__ = ["Retry", "SyncTaskContext", "TaskContext", "schedule", "task", "trigger"]

@@ -12,13 +12,13 @@ from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
 
-from common.operations.client_core import BlockingSessions, ClientCore
-from common.operations.task_directory import TaskDirectory
-from common.runtime.settings import Settings
-from common.store.db import database, make_client, make_sync_client, sync_database
-from common.store.jobs import JobStore
-from executor.registry import registered
-from executor.transaction import note_staged
+from brook.common.operations.client_core import BlockingSessions, ClientCore
+from brook.common.operations.task_directory import TaskDirectory
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client, make_sync_client, sync_database
+from brook.common.store.jobs import JobStore
+from brook.executor.registry import registered
+from brook.executor.transaction import note_staged
 
 _client: AsyncMongoClient[dict[str, Any]] | None = None
 _core: ClientCore | None = None

@@ -28,18 +28,23 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
-from common.domain.steps import SignalTimeout, check_signal_key, check_step_name, seconds_of
-from common.operations.client_core import ClientCore, Submitting
-from common.runtime import tracing
-from common.runtime.blocking import Coro, T, blocking_or_in_session, delegating, drive, run_on
-from common.runtime.log import get_logger
-from common.runtime.settings import Settings
-from common.store.db import database, sync_database
-from common.store.signals import SignalStore
-from executor.clients import process_client, process_core, process_sessions, process_sync_client
-from executor.progress import ProgressReporter, check_progress
-from executor.step_transaction import transactional_step
-from executor.steps import (
+from brook.common.domain.steps import SignalTimeout, check_signal_key, check_step_name, seconds_of
+from brook.common.operations.client_core import ClientCore, Submitting
+from brook.common.runtime import tracing
+from brook.common.runtime.blocking import Coro, T, blocking_or_in_session, delegating, drive, run_on
+from brook.common.runtime.log import get_logger
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, sync_database
+from brook.common.store.signals import SignalStore
+from brook.executor.clients import (
+    process_client,
+    process_core,
+    process_sessions,
+    process_sync_client,
+)
+from brook.executor.progress import ProgressReporter, check_progress
+from brook.executor.step_transaction import transactional_step
+from brook.executor.steps import (
     WAIT_IN_PLACE_S,
     Journal,
     Suspended,
@@ -49,7 +54,7 @@ from executor.steps import (
     timeout_seconds,
     wait_suspend,
 )
-from executor.transaction import AttemptTransaction
+from brook.executor.transaction import AttemptTransaction
 
 __all__ = ["SyncTaskContext", "TaskContext", "process_client", "process_core"]
 

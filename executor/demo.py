@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from executor.registry import task
+from brook.executor.registry import task
 
 
 @task("noop")

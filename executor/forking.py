@@ -24,7 +24,7 @@ import multiprocessing.forkserver
 # What the fork server imports once: the program's main module (so a worker does not run
 # it again, as `spawn` would) and the worker's own code, with pymongo, pydantic, structlog
 # and the demo tasks behind it.
-PRELOAD = ("__main__", "executor.worker", "executor.demo")
+PRELOAD = ("__main__", "brook.executor.worker", "brook.executor.demo")
 
 
 def start_method() -> str:

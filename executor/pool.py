@@ -35,7 +35,7 @@ from typing import Any
 import aiomultiprocess
 import aiomultiprocess.core
 
-from common.protocol.runner import (
+from brook.common.protocol.runner import (
     KillReason,
     Outcome,
     ProgressReport,
@@ -45,12 +45,12 @@ from common.protocol.runner import (
     TxOpened,
     WorkerSlot,
 )
-from common.runtime.backoff import exponential
-from common.runtime.log_events import Event, emit, job_fields
-from common.runtime.settings import Settings
-from common.runtime.supervision import Spawn, spawn_logged
-from executor.forking import start_method
-from executor.worker import READY, STOP, JobDone, worker_main
+from brook.common.runtime.backoff import exponential
+from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.settings import Settings
+from brook.common.runtime.supervision import Spawn, spawn_logged
+from brook.executor.forking import start_method
+from brook.executor.worker import READY, STOP, JobDone, worker_main
 
 
 class _NoManager:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from common.protocol.runner import ProgressReport, RunJob
+from brook.common.protocol.runner import ProgressReport, RunJob
 
 INTERVAL_S = 0.25  # at most ~4 progress writes a second per job
 MAX_MESSAGE_CHARS = 1000
@@ -82,8 +82,8 @@ class ProgressReporter:
 
     def hold(self) -> None:
         """While the attempt's own transaction is open nothing else may write its job (see
-        `common.store.queries.transaction_opened`): keep reports here. The newest goes with the
-        completion (`take_last`), or up the pipe if the transaction ends without it
+        `brook.common.store.queries.transaction_opened`): keep reports here. The newest goes with
+        the completion (`take_last`), or up the pipe if the transaction ends without it
         (`release`)."""
         with self._lock:
             self._held = True

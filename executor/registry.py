@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from common.domain.errors import ConfigError, UnknownTask
-from common.runtime.settings import Settings
+from brook.common.domain.errors import ConfigError, UnknownTask
+from brook.common.runtime.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-DEMO_MODULE = "executor.demo"
+DEMO_MODULE = "brook.executor.demo"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from common.domain.errors import ConfigError
-from common.domain.schedules import Schedule
+from brook.common.domain.errors import ConfigError
+from brook.common.domain.schedules import Schedule
 
 _SCHEDULES: dict[str, Schedule] = {}
 

@@ -6,7 +6,7 @@ first renews the lease for its length and records its session (nothing else writ
 meanwhile, so the checkpoint write inside cannot meet a write conflict, and whoever requeues
 an abandoned attempt ends the session first); then the transaction starts, `fn` writes
 through its session, the checkpoint is written in it fenced by attempt and owner, and the
-two commit together (`common.store.transactions.step_in_transaction`). A lost lease, an
+two commit together (`brook.common.store.transactions.step_in_transaction`). A lost lease, an
 exception, a failover that aborts the commit or a dead worker leaves neither. Afterwards the
 job is handed back to heartbeats and progress. The same code runs on an async session (an
 `async def` task) and on a blocking one (a plain `def` task's thread, driven by `drive`).
@@ -24,12 +24,12 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import PyMongoError
 from pymongo.synchronous.client_session import ClientSession
 
-from common.domain.errors import LeaseLost
-from common.domain.steps import StepError, check_steps_total, encode_step_result
-from common.protocol.runner import RunJob, TxOpened
-from common.runtime.settings import Settings
-from common.store.jobs import Lease
-from common.store.transactions import (
+from brook.common.domain.errors import LeaseLost
+from brook.common.domain.steps import StepError, check_steps_total, encode_step_result
+from brook.common.protocol.runner import RunJob, TxOpened
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import Lease
+from brook.common.store.transactions import (
     TASK_TRANSACTION,
     TxEnd,
     begin_transaction,
@@ -37,9 +37,9 @@ from common.store.transactions import (
     step_in_transaction,
     task_ops,
 )
-from executor.progress import ProgressReporter
-from executor.steps import Journal
-from executor.transaction import MIN_COMMIT_S
+from brook.executor.progress import ProgressReporter
+from brook.executor.steps import Journal
+from brook.executor.transaction import MIN_COMMIT_S
 
 
 async def transactional_step(

@@ -23,15 +23,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from common.domain.errors import LeaseLost
-from common.domain.steps import (
+from brook.common.domain.errors import LeaseLost
+from brook.common.domain.steps import (
     DuplicateStep,
     StepError,
     check_steps_total,
     encode_step_result,
 )
-from common.protocol.runner import RunJob, StepAck, StepRecord, Suspend
-from common.runtime.log_events import Event, emit
+from brook.common.protocol.runner import RunJob, StepAck, StepRecord, Suspend
+from brook.common.runtime.log_events import Event, emit
 
 # A sleep replayed this close to its wake time waits in its worker instead of ending the
 # run again (a dispatcher's reading of the server clock errs by a round trip).
@@ -196,6 +196,6 @@ def wait_suspend(name: str, key: str, until: datetime | None) -> Suspend:
 def timeout_seconds(timeout: float | timedelta | None) -> float | None:
     if timeout is None:
         return None
-    from common.domain.steps import seconds_of
+    from brook.common.domain.steps import seconds_of
 
     return seconds_of(timeout, "wait_for_signal timeout")

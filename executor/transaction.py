@@ -5,7 +5,7 @@ An attempt opens at most one transaction, on this worker process's own client (a
 Leaving the `with` block does not commit. When the task returns, the worker writes the
 job's completion in that same transaction — fenced by attempt and by the owner of the
 lease, exactly as the dispatcher would — and commits the two at once
-(`common.store.transactions`); then it tells the dispatcher, which writes nothing more. A lost
+(`brook.common.store.transactions`); then it tells the dispatcher, which writes nothing more. A lost
 lease makes the fence match nothing: the transaction is aborted and the attempt's writes
 vanish with its result. A task that raises leaves nothing either; nor does a worker that
 dies or is killed before its commit (the dispatcher also ends that worker's server session,
@@ -24,14 +24,14 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import PyMongoError
 from pymongo.synchronous.client_session import ClientSession
 
-from common.domain.errors import LeaseLost
-from common.domain.models import Doc
-from common.operations.client_core import log_submitted
-from common.protocol.runner import RunJob, TxOpened
-from common.runtime.blocking import drive
-from common.runtime.settings import Settings
-from common.store.jobs import Lease, Submitted
-from common.store.transactions import (
+from brook.common.domain.errors import LeaseLost
+from brook.common.domain.models import Doc
+from brook.common.operations.client_core import log_submitted
+from brook.common.protocol.runner import RunJob, TxOpened
+from brook.common.runtime.blocking import drive
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import Lease, Submitted
+from brook.common.store.transactions import (
     TASK_TRANSACTION,
     TxEnd,
     TxOps,
@@ -42,7 +42,7 @@ from common.store.transactions import (
     on_ops,
     task_ops,
 )
-from executor.progress import ProgressReporter
+from brook.executor.progress import ProgressReporter
 
 # How long a commit whose outcome is unknown (a failover) is retried, at least; then the
 # dispatcher decides, by its own fenced write.

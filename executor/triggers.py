@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from common.domain.errors import ConfigError
-from common.domain.triggers import OPERATIONS, Trigger
+from brook.common.domain.errors import ConfigError
+from brook.common.domain.triggers import OPERATIONS, Trigger
 
 _TRIGGERS: dict[str, Trigger] = {}
 

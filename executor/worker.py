@@ -27,18 +27,18 @@ from typing import Any, Literal
 import bson
 import structlog
 
-from common.domain.errors import Retry
-from common.protocol.runner import RunJob, Suspend
-from common.runtime import tracing
-from common.runtime.log import configure_logging
-from common.runtime.log_events import Event, emit
-from common.runtime.settings import Settings
-from common.store.transactions import TxEnd
-from executor.context import SyncTaskContext, TaskContext
-from executor.progress import ProgressReporter
-from executor.registry import get_task, load_tasks
-from executor.steps import Journal, Suspended, deliver, failed_step, set_current
-from executor.transaction import AttemptTransaction
+from brook.common.domain.errors import Retry
+from brook.common.protocol.runner import RunJob, Suspend
+from brook.common.runtime import tracing
+from brook.common.runtime.log import configure_logging
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.settings import Settings
+from brook.common.store.transactions import TxEnd
+from brook.executor.context import SyncTaskContext, TaskContext
+from brook.executor.progress import ProgressReporter
+from brook.executor.registry import get_task, load_tasks
+from brook.executor.steps import Journal, Suspended, deliver, failed_step, set_current
+from brook.executor.transaction import AttemptTransaction
 
 PR_SET_PDEATHSIG = 1
 MAX_RESULT_BYTES = 8 * 1024 * 1024  # half of MongoDB's 16 MiB document limit

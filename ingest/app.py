@@ -18,15 +18,15 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from common.runtime import tracing
-from common.runtime.settings import Settings, check_exposure
-from common.runtime.supervision import spawn_logged
-from ingest.deps import require_token
-from ingest.errors import install_error_handlers
-from ingest.guard import Guard
-from ingest.metrics import ApiMetrics, RequestCounter
-from ingest.openapi import install_openapi
-from ingest.routes import (
+from brook.common.runtime import tracing
+from brook.common.runtime.settings import Settings, check_exposure
+from brook.common.runtime.supervision import spawn_logged
+from brook.ingest.deps import require_token
+from brook.ingest.errors import install_error_handlers
+from brook.ingest.guard import Guard
+from brook.ingest.metrics import ApiMetrics, RequestCounter
+from brook.ingest.openapi import install_openapi
+from brook.ingest.routes import (
     dashboard,
     docs,
     events,
@@ -37,7 +37,7 @@ from ingest.routes import (
     signals,
     triggers,
 )
-from ingest.state import open_state
+from brook.ingest.state import open_state
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 CLOSE_TIMEOUT_S = 1.0
@@ -88,7 +88,7 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
         version="0.1.0",
         description="Event-driven job engine on MongoDB.",
         lifespan=_lifespan(settings, known_tasks, metrics),
-        # Replaced by `ingest.routes.docs`, which puts them behind the token.
+        # Replaced by `brook.ingest.routes.docs`, which puts them behind the token.
         docs_url=None,
         redoc_url=None,
         openapi_url=None,

@@ -7,13 +7,13 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from common.domain.errors import InvalidInput
-from common.domain.models import JobSpec
-from common.operations.client_core import ClientCore
-from common.runtime.log_events import requested_by
-from common.store.jobs import JobStore
-from ingest.state import ApiState
-from ingest.validation import judge, load_body, parse_batch, parse_submit
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.models import JobSpec
+from brook.common.operations.client_core import ClientCore
+from brook.common.runtime.log_events import requested_by
+from brook.common.store.jobs import JobStore
+from brook.ingest.state import ApiState
+from brook.ingest.validation import judge, load_body, parse_batch, parse_submit
 
 # Dependencies are `async def`: FastAPI runs plain `def` ones in a thread pool.
 

@@ -17,7 +17,7 @@ from bson import Decimal128, ObjectId
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from common.domain.models import Job
+from brook.common.domain.models import Job
 
 
 def _default(value: object) -> Any:

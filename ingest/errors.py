@@ -8,8 +8,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pymongo.errors import PyMongoError
 
-from common.domain.errors import InvalidInput
-from common.runtime.log_events import Event, emit
+from brook.common.domain.errors import InvalidInput
+from brook.common.runtime.log_events import Event, emit
 
 RETRY_AFTER_S = "2"
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 from pymongo.asynchronous.database import AsyncDatabase
 
-from common.domain.models import Doc
-from common.store.meta import deployment_secret
-from ingest.live import Position
+from brook.common.domain.models import Doc
+from brook.common.store.meta import deployment_secret
+from brook.ingest.live import Position
 
 VERSION = 2  # 1: unsigned ids (from before), refused
 FINAL = 0x01

@@ -20,13 +20,13 @@ from typing import Any
 from pymongo.errors import PyMongoError
 from sse_starlette import ServerSentEvent
 
-from common.domain.models import Doc
-from common.domain.status import JobStatus
-from common.runtime.log_events import Event, emit
-from common.store.jobs import JobStore
-from ingest.caps import Slots
-from ingest.eventids import EventIds
-from ingest.live import (
+from brook.common.domain.models import Doc
+from brook.common.domain.status import JobStatus
+from brook.common.runtime.log_events import Event, emit
+from brook.common.store.jobs import JobStore
+from brook.ingest.caps import Slots
+from brook.ingest.eventids import EventIds
+from brook.ingest.live import (
     Closed,
     EventFilter,
     Hub,
@@ -38,7 +38,7 @@ from ingest.live import (
     cluster_time,
     live_event,
 )
-from ingest.metrics import SSE_CATCH_UPS, SSE_RESETS
+from brook.ingest.metrics import SSE_CATCH_UPS, SSE_RESETS
 
 SEP = "\n"  # plain lines: `grep '^id:'` in a shell gets an id without a stray CR
 RESET_SLACK_MS = 5000  # clocks differ: after a reset, send a little more rather than less

@@ -37,21 +37,21 @@ from typing import Any
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
-from common.domain.models import DEFAULT_QUEUE, Doc, Job
-from common.runtime.backoff import Backoff
-from common.runtime.log_events import Event, emit
-from common.runtime.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
-from common.store.db import is_history_lost, is_transient
-from common.store.jobs import JobStore, buffered
-from common.store.pipelines import (
+from brook.common.domain.models import DEFAULT_QUEUE, Doc, Job
+from brook.common.runtime.backoff import Backoff
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
+from brook.common.store.db import is_history_lost, is_transient
+from brook.common.store.jobs import JobStore, buffered
+from brook.common.store.pipelines import (
     INVALIDATING,
     LEAN_PIPELINE,
     LIVE_PIPELINE,
     TERMINAL_VALUES,
     catch_up_pipeline,
 )
-from ingest.encoding import job_text
-from ingest.metrics import SSE_DROPPED
+from brook.ingest.encoding import job_text
+from brook.ingest.metrics import SSE_DROPPED
 
 STREAM = "live"  # the `stream` label of this process's change stream in logs and metrics
 RING_SIZE = 2_000  # events kept for resuming from memory (older: a catch-up stream)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.live import Tally
+from brook.ingest.live import Tally
 
 STEP_S = 10
 BUCKETS = 60  # ten minutes

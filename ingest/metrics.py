@@ -1,7 +1,7 @@
 """The API's Prometheus metrics (prometheus-client), and the middleware that counts responses.
 
 `/metrics` shows this app's registry (requests, uptime, SSE clients, jobs by queue and
-status) followed by the process-wide one (`common.runtime.metrics`: change-stream resumes and
+status) followed by the process-wide one (`brook.common.runtime.metrics`: change-stream resumes and
 history losses, plus the process and GC collectors). Jobs by queue and status come from
 one aggregation kept in memory and refreshed in the background every
 `BROOK_METRICS_CACHE_SECONDS` while requests come (and never more than a tenth of the
@@ -22,11 +22,11 @@ from prometheus_client.registry import Collector
 from pymongo.errors import PyMongoError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from common.domain.models import DEFAULT_QUEUE
-from common.domain.status import JobStatus
-from common.runtime.log_events import Event, emit
-from common.runtime.metrics import MAX_QUEUE_LABELS, OTHER_QUEUES
-from common.store.jobs import JobStore
+from brook.common.domain.models import DEFAULT_QUEUE
+from brook.common.domain.status import JobStatus
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.metrics import MAX_QUEUE_LABELS, OTHER_QUEUES
+from brook.common.store.jobs import JobStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -9,19 +9,19 @@ from dataclasses import dataclass
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from common.domain.models import Doc, JobSpec
-from common.operations.client_core import ClientCore
-from common.operations.task_directory import TaskDirectory
-from common.runtime.group_commit import GroupCommit
-from common.runtime.log_events import Event, emit
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore, Submitted
-from ingest.caps import Slots
-from ingest.eventids import DeploymentIds
-from ingest.live import Hub
-from ingest.livestats import LiveStats
-from ingest.metrics import ApiMetrics, DepthCache
+from brook.common.domain.models import Doc, JobSpec
+from brook.common.operations.client_core import ClientCore
+from brook.common.operations.task_directory import TaskDirectory
+from brook.common.runtime.group_commit import GroupCommit
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore, Submitted
+from brook.ingest.caps import Slots
+from brook.ingest.eventids import DeploymentIds
+from brook.ingest.live import Hub
+from brook.ingest.livestats import LiveStats
+from brook.ingest.metrics import ApiMetrics, DepthCache
 
 API_SERVER_SELECTION_CAP_MS = 5000  # the API answers 503 quickly rather than hang a client
 INDEX_TIMEOUT_S = 30.0

@@ -1,5 +1,5 @@
 """The HTTP edge of validation: a raw body to job specs. What a spec may hold is decided in
-`common.domain.validation`, which the Python client uses too, so both reject the same inputs
+`brook.common.domain.validation`, which the Python client uses too, so both reject the same inputs
 with the same detail.
 
 Every step costs time linear in the body, whatever it holds: the depth is counted with a
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from common.domain.errors import InvalidInput
-from common.domain.models import JobSpec
-from common.domain.validation import MAX_DEPTH, check_document, validate_batch, validate_spec
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.models import JobSpec
+from brook.common.domain.validation import MAX_DEPTH, check_document, validate_batch, validate_spec
 
 __all__ = [
     "InvalidInput",

@@ -41,10 +41,10 @@ import pytest
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import PyMongoError
 
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore
 from brook.replset import ReplicaSet
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore
 
 ROOT = Path(__file__).resolve().parents[1]
 # "gw0", "gw1", ... in a pytest-xdist worker; unset in a plain run.

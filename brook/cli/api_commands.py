@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 from brook.cli.output import JsonObject, die, print_json
+from brook.common.domain.status import TERMINAL, JobStatus
+from brook.common.runtime.settings import Settings
 from brook.terminal import safe
-from common.domain.status import TERMINAL, JobStatus
-from common.runtime.settings import Settings
 
 # `brook queue set`: an option that was not given (None is a value: it clears a limit).
 UNSET: Any = object()
@@ -128,7 +128,7 @@ def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
 def _submit_count(settings: Settings, spec: JsonObject, count: int) -> int:
     """`count` copies of `spec` through `POST /jobs/batch`, as few requests as the batch
     size and the body limit allow; prints the new ids, one per line."""
-    from common.domain.validation import MAX_BATCH  # here: the other commands never load it
+    from brook.common.domain.validation import MAX_BATCH  # here: the other commands never load it
 
     per_spec = len(json.dumps(spec)) + 2
     room = max((settings.max_body_bytes - 64) // per_spec, 1)

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
+from importlib import metadata
 
 from brook.cli.api_commands import (
     UNSET,
@@ -26,9 +27,9 @@ from brook.cli.api_commands import (
 from brook.cli.output import JsonObject, die
 from brook.cli.serve import cmd_api, cmd_dispatcher, cmd_mongo
 from brook.cli.up import cmd_up
-from common.domain.errors import BrookError
-from common.domain.status import JobStatus
-from common.runtime.settings import load_settings
+from brook.common.domain.errors import BrookError
+from brook.common.domain.status import JobStatus
+from brook.common.runtime.settings import load_settings
 
 
 def parse_iso(text: str) -> str:
@@ -126,8 +127,25 @@ def _add_queue_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         qp.set_defaults(fn=cmd_queue_set, action=action)
 
 
+def _version() -> str:
+    try:
+        return metadata.version("brook")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+def _tasks_from_the_working_directory() -> None:
+    """Put the folder `brook` starts in first on `sys.path`, as `celery -A`, `rq worker` and
+    `arq` do, so a `BROOK_TASKS=tasks` beside the user is found. The worker processes and
+    their fork server get the same path from the process that starts them."""
+    cwd = os.getcwd()
+    if not sys.path or sys.path[0] not in ("", cwd):
+        sys.path.insert(0, cwd)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="brook", description="Event-driven job engine on MongoDB.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     _role_commands(sub)
     _submit_command(sub)
@@ -247,6 +265,7 @@ def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _tasks_from_the_working_directory()
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()

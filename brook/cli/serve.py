@@ -9,15 +9,15 @@ import os
 import sys
 from typing import Any
 
-from common.runtime.settings import Settings
+from brook.common.runtime.settings import Settings
 
 
 def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     import uvicorn
 
-    from common.runtime.log import configure_logging
-    from executor.registry import load_tasks
-    from ingest.app import create_app
+    from brook.common.runtime.log import configure_logging
+    from brook.executor.registry import load_tasks
+    from brook.ingest.app import create_app
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
@@ -28,7 +28,7 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
             super().handle_exit(sig, frame)
 
     configure_logging(settings.log_level, role="api")
-    from common.runtime import tracing
+    from brook.common.runtime import tracing
 
     tracing.configure("api")
     app = create_app(settings, set(load_tasks(settings)))
@@ -65,7 +65,7 @@ def _raise_open_files(connections: int) -> None:
 
 
 def cmd_dispatcher(settings: Settings, _: argparse.Namespace) -> int:
-    from executor.forking import start_server
+    from brook.executor.forking import start_server
 
     start_server()  # it imports the worker's modules while this process imports its own
     from brook.roles import run_dispatcher

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from common.runtime.backoff import exponential
-from common.runtime.log_events import Event, emit
-from common.runtime.settings import Settings
+from brook.common.runtime.backoff import exponential
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.settings import Settings
 
 if TYPE_CHECKING:
     from brook.replset import ReplicaSet
@@ -30,9 +30,9 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
     within the grace period + 5 s whatever the state of MongoDB. A second signal stops at
     once. The roles die with this process even when it is SIGKILLed (PR_SET_PDEATHSIG).
     """
+    from brook.common.runtime.log import configure_logging
+    from brook.common.runtime.settings import check_exposure
     from brook.replset import ReplicaSet
-    from common.runtime.log import configure_logging
-    from common.runtime.settings import check_exposure
 
     check_exposure(settings)  # before anything starts: the API would refuse anyway
     configure_logging(settings.log_level, role="up")

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
-from common.domain.errors import InvalidInput
-from common.domain.models import QUEUE_NAME
-from common.domain.status import JobStatus
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.models import QUEUE_NAME
+from brook.common.domain.status import JobStatus
 
 BulkAction = Literal["retry", "cancel"]
 # What each operation can change.

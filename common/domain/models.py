@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from common.domain.status import JobStatus
-from common.domain.steps import step_view
+from brook.common.domain.status import JobStatus
+from brook.common.domain.steps import step_view
 
 Doc = dict[str, Any]
 
@@ -24,7 +24,7 @@ def whole_ms(value: datetime) -> datetime:
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """What a client asks for; validated at the edge (`common.domain.validation`) before the
+    """What a client asks for; validated at the edge (`brook.common.domain.validation`) before the
     store."""
 
     task: str

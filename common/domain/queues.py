@@ -1,7 +1,7 @@
 """Cluster-wide queue limits: what a queue allows (concurrency, rate, pause), how a change
 to them is validated, and the arithmetic on a queue's slot document that needs no database.
 
-The state itself lives in `brook_queues` (`common.store.queues`): one document per queue
+The state itself lives in `brook_queues` (`brook.common.store.queues`): one document per queue
 that has ever been given a limit, holding the limits, the **slots** of claims in flight
 and of running jobs, and the recent **starts** (for the rate).
 """
@@ -27,8 +27,8 @@ from pydantic import (
     model_validator,
 )
 
-from common.domain.errors import InvalidInput
-from common.domain.models import QUEUE_NAME
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.models import QUEUE_NAME
 
 MAX_CONCURRENCY = 100_000
 # The rate keeps one timestamp per start inside its window in the queue's document.

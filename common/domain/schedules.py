@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import bson
 
-from common.domain.cron import latest_tick, next_tick, parse_cron, zone
-from common.domain.models import Doc
+from brook.common.domain.cron import latest_tick, next_tick, parse_cron, zone
+from brook.common.domain.models import Doc
 
 CatchUp = Literal["latest", "none"]
 CATCH_UP: tuple[CatchUp, ...] = ("latest", "none")

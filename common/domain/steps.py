@@ -15,7 +15,7 @@ from typing import Any
 
 import bson
 
-from common.domain.errors import BrookError
+from brook.common.domain.errors import BrookError
 
 MAX_STEP_BYTES = 1024 * 1024  # one step's result, as BSON
 MAX_STEPS_BYTES = 4 * 1024 * 1024  # every step of a job together

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import bson
 
-from common.domain.models import Doc
+from brook.common.domain.models import Doc
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 COLLECTION = re.compile(r"^[^$\x00]{1,200}$")

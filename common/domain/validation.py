@@ -24,11 +24,11 @@ from pydantic import (
     model_validator,
 )
 
-from common.domain.errors import ErrorDetail, InvalidInput
-from common.domain.models import DEFAULT_QUEUE, QUEUE_NAME, JobSpec, whole_ms
-from common.domain.schedules import TICK_KEY_PREFIX
-from common.domain.triggers import TRIGGER_KEY_PREFIX
-from common.domain.workflows import MAX_PARENTS, check_graph
+from brook.common.domain.errors import ErrorDetail, InvalidInput
+from brook.common.domain.models import DEFAULT_QUEUE, QUEUE_NAME, JobSpec, whole_ms
+from brook.common.domain.schedules import TICK_KEY_PREFIX
+from brook.common.domain.triggers import TRIGGER_KEY_PREFIX
+from brook.common.domain.workflows import MAX_PARENTS, check_graph
 
 MAX_DEPTH = 32
 MAX_BATCH = 1000

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common.domain.errors import ErrorDetail, InvalidInput
-from common.domain.models import JobSpec
+from brook.common.domain.errors import ErrorDetail, InvalidInput
+from brook.common.domain.models import JobSpec
 
 MAX_PARENTS = 1000
 MAX_NAMED = 9  # a longer cycle is named by its first and last few refs

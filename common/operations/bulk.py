@@ -1,4 +1,4 @@
-"""Retry or cancel every job a filter names (`common.domain.bulk`), written once for the
+"""Retry or cancel every job a filter names (`brook.common.domain.bulk`), written once for the
 HTTP API (`POST /jobs/retry`, `POST /jobs/cancel`), the Python client (`retry_many`,
 `cancel_many`) and the CLI.
 
@@ -21,12 +21,12 @@ from typing import Any
 
 import structlog
 
-from common.domain.bulk import BulkAction, validate_bulk
-from common.domain.errors import JobConflict, JobNotFound
-from common.domain.models import Doc, Job
-from common.operations.dependents import settle
-from common.runtime.log_events import Event, emit
-from common.store.jobs import JobStore
+from brook.common.domain.bulk import BulkAction, validate_bulk
+from brook.common.domain.errors import JobConflict, JobNotFound
+from brook.common.domain.models import Doc, Job
+from brook.common.operations.dependents import settle
+from brook.common.runtime.log_events import Event, emit
+from brook.common.store.jobs import JobStore
 
 Statuses = str | Sequence[str] | None
 

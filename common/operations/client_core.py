@@ -1,13 +1,13 @@
 """`ClientCore`: every operation a client offers, written once (async).
 
 `brook.AsyncClient` is this core on its own `AsyncMongoClient`; `brook.Client` runs the same
-coroutines on a private event-loop thread (`common.runtime.blocking`); a task's `ctx.submit` uses
-the core of its worker process; the HTTP API submits and retries through it too. So every
-surface validates, checks task names, writes and logs the same way.
+coroutines on a private event-loop thread (`brook.common.runtime.blocking`); a task's
+`ctx.submit` uses the core of its worker process; the HTTP API submits and retries through it
+too. So every surface validates, checks task names, writes and logs the same way.
 
 `submit` and `submit_many` take a `session=` (a caller's transaction): `Submitting` writes
 them once for every client, and `BlockingSessions` runs that same code with a blocking
-`ClientSession`, on the caller's thread (`common.store.transactions`).
+`ClientSession`, on the caller's thread (`brook.common.store.transactions`).
 """
 
 from __future__ import annotations
@@ -25,25 +25,25 @@ from pymongo.errors import PyMongoError
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
-from common.domain.errors import InvalidInput, JobNotFound, WaitTimeout
-from common.domain.models import DEFAULT_QUEUE, Doc, Job, JobSpec
-from common.domain.queues import validate_queue_update
-from common.domain.status import TERMINAL, JobStatus
-from common.domain.steps import StepError, check_signal_key, check_signal_payload
-from common.domain.validation import validate_batch, validate_spec
-from common.domain.workflows import external_parents, unknown_parents_detail
-from common.operations.bulk import BulkOperations
-from common.operations.dependents import recheck, settle
-from common.operations.task_directory import TaskDirectory
-from common.runtime import tracing
-from common.runtime.backoff import Backoff
-from common.runtime.log_events import Event, emit, job_fields, requested_by
-from common.runtime.settings import WEEK_S
-from common.store.db import is_transient
-from common.store.jobs import JobStore, Submitted
-from common.store.queues import QueueStore, QueueUsage
-from common.store.signals import SignalStore
-from common.store.transactions import (
+from brook.common.domain.errors import InvalidInput, JobNotFound, WaitTimeout
+from brook.common.domain.models import DEFAULT_QUEUE, Doc, Job, JobSpec
+from brook.common.domain.queues import validate_queue_update
+from brook.common.domain.status import TERMINAL, JobStatus
+from brook.common.domain.steps import StepError, check_signal_key, check_signal_payload
+from brook.common.domain.validation import validate_batch, validate_spec
+from brook.common.domain.workflows import external_parents, unknown_parents_detail
+from brook.common.operations.bulk import BulkOperations
+from brook.common.operations.dependents import recheck, settle
+from brook.common.operations.task_directory import TaskDirectory
+from brook.common.runtime import tracing
+from brook.common.runtime.backoff import Backoff
+from brook.common.runtime.log_events import Event, emit, job_fields, requested_by
+from brook.common.runtime.settings import WEEK_S
+from brook.common.store.db import is_transient
+from brook.common.store.jobs import JobStore, Submitted
+from brook.common.store.queues import QueueStore, QueueUsage
+from brook.common.store.signals import SignalStore
+from brook.common.store.transactions import (
     AsyncTxOps,
     SyncJobs,
     TxOps,
@@ -160,7 +160,7 @@ def _submit_span(specs: Sequence[JobSpec]) -> Any:
 class Submitting:
     """`submit` and `submit_many`, written once for every kind of client. Without `session`,
     Brook's own majority writes store the jobs (`submit_spec`, `submit_specs`); with one,
-    they are inserted inside the caller's transaction (`common.store.transactions`) and exist
+    they are inserted inside the caller's transaction (`brook.common.store.transactions`) and exist
     only if it commits. Such jobs are not logged here (the caller commits, not Brook): a
     worker logs those of its task's transaction once it has committed them (`on_staged`)."""
 
@@ -535,7 +535,7 @@ class ClientCore(Submitting, BulkOperations):
 class BlockingSessions(Submitting):
     """`submit` and `submit_many` with a blocking session (a `ClientSession` of an
     application's `MongoClient`, or of a plain `def` task's): the very code of the async
-    session path, run on the caller's thread by `common.runtime.blocking.drive`, every
+    session path, run on the caller's thread by `brook.common.runtime.blocking.drive`, every
     driver call blocking. Calls without a session never come here (`blocking_or_in_session`)."""
 
     def __init__(

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 import structlog
 
-from common.domain.status import JobStatus
-from common.runtime.log_events import Event, emit
-from common.store.jobs import JobStore, Settled, Submitted
+from brook.common.domain.status import JobStatus
+from brook.common.runtime.log_events import Event, emit
+from brook.common.store.jobs import JobStore, Settled, Submitted
 
 Via = Literal["completion", "failure", "cancel", "submit", "retry", "sweep"]
 

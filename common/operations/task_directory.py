@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Protocol
 
-from common.domain.errors import InvalidInput
-from common.domain.models import JobSpec
-from common.domain.validation import unknown_task_detail
-from common.store.presence import LiveDispatcher
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.models import JobSpec
+from brook.common.domain.validation import unknown_task_detail
+from brook.common.store.presence import LiveDispatcher
 
 # A name found among the live dispatchers' tasks is trusted this long without a new look;
 # a name not found is looked up again, at most this often.

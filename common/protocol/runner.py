@@ -37,7 +37,7 @@ class RunJob:
     # The dispatcher holding the lease: a task's own transaction (`ctx.transaction()`)
     # writes the completion itself, fenced by attempt and this owner.
     owner: str = ""
-    # For its spans (`common.runtime.tracing`): where it ran, why it exists, and since when
+    # For its spans (`brook.common.runtime.tracing`): where it ran, why it exists, and since when
     # it waited; the submitter's trace context, and those of its workflow parents.
     queue: str = "default"
     trigger: str | None = None

@@ -44,7 +44,7 @@ def run_on(loop: asyncio.AbstractEventLoop, coro: Coro[T]) -> T:
 def drive(coro: Coro[T]) -> T:
     """Run to its end, here and without an event loop, a coroutine that never suspends: one
     whose awaits are all blocking calls dressed as coroutines
-    (`common.store.transactions.SyncTxOps`).
+    (`brook.common.store.transactions.SyncTxOps`).
     So code written once, async, also runs on a blocking pymongo session, whose calls block
     and belong to the caller's thread."""
     try:

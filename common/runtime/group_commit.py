@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from common.runtime.supervision import Spawn, spawn_logged
+from brook.common.runtime.supervision import Spawn, spawn_logged
 
 In = TypeVar("In")
 Out = TypeVar("Out")

@@ -6,7 +6,7 @@ from contextvars import ContextVar
 from enum import StrEnum
 from typing import Any, Protocol
 
-from common.runtime.log import enabled, get_logger
+from brook.common.runtime.log import enabled, get_logger
 
 
 class Event(StrEnum):

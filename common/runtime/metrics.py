@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from prometheus_client import Counter, Histogram, disable_created_metrics, start_http_server
 
-from common.domain.models import DEFAULT_QUEUE
-from common.runtime.log_events import Event, emit
-from common.runtime.settings import Settings
+from brook.common.domain.models import DEFAULT_QUEUE
+from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.settings import Settings
 
 # One series per counter, not a second `_created` one per label set.
 disable_created_metrics()  # type: ignore[no-untyped-call]

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from common.domain.errors import ConfigError
-from common.domain.models import QUEUE_NAME
+from brook.common.domain.errors import ConfigError
+from brook.common.domain.models import QUEUE_NAME
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _QUEUE_NAME = re.compile(QUEUE_NAME)

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, emit
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 

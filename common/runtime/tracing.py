@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, emit
 
 Carrier = dict[str, str]
 TRACER = "brook"
@@ -62,7 +62,7 @@ def configure(role: str) -> bool:
     if not wanted():
         return False
     try:
-        from common.runtime import tracing_sdk
+        from brook.common.runtime import tracing_sdk
     except ImportError as exc:
         emit(
             Event.TRACING_UNAVAILABLE,

@@ -15,7 +15,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from common.domain.models import whole_ms
+from brook.common.domain.models import whole_ms
 
 # How often `read` measures the server clock's offset from this process's, at most.
 CLOCK_REFRESH_S = 10.0

@@ -24,8 +24,8 @@ from pymongo.read_concern import ReadConcern
 from pymongo.synchronous.database import Database
 from pymongo.write_concern import WriteConcern
 
-from common.domain.models import Doc
-from common.runtime.settings import Settings
+from brook.common.domain.models import Doc
+from brook.common.runtime.settings import Settings
 
 REPLSET_NAME = "brook"
 MAJORITY = WriteConcern(w="majority")

@@ -10,9 +10,9 @@ from typing import TypeVar
 
 from pymongo.errors import PyMongoError
 
-from common.runtime.backoff import Backoff
-from common.runtime.log_events import Event, emit
-from common.store.db import is_transient
+from brook.common.runtime.backoff import Backoff
+from brook.common.runtime.log_events import Event, emit
+from brook.common.store.db import is_transient
 
 T = TypeVar("T")
 

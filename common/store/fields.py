@@ -1,4 +1,4 @@
-"""The pieces the jobs collection's updates are built of (`common.store.queries` puts them
+"""The pieces the jobs collection's updates are built of (`brook.common.store.queries` puts them
 together into named writes; the queue and presence stores share `lit` and `NOW`):
 user data as literals, times on the server's clock, the capped history, a new job's fields,
 and the fields each transition sets. Pure: nothing here touches MongoDB.
@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from common.domain.models import DEBOUNCE_MAX_FACTOR, Doc, Job, JobSpec, whole_ms
-from common.domain.status import JobStatus
-from common.store.records import Lease, RunTimes
+from brook.common.domain.models import DEBOUNCE_MAX_FACTOR, Doc, Job, JobSpec, whole_ms
+from brook.common.domain.status import JobStatus
+from brook.common.store.records import Lease, RunTimes
 
 HISTORY_CAP = 50
 NOW = "$$NOW"

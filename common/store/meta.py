@@ -10,7 +10,7 @@ from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from common.domain.models import Doc
+from brook.common.domain.models import Doc
 
 META = "brook_meta"
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from common.domain.status import TERMINAL
+from brook.common.domain.status import TERMINAL
 
 # Change-stream events after which a stream is over: reopen fresh (and sweep).
 INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")

@@ -16,9 +16,9 @@ from pymongo import ASCENDING, IndexModel
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
-from common.domain.models import Doc
-from common.store.db import ensure_indexes
-from common.store.fields import NOW, lit
+from brook.common.domain.models import Doc
+from brook.common.store.db import ensure_indexes
+from brook.common.store.fields import NOW, lit
 
 DISPATCHERS = "brook_dispatchers"
 # A dispatcher is live while it was seen within this many of its lease lengths.

@@ -47,11 +47,11 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.read_concern import ReadConcern
 
-from common.domain.models import Doc
-from common.domain.queues import RATE_START_MARGIN_S, QueueDoc, QueueSlot, slot_usage
-from common.store.fields import NOW, R, lit
-from common.store.jobs.base import JOBS
-from common.store.pipelines import QUEUE_CHANGES_PIPELINE
+from brook.common.domain.models import Doc
+from brook.common.domain.queues import RATE_START_MARGIN_S, QueueDoc, QueueSlot, slot_usage
+from brook.common.store.fields import NOW, R, lit
+from brook.common.store.jobs.base import JOBS
+from brook.common.store.pipelines import QUEUE_CHANGES_PIPELINE
 
 QUEUES = "brook_queues"
 CONFIG_FIELDS = ("concurrency", "rate", "paused", "key_concurrency", "key_rate", "fair")

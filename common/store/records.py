@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from common.domain.models import Doc, Job
-from common.domain.status import JobStatus
+from brook.common.domain.models import Doc, Job
+from brook.common.domain.status import JobStatus
 
 
 @dataclass(frozen=True, kw_only=True)

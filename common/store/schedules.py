@@ -15,9 +15,9 @@ from pymongo import ASCENDING, ReturnDocument, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
-from common.domain.errors import ScheduleNotFound
-from common.domain.models import Doc
-from common.domain.schedules import Schedule, ScheduleState
+from brook.common.domain.errors import ScheduleNotFound
+from brook.common.domain.models import Doc
+from brook.common.domain.schedules import Schedule, ScheduleState
 
 SCHEDULES = "brook_schedules"
 

@@ -3,7 +3,7 @@ it, kept for `BROOK_SIGNAL_RETENTION_SECONDS` (a TTL index deletes it after; rea
 one past its time before the TTL monitor gets to it).
 
 A signal wakes the jobs waiting on its key through the jobs collection
-(`common.store.queries.woken_by_signal`, run by the jobs store): the dispatchers hear of
+(`brook.common.store.queries.woken_by_signal`, run by the jobs store): the dispatchers hear of
 it on their change stream. Sending stores the signal first, then wakes; a job that starts
 to wait reads the signal after its suspension is written (`dispatcher.suspensions`). So
 whichever of the two comes second sees the other: no wait misses a signal sent meanwhile.
@@ -17,9 +17,9 @@ from pymongo import ASCENDING, IndexModel
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
-from common.domain.models import Doc
-from common.store.db import ensure_indexes
-from common.store.fields import NOW, after, lit
+from brook.common.domain.models import Doc
+from brook.common.store.db import ensure_indexes
+from brook.common.store.fields import NOW, after, lit
 
 SIGNALS = "brook_signals"
 

@@ -12,7 +12,7 @@ from typing import Any
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
-from common.domain.models import Doc
+from brook.common.domain.models import Doc
 
 STATE = "brook_state"
 

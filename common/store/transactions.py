@@ -5,8 +5,8 @@ The logic is written once, as coroutines over `TxOps`, the few driver calls it m
 one session: `AsyncTxOps` runs them on an `AsyncClientSession`, `SyncTxOps` on a blocking
 `ClientSession` (an application's `MongoClient`, or a plain `def` task's). A blocking
 session's calls block and belong to its caller's thread, so `SyncTxOps`' coroutines never
-suspend and `common.runtime.blocking.drive` runs them to the end right there, without a loop.
-Documents and filters come from `common.store.queries`, the one home of Brook's queries.
+suspend and `brook.common.runtime.blocking.drive` runs them to the end right there, without a loop.
+Documents and filters come from `brook.common.store.queries`, the one home of Brook's queries.
 """
 
 from __future__ import annotations
@@ -27,18 +27,18 @@ from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.collection import Collection
 from pymongo.synchronous.database import Database
 
-from common.domain.errors import InvalidSession
-from common.domain.models import Doc, Job, JobSpec
-from common.runtime.backoff import Backoff
-from common.runtime.blocking import drive
-from common.runtime.settings import Settings
-from common.store import queries
-from common.store.db import MAJORITY, database, is_transient, sync_database
-from common.store.jobs.base import JOBS
-from common.store.jobs.indexes import INDEXES
-from common.store.presence import DISPATCHERS, LiveDispatcher, live_filter
-from common.store.queries import Update, new_job_upsert
-from common.store.records import Lease, Submitted
+from brook.common.domain.errors import InvalidSession
+from brook.common.domain.models import Doc, Job, JobSpec
+from brook.common.runtime.backoff import Backoff
+from brook.common.runtime.blocking import drive
+from brook.common.runtime.settings import Settings
+from brook.common.store import queries
+from brook.common.store.db import MAJORITY, database, is_transient, sync_database
+from brook.common.store.jobs.base import JOBS
+from brook.common.store.jobs.indexes import INDEXES
+from brook.common.store.presence import DISPATCHERS, LiveDispatcher, live_filter
+from brook.common.store.queries import Update, new_job_upsert
+from brook.common.store.records import Lease, Submitted
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -330,7 +330,7 @@ async def begin_transaction(
 ) -> bool:
     """Before a task's transaction starts (its snapshot must come after this): the fenced
     write that renews the lease for the whole transaction and records its session
-    (`common.store.queries.transaction_opened`). False: the lease is already lost."""
+    (`brook.common.store.queries.transaction_opened`). False: the lease is already lost."""
     opened = queries.transaction_opened(lease, owner, session_id, lease_seconds)
     return await ops.update_outside(opened.filter, opened.update) == 1
 

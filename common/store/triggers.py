@@ -25,11 +25,11 @@ from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
-from common.domain.errors import TriggerNotFound
-from common.domain.models import Doc
-from common.domain.triggers import Trigger, TriggerState
-from common.store.fields import NOW, lit
-from common.store.pipelines import trigger_pipeline
+from brook.common.domain.errors import TriggerNotFound
+from brook.common.domain.models import Doc
+from brook.common.domain.triggers import Trigger, TriggerState
+from brook.common.store.fields import NOW, lit
+from brook.common.store.pipelines import trigger_pipeline
 
 TRIGGERS = "brook_triggers"
 

@@ -18,8 +18,8 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel
 
-from common.domain.status import JobStatus
-from ingest.deps import ADMIN, State
+from brook.common.domain.status import JobStatus
+from brook.ingest.deps import ADMIN, State
 
 pages = APIRouter(include_in_schema=False)
 router = APIRouter(tags=["dashboard"])

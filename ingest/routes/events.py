@@ -18,12 +18,12 @@ from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 from starlette.types import Receive, Scope, Send
 
-from common.domain.status import JobStatus
-from ingest.deps import State
-from ingest.errors import RETRY_AFTER_S
-from ingest.eventids import EventId, InvalidEventId
-from ingest.feeds import SEP, Feed, FeedOptions
-from ingest.live import EventFilter, Hub
+from brook.common.domain.status import JobStatus
+from brook.ingest.deps import State
+from brook.ingest.errors import RETRY_AFTER_S
+from brook.ingest.eventids import EventId, InvalidEventId
+from brook.ingest.feeds import SEP, Feed, FeedOptions
+from brook.ingest.live import EventFilter, Hub
 
 READY_WAIT_S = 5.0
 SEND_TIMEOUT_S = 30.0  # a client that takes no bytes for this long is cut off

@@ -8,13 +8,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import JSONResponse
 
-from common.domain.bulk import BulkBody
-from common.domain.errors import JobConflict, JobNotFound
-from common.domain.models import QUEUE_NAME, JobSpec
-from common.domain.status import JobStatus
-from common.domain.validation import MAX_BATCH, SubmitJob
-from ingest.deps import Core, Store, batch_body, json_body, submit_body
-from ingest.encoding import job_response, json_response
+from brook.common.domain.bulk import BulkBody
+from brook.common.domain.errors import JobConflict, JobNotFound
+from brook.common.domain.models import QUEUE_NAME, JobSpec
+from brook.common.domain.status import JobStatus
+from brook.common.domain.validation import MAX_BATCH, SubmitJob
+from brook.ingest.deps import Core, Store, batch_body, json_body, submit_body
+from brook.ingest.encoding import job_response, json_response
 
 router = APIRouter(tags=["jobs"])
 

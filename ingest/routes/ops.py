@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from common.store.db import ping
-from ingest.deps import State
-from ingest.errors import RETRY_AFTER_S
-from ingest.metrics import CONTENT_TYPE
+from brook.common.store.db import ping
+from brook.ingest.deps import State
+from brook.ingest.errors import RETRY_AFTER_S
+from brook.ingest.metrics import CONTENT_TYPE
 
 READY_TIMEOUT_S = 2.0
 

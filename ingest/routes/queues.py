@@ -7,9 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 
-from common.domain.queues import QueueUpdate
-from ingest.deps import Core, json_body
-from ingest.encoding import json_response
+from brook.common.domain.queues import QueueUpdate
+from brook.ingest.deps import Core, json_body
+from brook.ingest.encoding import json_response
 
 router = APIRouter(tags=["queues"])
 

@@ -12,11 +12,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path
 from fastapi.responses import JSONResponse
 
-from common.domain.errors import ScheduleNotFound
-from common.runtime.log_events import Event, emit, requested_by
-from common.store.schedules import ScheduleStore
-from ingest.deps import State
-from ingest.encoding import json_response
+from brook.common.domain.errors import ScheduleNotFound
+from brook.common.runtime.log_events import Event, emit, requested_by
+from brook.common.store.schedules import ScheduleStore
+from brook.ingest.deps import State
+from brook.ingest.encoding import json_response
 
 router = APIRouter(tags=["schedules"])
 

@@ -7,10 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 
-from common.domain.errors import InvalidInput
-from common.domain.steps import SIGNAL_KEY_RULE
-from ingest.deps import Core, json_body
-from ingest.encoding import json_response
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.steps import SIGNAL_KEY_RULE
+from brook.ingest.deps import Core, json_body
+from brook.ingest.encoding import json_response
 
 router = APIRouter(tags=["signals"])
 

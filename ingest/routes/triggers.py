@@ -11,11 +11,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path
 from fastapi.responses import JSONResponse
 
-from common.domain.errors import TriggerNotFound
-from common.runtime.log_events import Event, emit
-from common.store.triggers import TriggerStore
-from ingest.deps import State
-from ingest.encoding import json_response
+from brook.common.domain.errors import TriggerNotFound
+from brook.common.runtime.log_events import Event, emit
+from brook.common.store.triggers import TriggerStore
+from brook.ingest.deps import State
+from brook.ingest.encoding import json_response
 
 router = APIRouter(tags=["triggers"])
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from common.runtime.settings import Settings
+from brook.common.runtime.settings import Settings
 from tests.conftest import brook_env
 from tests.support.http import TLS
 from tests.support.procs import BrookProcess, brook_cli, pid_alive, wait_until

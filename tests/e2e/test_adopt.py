@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from brook import Client, InvalidInput
-from common.domain.models import JobSpec
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
-from executor import registry
+from brook.common.domain.models import JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore
+from brook.executor import registry
 from tests.e2e.conftest import JSON, Cluster, wait_terminal
 from tests.support.procs import brook_cli, wait_until
 

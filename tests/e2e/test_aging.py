@@ -8,8 +8,8 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from common.domain.models import JobSpec
-from common.store.jobs import JobStore
+from brook.common.domain.models import JobSpec
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster
 
 AGING_S = 0.25

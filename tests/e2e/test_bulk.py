@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 
-from common.store.jobs import JobStore
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_faults import wait_all_terminal
 from tests.support.procs import wait_until

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common.store.jobs import JobStore
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_faults import assert_clean, submit, wait_all_terminal
 from tests.e2e.test_limits import owner_of

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 from pymongo.read_concern import ReadConcern
 
-from common.domain.models import JobSpec
-from common.store.jobs import JobStore
+from brook.common.domain.models import JobSpec
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import JSON, Cluster, wait_terminal
 from tests.support.metrics import value
 

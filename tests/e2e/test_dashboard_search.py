@@ -11,7 +11,7 @@ import httpx
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
-from common.store.jobs import JobStore
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_dashboard import browser, screenshot, text, texts, wait_for  # noqa: F401
 from tests.e2e.test_events import api, dispatcher

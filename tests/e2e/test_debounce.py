@@ -9,7 +9,7 @@ from datetime import datetime
 
 import httpx
 
-from common.store.jobs import JobStore
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster, free_port, wait_terminal
 from tests.support.http import TLS
 from tests.support.procs import wait_until

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from common.runtime.settings import Settings
+from brook.common.runtime.settings import Settings
 from tests.conftest import set_of
 from tests.e2e.conftest import Cluster
 from tests.support.docblocks import (

@@ -17,9 +17,9 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from brook import AsyncClient, Job
-from common.domain.models import Doc, JobSpec
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
+from brook.common.domain.models import Doc, JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster, free_port
 from tests.support.procs import BrookProcess, wait_until
 from tests.support.sse import read_events

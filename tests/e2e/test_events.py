@@ -14,8 +14,8 @@ import httpx
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from common.domain.models import JobSpec
-from common.store.jobs import JobStore
+from brook.common.domain.models import JobSpec
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster, free_port
 from tests.support.procs import BrookProcess, wait_until
 from tests.support.sse import Ev, Reader, by_job, read_events

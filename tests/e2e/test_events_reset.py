@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 from pymongo import MongoClient
 
+from brook.common.runtime.settings import Settings
 from brook.replset import ReplicaSet
-from common.runtime.settings import Settings
 from tests.conftest import extra_port
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_events import LIVE

@@ -21,9 +21,9 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from common.domain.models import JobSpec
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
+from brook.common.domain.models import JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore
 from tests.conftest import extra_port
 from tests.e2e.conftest import Cluster
 from tests.support.checker import check_history, settled_logs
@@ -416,7 +416,7 @@ def fault_settings(rs: Any, db_name: str, tmp_path: Any, **knobs: Any) -> Settin
 async def test_failover_under_load_loses_no_acknowledged_job_and_completes_none_twice(
     tmp_path: Any, db_name: str
 ) -> None:
-    from common.store.db import database, make_client
+    from brook.common.store.db import database, make_client
 
     # Elections well within the API's 5 s of patience: no client ever sees a 5xx, not even a 503.
     rs = own_set(tmp_path, "failover")
@@ -511,7 +511,7 @@ async def test_a_job_claimed_before_it_replicated_then_rolled_back_runs_nowhere(
     dispatcher goes on with the new primary, its hints too."""
     from pymongo.write_concern import WriteConcern
 
-    from common.store.db import CODEC, database, make_client
+    from brook.common.store.db import CODEC, database, make_client
 
     rs = own_set(tmp_path, "hints")
     settings = fault_settings(rs, db_name, tmp_path, concurrency=2)
@@ -596,8 +596,8 @@ async def start_at_once(store: JobStore, n: int) -> list[str]:
 async def test_a_dispatcher_whose_token_fell_off_the_oplog_sweeps_and_runs_everything(
     tmp_path: Any, db_name: str
 ) -> None:
+    from brook.common.store.db import database, make_client
     from brook.replset import ReplicaSet
-    from common.store.db import database, make_client
 
     # A 1 MB oplog and a checkpoint every second, so the oplog really is truncated.
     rs = ReplicaSet(

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from common.domain.models import JobSpec
-from common.store.jobs import JobStore
-from common.store.queues import QueueStore
+from brook.common.domain.models import JobSpec
+from brook.common.store.jobs import JobStore
+from brook.common.store.queues import QueueStore
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_faults import all_logs, wait_all_terminal
 from tests.e2e.test_limits import queue_jobs, wait_slots_free
@@ -42,7 +42,7 @@ async def submit_keyed(
 
 
 # A per-key limit alone holds its slots on the jobs (a unique index); with the queue's own
-# concurrency, in `brook_queues` (`common.store.queues`): both hold across dispatchers.
+# concurrency, in `brook_queues` (`brook.common.store.queues`): both hold across dispatchers.
 @pytest.mark.parametrize(
     "limits",
     [{"key_concurrency": 2}, {"key_concurrency": 2, "concurrency": 50}],

@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from common.domain.status import JobStatus
-from common.store.jobs import JobStore
-from common.store.queues import QueueStore
+from brook.common.domain.status import JobStatus
+from brook.common.store.jobs import JobStore
+from brook.common.store.queues import QueueStore
 from tests.e2e.conftest import JSON, Cluster
 from tests.e2e.test_faults import all_logs, submit, wait_all_terminal
 from tests.support.checker import check_history, settled_logs

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore
 from tests.conftest import ROOT, brook_env
 from tests.e2e.conftest import Cluster, wait_terminal
 from tests.support.procs import wait_until

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from common.domain.schedules import tick_key
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
+from brook.common.domain.schedules import tick_key
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore
 from tests.conftest import brook_env
 from tests.e2e.conftest import Cluster
 from tests.support.procs import BrookProcess, brook_cli, wait_until

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from common.store.jobs import JobStore
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import JSON, Cluster
 from tests.support.failpoints import fail_nothing
 from tests.support.http import TLS

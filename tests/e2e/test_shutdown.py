@@ -30,10 +30,10 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
+from brook.common.domain.models import Doc, JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore
 from brook.replset import ReplicaSet
-from common.domain.models import Doc, JobSpec
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
 from tests.conftest import extra_port
 from tests.e2e.conftest import Cluster, free_port
 from tests.support.failpoints import hold_commands, wait_until_hit

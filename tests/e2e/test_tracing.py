@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from common.store.jobs import JobStore
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster, wait_terminal
 from tests.support.procs import BrookProcess, wait_until
 

@@ -17,9 +17,9 @@ from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import PyMongoError
 
 from brook import Client
-from common.domain.models import Doc
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
+from brook.common.domain.models import Doc
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_faults import all_logs, submit, wait_all_terminal, worker_pid
 from tests.support.checker import check_history, settled_logs

@@ -20,11 +20,11 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import BulkWriteError, PyMongoError
 
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore
+from brook.common.store.triggers import TriggerStore
 from brook.replset import ReplicaSet
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore
-from common.store.triggers import TriggerStore
 from tests.conftest import Mongo, brook_env, extra_port
 from tests.e2e.conftest import Cluster, free_port
 from tests.support.procs import BrookProcess, brook_cli, wait_until

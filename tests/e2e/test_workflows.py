@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 
 from brook import AsyncClient
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster, wait_terminal
 from tests.support.checker import check_history, settled_logs
 from tests.support.procs import BrookProcess, wait_until

@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from brook import AsyncClient, InvalidInput
-from common.domain.bulk import PAGE
-from common.domain.models import JobSpec
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore, Lease
+from brook.common.domain.bulk import PAGE
+from brook.common.domain.models import JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore, Lease
 
 OWNER = "d1"
 
@@ -128,9 +128,9 @@ async def test_a_bulk_filter_must_name_something_and_is_validated_like_the_api(
 
 async def test_the_bulk_filters_read_indexes(store: JobStore) -> None:
     await store.ensure_indexes()
-    from common.domain.bulk import JobFilter
-    from common.domain.status import JobStatus
-    from common.store.queries import bulk_index, bulk_match
+    from brook.common.domain.bulk import JobFilter
+    from brook.common.domain.status import JobStatus
+    from brook.common.store.queries import bulk_index, bulk_match
 
     plans = {}
     for label, f, action in (

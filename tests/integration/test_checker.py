@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from common.store.jobs import JobStore
+from brook.common.store.jobs import JobStore
 from tests.support.checker import check_history
 
 READY = {"event": "dispatcher.ready"}

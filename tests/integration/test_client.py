@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from brook import AsyncClient, Client, InvalidInput, JobConflict, JobNotFound, WaitTimeout
-from common.domain.models import JobSpec
-from common.domain.status import ALLOWED, RETRIES, TRANSITIONS, JobStatus
-from common.operations.task_directory import TaskDirectory
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.fields import HISTORY_CAP
-from common.store.jobs import JobStore, Lease
-from common.store.queries import CLAIM_SORT, claim_filter, claim_index
+from brook.common.domain.models import JobSpec
+from brook.common.domain.status import ALLOWED, RETRIES, TRANSITIONS, JobStatus
+from brook.common.operations.task_directory import TaskDirectory
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.fields import HISTORY_CAP
+from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.queries import CLAIM_SORT, claim_filter, claim_index
 from tests.support.commands import CommandCounter
 
 OWNER = "test-owner"

@@ -12,9 +12,9 @@ import pytest
 from pymongo import AsyncMongoClient, IndexModel
 from pymongo.errors import NetworkTimeout
 
-from common.domain.models import Doc
-from common.runtime.settings import Settings
-from common.store.db import database, ensure_indexes, is_transient, make_client
+from brook.common.domain.models import Doc
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, ensure_indexes, is_transient, make_client
 from tests.support.failpoints import fail_commands, fail_nothing
 
 APP = "client-timeouts"

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from common.domain.models import Job, JobSpec
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore
+from brook.common.domain.models import Job, JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore
 from tests.support.failpoints import fail_nothing
 
 

@@ -9,15 +9,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from brook import AsyncClient
-from common.domain.models import JobSpec
-from common.runtime.settings import Settings
-from common.runtime.supervision import spawn_logged
-from common.store.jobs import JobStore, Lease
-from common.store.jobs.claims import firsts_of_keys
-from common.store.queues import QUEUES, QueueStore
-from dispatcher.held_jobs import Holdings
-from dispatcher.limits import Limits
-from dispatcher.wiring import Wiring
+from brook.common.domain.models import JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.runtime.supervision import spawn_logged
+from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.jobs.claims import firsts_of_keys
+from brook.common.store.queues import QUEUES, QueueStore
+from brook.dispatcher.held_jobs import Holdings
+from brook.dispatcher.limits import Limits
+from brook.dispatcher.wiring import Wiring
 from tests.support.plans import explain_aggregate, keys_examined
 
 OWNER = "d1"

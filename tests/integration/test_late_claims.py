@@ -16,11 +16,11 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from common.domain.models import Job, JobSpec
-from common.protocol.runner import Outcome, RunJob, WorkerSlot
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
-from common.store.records import ExpiredLease
+from brook.common.domain.models import Job, JobSpec
+from brook.common.protocol.runner import Outcome, RunJob, WorkerSlot
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore
+from brook.common.store.records import ExpiredLease
 from tests.integration.test_prefetch import HeldRunner, count_is, dispatcher, wait_for
 
 

@@ -10,13 +10,13 @@ import bson
 import pytest
 
 from brook import AsyncClient, InvalidInput
-from common.domain.models import JobSpec
-from common.domain.queues import RATE_START_MARGIN_S
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore, Lease
-from common.store.jobs.claims import PENDING_QUEUES
-from common.store.queries import CLAIM_SORT, claim_filter, claim_index
-from common.store.queues import COMPACT_AT, QueueStore
+from brook.common.domain.models import JobSpec
+from brook.common.domain.queues import RATE_START_MARGIN_S
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.jobs.claims import PENDING_QUEUES
+from brook.common.store.queries import CLAIM_SORT, claim_filter, claim_index
+from brook.common.store.queues import COMPACT_AT, QueueStore
 from tests.support.plans import explain_aggregate, keys_examined
 
 OWNER = "d1"

@@ -13,15 +13,15 @@ import pytest
 from pymongo import monitoring
 from sse_starlette import ServerSentEvent
 
-from common.domain.models import JobSpec
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore, Lease
-from common.store.pipelines import LIVE_PIPELINE
-from ingest.eventids import EventIds
-from ingest.feeds import Feed, FeedOptions
-from ingest.live import EventFilter, Hub, Position, Subscription, Tally
-from ingest.metrics import DepthCache
+from brook.common.domain.models import JobSpec
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.pipelines import LIVE_PIPELINE
+from brook.ingest.eventids import EventIds
+from brook.ingest.feeds import Feed, FeedOptions
+from brook.ingest.live import EventFilter, Hub, Position, Subscription, Tally
+from brook.ingest.metrics import DepthCache
 
 OWNER = "test-owner"
 

@@ -11,15 +11,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from structlog.testing import capture_logs
 
-from common.domain.models import JobSpec
-from common.domain.status import JobStatus
-from common.protocol.runner import Outcome
-from common.runtime.settings import Settings
-from common.runtime.supervision import spawn_logged
-from common.store.db import database, make_client
-from common.store.jobs import ExpiredLease, JobStore, Lease
-from dispatcher.dependents import Dependents
-from dispatcher.outcomes import Outcomes
+from brook.common.domain.models import JobSpec
+from brook.common.domain.status import JobStatus
+from brook.common.protocol.runner import Outcome
+from brook.common.runtime.settings import Settings
+from brook.common.runtime.supervision import spawn_logged
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import ExpiredLease, JobStore, Lease
+from brook.dispatcher.dependents import Dependents
+from brook.dispatcher.outcomes import Outcomes
 from tests.support.failpoints import fail_commands, fail_nothing
 
 OWNER = "failover-owner"

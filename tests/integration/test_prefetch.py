@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from common.domain.models import JobSpec
-from common.protocol.runner import (
+from brook.common.domain.models import JobSpec
+from brook.common.protocol.runner import (
     KillReason,
     Outcome,
     ProgressReport,
@@ -21,10 +21,10 @@ from common.protocol.runner import (
     StepRecord,
     WorkerSlot,
 )
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore
-from dispatcher.dispatcher import Dispatcher
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore
+from brook.dispatcher.dispatcher import Dispatcher
 
 
 class _Slot(WorkerSlot):

@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from common.domain.errors import ScheduleNotFound
-from common.domain.models import JobSpec
-from common.domain.schedules import Schedule
-from common.store.jobs import JobStore, Lease
-from common.store.schedules import ScheduleStore
+from brook.common.domain.errors import ScheduleNotFound
+from brook.common.domain.models import JobSpec
+from brook.common.domain.schedules import Schedule
+from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.schedules import ScheduleStore
 
 OWNER = "test-owner"
 EVERY_SECOND = Schedule.declare("s1", "* * * * * *", task="echo", payload={"x": 1})

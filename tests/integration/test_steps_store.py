@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from common.domain.errors import LeaseLost
-from common.domain.models import JobSpec
-from common.store.jobs import JobStore, Lease
-from common.store.signals import SignalStore
+from brook.common.domain.errors import LeaseLost
+from brook.common.domain.models import JobSpec
+from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.signals import SignalStore
 from tests.integration.test_store import expire_now
 
 A, B = "dispatcher-a", "dispatcher-b"

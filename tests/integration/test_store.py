@@ -10,12 +10,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from common.domain.errors import JobConflict, JobNotFound, LeaseLost
-from common.domain.models import Job, JobSpec
-from common.domain.status import TRANSITIONS, JobStatus
-from common.operations.dependents import settle
-from common.store.jobs import JobStore, Lease, RunTimes
-from common.store.queries import CLAIM_FILTER, CLAIM_SORT
+from brook.common.domain.errors import JobConflict, JobNotFound, LeaseLost
+from brook.common.domain.models import Job, JobSpec
+from brook.common.domain.status import TRANSITIONS, JobStatus
+from brook.common.operations.dependents import settle
+from brook.common.store.jobs import JobStore, Lease, RunTimes
+from brook.common.store.queries import CLAIM_FILTER, CLAIM_SORT
 
 OWNER = "test-owner"
 T = TypeVar("T")

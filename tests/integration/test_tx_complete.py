@@ -1,5 +1,5 @@
 """A task's completion committed in its own transaction, against the real replica set: the
-protocol of `common.store.transactions` (fenced, committed with the task's writes, aborted on a
+protocol of `brook.common.store.transactions` (fenced, committed with the task's writes, aborted on a
 lost lease), the writes that must pass an open transaction by (heartbeats, progress), and
 commits whose outcome is unknown, decided by the dispatcher from what committed. Faults
 come from the server (`configureFailPoint`), aimed at this test's client by its app name."""
@@ -14,21 +14,21 @@ import pytest
 from pymongo import AsyncMongoClient
 from structlog.testing import capture_logs
 
-from common.domain.models import Doc, Job, JobSpec
-from common.protocol.runner import Outcome
-from common.runtime.settings import Settings
-from common.runtime.supervision import spawn_logged
-from common.store.db import database, make_client
-from common.store.jobs import JobStore, Lease
-from common.store.transactions import (
+from brook.common.domain.models import Doc, Job, JobSpec
+from brook.common.protocol.runner import Outcome
+from brook.common.runtime.settings import Settings
+from brook.common.runtime.supervision import spawn_logged
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.transactions import (
     TASK_TRANSACTION,
     TxEnd,
     begin_transaction,
     complete_in_transaction,
     task_ops,
 )
-from dispatcher.dependents import Dependents
-from dispatcher.outcomes import Outcomes
+from brook.dispatcher.dependents import Dependents
+from brook.dispatcher.outcomes import Outcomes
 from tests.support.failpoints import fail_commands, fail_nothing
 
 OWNER = "test-owner"

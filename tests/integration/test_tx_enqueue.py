@@ -19,9 +19,9 @@ from pymongo.synchronous.client_session import ClientSession
 from structlog.testing import capture_logs
 
 from brook import AsyncClient, Client, InvalidInput, InvalidSession, JobNotFound, JobStatus
-from common.domain.models import Doc
-from common.runtime.settings import Settings
-from common.store.jobs import JobStore
+from brook.common.domain.models import Doc
+from brook.common.runtime.settings import Settings
+from brook.common.store.jobs import JobStore
 
 App = AsyncMongoClient[Doc]
 
@@ -65,7 +65,7 @@ async def inserted_until_marker(stream: AsyncChangeStream[Doc], store: JobStore)
 
 
 def _marker() -> Any:
-    from common.domain.models import JobSpec
+    from brook.common.domain.models import JobSpec
 
     return JobSpec(task="noop", payload={"marker": True})
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from brook import AsyncClient, Client, InvalidInput
-from common.domain.models import Job
-from common.domain.status import JobStatus
-from common.operations.dependents import settle
-from common.runtime.settings import Settings
-from common.store.db import database, make_client
-from common.store.jobs import JobStore, Lease
+from brook.common.domain.models import Job
+from brook.common.domain.status import JobStatus
+from brook.common.operations.dependents import settle
+from brook.common.runtime.settings import Settings
+from brook.common.store.db import database, make_client
+from brook.common.store.jobs import JobStore, Lease
 from tests.support.commands import CommandCounter
 from tests.support.failpoints import fail_commands, fail_nothing
 

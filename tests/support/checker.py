@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.domain.status import TERMINAL, TRANSITIONS, JobStatus
-from common.store.jobs import JobStore
+from brook.common.domain.status import TERMINAL, TRANSITIONS, JobStatus
+from brook.common.store.jobs import JobStore
 
 
 @dataclass

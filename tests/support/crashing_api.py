@@ -5,14 +5,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import ingest.live
+import brook.ingest.live
 from brook.cli import main
 
 
-async def _crash(self: ingest.live.Hub, backoff: Any) -> None:
+async def _crash(self: brook.ingest.live.Hub, backoff: Any) -> None:
     raise RuntimeError("a bug in the hub")
 
 
 if __name__ == "__main__":
-    ingest.live.Hub._follow = _crash  # type: ignore[method-assign]
+    brook.ingest.live.Hub._follow = _crash  # type: ignore[method-assign]
     sys.exit(main(["api"]))

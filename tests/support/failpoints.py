@@ -9,7 +9,7 @@ from typing import Any
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import OperationFailure
 
-from common.domain.models import Doc
+from brook.common.domain.models import Doc
 
 
 async def fail_commands(

@@ -46,13 +46,13 @@ ROOT = Path(__file__).resolve().parents[2]
 PRELOAD = (
     "brook.cli",
     "brook.roles",
-    "dispatcher.dispatcher",
-    "executor.forking",
-    "executor.registry",
-    "executor.worker",
-    "executor.demo",
-    "common.runtime.log",
-    "ingest.app",
+    "brook.dispatcher.dispatcher",
+    "brook.executor.forking",
+    "brook.executor.registry",
+    "brook.executor.worker",
+    "brook.executor.demo",
+    "brook.common.runtime.log",
+    "brook.ingest.app",
     "uvicorn",
 )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from common.store.jobs import JobStore
+from brook.common.store.jobs import JobStore
 
 
 async def explain_aggregate(store: JobStore, pipeline: list[dict[str, Any]], hint: str) -> str:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from collections.abc import Collection
 
-from common.operations.dependents import Via
-from dispatcher import dependents
+from brook.common.operations.dependents import Via
+from brook.dispatcher import dependents
 
 _settle = dependents.Dependents.parents_ended
 

@@ -1,12 +1,18 @@
-"""The import rule of docs/architecture.md, read from the code: the roles (`ingest`,
-`dispatcher`, `executor`) depend on `common` and never on each other, nothing below `brook`
-imports it, and `common`'s rooms stand on floors: `domain` at the bottom, then `runtime`,
-`store`, `operations`; `protocol` needs only `domain`. An import that points up a floor (or a
-room that imports a role) fails here, naming the file and the import."""
+"""The import rule of docs/architecture.md, read from the code.
+
+Brook is one import package, `brook`: the role folders at the repository's top level
+(`common/`, `ingest/`, `dispatcher/`, `executor/`) are `brook.common` and so on (the links
+in `brook/`), and nothing, product, tests or benchmarks, imports them by any other name. The
+roles (`ingest`, `dispatcher`, `executor`) depend on `common` and never on each other, nothing
+below the top (`brook` itself: the CLI, the client, the role wiring) imports it, and
+`common`'s rooms stand on floors: `domain` at the bottom, then `runtime`, `store`,
+`operations`; `protocol` needs only `domain`. An import that points up a floor (or a room that
+imports a role) fails here, naming the file and the import."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,6 +26,7 @@ COMMON_FLOORS = {
     "protocol": {"domain"},
 }
 ROLES = {"ingest", "dispatcher", "executor"}
+INTERNAL = ("common", *sorted(ROLES))
 
 
 def imports_of(path: Path) -> list[str]:
@@ -36,14 +43,44 @@ def sources(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
+def room_of(name: str) -> tuple[str, str] | None:
+    """`brook.common.store.db` -> ("common", "store.db"); `brook.client` or `brook` ->
+    ("brook", "client"); None for anything not Brook's."""
+    if name != "brook" and not name.startswith("brook."):
+        return None
+    rest = name.split(".")[1:]
+    if rest and rest[0] in INTERNAL:
+        return rest[0], ".".join(rest[1:])
+    return "brook", ".".join(rest)
+
+
+def test_brook_is_the_only_name_brooks_code_is_imported_by() -> None:
+    """`common`, `ingest`, `dispatcher` and `executor` are not import names of their own:
+    installed, only `brook` exists, so an import of `common.x` would work in a checkout and
+    break in the wheel (or load an application's own `common`)."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    wrong = [
+        f"{path}: {name}"
+        for path in tracked
+        for name in imports_of(ROOT / path)
+        if name.split(".")[0] in INTERNAL
+    ]
+    assert tracked and not wrong, wrong
+
+
 def test_the_rooms_of_common_import_only_the_floors_below_them() -> None:
     wrong = []
     for room, allowed in COMMON_FLOORS.items():
         for path in sources(f"common/{room}"):
             for name in imports_of(path):
-                top, _, rest = name.partition(".")
+                where = room_of(name)
+                if where is None:
+                    continue
+                top, rest = where
                 upward = top == "common" and rest and rest.split(".")[0] not in {room, *allowed}
-                if top in ROLES or top == "brook" or upward:
+                if top != "common" or upward:
                     wrong.append(f"{path.relative_to(ROOT)}: {name}")
     assert not wrong, wrong
 
@@ -53,13 +90,13 @@ def test_every_room_of_common_is_on_a_floor() -> None:
     assert rooms == set(COMMON_FLOORS)
 
 
-def test_the_roles_never_import_each_other() -> None:
+def test_the_roles_never_import_each_other_nor_the_top() -> None:
     wrong = []
     for role in ROLES:
         for path in sources(role):
             for name in imports_of(path):
-                top = name.split(".")[0]
-                if top in ROLES - {role} or top == "brook":
+                where = room_of(name)
+                if where is not None and where[0] not in {"common", role}:
                     wrong.append(f"{path.relative_to(ROOT)}: {name}")
     assert not wrong, wrong
 

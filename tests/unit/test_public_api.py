@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import brook
-import executor
-from common.domain import errors
+import brook.executor
+from brook.common.domain import errors
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERNAL = ("common", "ingest", "dispatcher", "executor")
@@ -32,8 +32,8 @@ def test_a_task_module_and_an_application_need_only_brook() -> None:
         trigger,
     )
 
-    for name in executor.__all__:  # the same objects as the internal package's
-        assert getattr(brook, name) is getattr(executor, name)
+    for name in brook.executor.__all__:  # the same objects as the internal package's
+        assert getattr(brook, name) is getattr(brook.executor, name)
 
 
 def test_every_public_error_is_exported_by_brook() -> None:
@@ -46,6 +46,11 @@ def test_every_public_error_is_exported_by_brook() -> None:
     assert all(getattr(brook, name) is getattr(errors, name) for name in public)
 
 
+def _in_top(name: str) -> bool:
+    parts = name.split(".")
+    return parts[0] == "brook" and len(parts) > 1 and parts[1] not in INTERNAL
+
+
 def _imports_brook(path: Path) -> list[int]:
     lines = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -55,12 +60,14 @@ def _imports_brook(path: Path) -> list[int]:
             names = [node.module]
         else:
             continue
-        if any(n == "brook" or n.startswith("brook.") for n in names):
+        if any(n == "brook" or _in_top(n) for n in names):
             lines.append(node.lineno)
     return lines
 
 
-def test_no_internal_package_imports_brook() -> None:
+def test_no_internal_package_imports_the_top() -> None:
+    """The floors below the top import each other as `brook.common...` and so on, never the
+    top itself (`brook`, `brook.client`, `brook.cli`, ...)."""
     found = {
         f"{path.relative_to(ROOT)}:{line}"
         for package in INTERNAL
@@ -77,10 +84,10 @@ def test_importing_brook_or_a_task_module_starts_nothing() -> None:
     probe = (
         "import sys, threading\n"
         "import tests.tasks.public_api, tests.tasks.basic, brook\n"
-        "from executor.registry import registered\n"
+        "from brook.executor.registry import registered\n"
         "assert {'public_add', 'public_relay', 'flaky'} <= registered(), registered()\n"
         "assert threading.active_count() == 1, threading.enumerate()\n"
-        "heavy = [m for m in ('brook.cli', 'ingest.app', 'dispatcher.dispatcher', 'uvicorn')\n"
+        "heavy = [m for m in ('brook.cli', 'brook.ingest.app', 'brook.dispatcher.dispatcher', 'uvicorn')\n"
         "         if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
@@ -101,13 +108,15 @@ def test_every_package_is_installed_by_a_plain_pip_install() -> None:
         "packages"
     ]["find"]["include"]
     listed = set(find_packages(str(ROOT), include=include))
-    found = {
-        ".".join(init.parent.relative_to(ROOT).parts)
-        for top in ("brook", *INTERNAL)
+    found = {".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "brook").rglob("__init__.py")}
+    found |= {
+        ".".join(("brook", *init.parent.relative_to(ROOT).parts))
+        for top in INTERNAL
         for init in (ROOT / top).rglob("__init__.py")
     }
-    assert "common.store.jobs" in found
+    assert "brook.common.store.jobs" in found
     assert found <= listed, sorted(found - listed)
+    assert {name.split(".")[0] for name in listed} == {"brook"}, sorted(listed)
 
 
 def test_every_public_name_is_loaded_on_first_use_and_importing_brook_loads_none() -> None:
@@ -116,12 +125,12 @@ def test_every_public_name_is_loaded_on_first_use_and_importing_brook_loads_none
     assert set(package.__all__) == set(package._HOME)
     code = (
         "import sys, brook, brook.cli; "
-        "print(sorted(m for m in ('pymongo', 'brook.client', 'executor.registry') if m in sys.modules)); "
+        "print(sorted(m for m in ('pymongo', 'brook.client', 'brook.executor.registry') if m in sys.modules)); "
         "from brook import Client, task, Job; print(Client.__module__, task.__module__, Job.__name__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["[]", "brook.client executor.registry Job"], out.stdout
+    assert out.stdout.splitlines() == ["[]", "brook.client brook.executor.registry Job"], out.stdout
     try:
         package.NoSuchThing  # noqa: B018
     except AttributeError as err:

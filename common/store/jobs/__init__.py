@@ -1,7 +1,7 @@
 """`JobStore`: the only code that touches the jobs collection, in one module per concern.
 
 Every method is one named operation, and every status change one conditional write built
-by `common.store.queries` (its filter names the expected status and, for a running job,
+by `brook.common.store.queries` (its filter names the expected status and, for a running job,
 its owner and attempt): the database decides, and a write that matches nothing means the
 caller lost a race. Times that matter for leases and due dates come from the server's
 clock (`$$NOW`, or `ServerClock` where no write can read it).
@@ -21,23 +21,23 @@ from __future__ import annotations
 
 from pymongo.asynchronous.database import AsyncDatabase
 
-from common.domain.models import Doc
-from common.runtime.settings import WEEK_S
-from common.store.clock import ServerClock
-from common.store.db import ensure_indexes
-from common.store.jobs.attempts import JobAttempts
-from common.store.jobs.base import JOBS, JobsCollection
-from common.store.jobs.bulk import JobBulk
-from common.store.jobs.changes import JobChanges, buffered
-from common.store.jobs.claims import JobClaims, SlotClaim
-from common.store.jobs.commands import JobCommands
-from common.store.jobs.indexes import INDEXES
-from common.store.jobs.outcomes import JobOutcomes
-from common.store.jobs.reads import JobReads
-from common.store.jobs.steps import JobSteps
-from common.store.jobs.submits import JobSubmits
-from common.store.presence import PresenceStore
-from common.store.records import (
+from brook.common.domain.models import Doc
+from brook.common.runtime.settings import WEEK_S
+from brook.common.store.clock import ServerClock
+from brook.common.store.db import ensure_indexes
+from brook.common.store.jobs.attempts import JobAttempts
+from brook.common.store.jobs.base import JOBS, JobsCollection
+from brook.common.store.jobs.bulk import JobBulk
+from brook.common.store.jobs.changes import JobChanges, buffered
+from brook.common.store.jobs.claims import JobClaims, SlotClaim
+from brook.common.store.jobs.commands import JobCommands
+from brook.common.store.jobs.indexes import INDEXES
+from brook.common.store.jobs.outcomes import JobOutcomes
+from brook.common.store.jobs.reads import JobReads
+from brook.common.store.jobs.steps import JobSteps
+from brook.common.store.jobs.submits import JobSubmits
+from brook.common.store.presence import PresenceStore
+from brook.common.store.records import (
     Completions,
     EndedParent,
     ExpiredLease,
@@ -46,7 +46,7 @@ from common.store.records import (
     Settled,
     Submitted,
 )
-from common.store.state import TokenStore
+from brook.common.store.state import TokenStore
 
 __all__ = [
     "INDEXES",

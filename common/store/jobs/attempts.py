@@ -10,11 +10,11 @@ from typing import Any
 
 from pymongo import UpdateOne
 
-from common.domain.status import JobStatus
-from common.store import queries
-from common.store.fields import NOW, R, session_of
-from common.store.jobs.base import JobsCollection
-from common.store.records import ExpiredLease, Lease
+from brook.common.domain.status import JobStatus
+from brook.common.store import queries
+from brook.common.store.fields import NOW, R, session_of
+from brook.common.store.jobs.base import JobsCollection
+from brook.common.store.records import ExpiredLease, Lease
 
 
 class JobAttempts(JobsCollection):

@@ -8,11 +8,11 @@ from pymongo import ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
-from common.domain.errors import LeaseLost
-from common.domain.models import Doc, Job
-from common.runtime.settings import WEEK_S
-from common.store.clock import ServerClock, ServerTime
-from common.store.queries import Write
+from brook.common.domain.errors import LeaseLost
+from brook.common.domain.models import Doc, Job
+from brook.common.runtime.settings import WEEK_S
+from brook.common.store.clock import ServerClock, ServerTime
+from brook.common.store.queries import Write
 
 JOBS = "jobs"
 

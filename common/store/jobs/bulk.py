@@ -1,4 +1,4 @@
-"""A caller's operations on many jobs of the jobs collection (`common.domain.bulk`): count
+"""A caller's operations on many jobs of the jobs collection (`brook.common.domain.bulk`): count
 the jobs a filter names, and retry or cancel them in pages, each page one read of ids and
 one conditional write whose fence is the single-job operation's. A page's jobs are marked
 with the operation's tag (`bulk_op`) so the caller can read back exactly what changed."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common.domain.bulk import PAGE, BulkAction, JobFilter
-from common.domain.models import Doc
-from common.store import queries
-from common.store.jobs.base import JobsCollection
+from brook.common.domain.bulk import PAGE, BulkAction, JobFilter
+from brook.common.domain.models import Doc
+from brook.common.store import queries
+from brook.common.store.jobs.base import JobsCollection
 
 # What the caller reads back of the jobs a page changed (to log each, settle dependents).
 CHANGED_FIELDS = {"task": 1, "attempts": 1, "status": 1, "queue": 1, "has_dependents": 1}

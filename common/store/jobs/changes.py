@@ -1,4 +1,4 @@
-"""Following the jobs collection: change streams (their pipelines: `common.store.pipelines`),
+"""Following the jobs collection: change streams (their pipelines: `brook.common.store.pipelines`),
 post-images for the API's live events, and the primary's oplog tailed for new pending jobs."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pymongo.asynchronous.cursor import AsyncCursor
 from pymongo.errors import CollectionInvalid, OperationFailure
 from pymongo.read_concern import ReadConcern
 
-from common.domain.models import Doc
-from common.store.jobs.base import JOBS, JobsCollection
-from common.store.pipelines import NEW_PENDING_FIELDS, job_status_pipeline, new_pending_oplog
+from brook.common.domain.models import Doc
+from brook.common.store.jobs.base import JOBS, JobsCollection
+from brook.common.store.pipelines import NEW_PENDING_FIELDS, job_status_pipeline, new_pending_oplog
 
 
 def buffered(stream: AsyncChangeStream[Doc]) -> int | None:

@@ -1,6 +1,6 @@
 """Claiming jobs of the jobs collection: the best due pending job, or a batch, leased to a
 dispatcher with a new attempt number (the fencing token); a limited queue's candidates and
-their claim under the slots it took (`common.store.queues`); the next due time."""
+their claim under the slots it took (`brook.common.store.queues`); the next due time."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 from pymongo.read_concern import ReadConcern
 
-from common.domain.models import Doc, Job
-from common.store import queries
-from common.store.fields import P, R, as_claimed
-from common.store.jobs.base import JOBS, JobsCollection
-from common.store.queries import CLAIM_SORT, claim_filter, claim_index
+from brook.common.domain.models import Doc, Job
+from brook.common.store import queries
+from brook.common.store.fields import P, R, as_claimed
+from brook.common.store.jobs.base import JOBS, JobsCollection
+from brook.common.store.queries import CLAIM_SORT, claim_filter, claim_index
 
 # The queues with pending jobs, as a distinct scan of `claim_by_queue` (hint it).
 PENDING_QUEUES: tuple[dict[str, Any], ...] = (

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 from pymongo import ReturnDocument
 
-from common.domain.errors import JobConflict, JobNotFound
-from common.domain.models import Job
-from common.domain.status import TERMINAL, JobStatus
-from common.store import queries
-from common.store.jobs.base import JobsCollection
+from brook.common.domain.errors import JobConflict, JobNotFound
+from brook.common.domain.models import Job
+from brook.common.domain.status import TERMINAL, JobStatus
+from brook.common.store import queries
+from brook.common.store.jobs.base import JobsCollection
 
 
 class JobCommands(JobsCollection):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pymongo import ASCENDING, DESCENDING, IndexModel
 
-from common.store.fields import P, R, W
-from common.store.queries import CLAIM_SORT
+from brook.common.store.fields import P, R, W
+from brook.common.store.queries import CLAIM_SORT
 
 _PENDING = {"status": P}
 

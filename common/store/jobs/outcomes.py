@@ -13,12 +13,12 @@ from pymongo import UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import BulkWriteError, DocumentTooLarge, WriteConcernError, WriteError
 
-from common.domain.models import Doc, Job
-from common.domain.status import JobStatus
-from common.store import queries
-from common.store.fields import R
-from common.store.jobs.base import JobsCollection
-from common.store.records import Completions, ExpiredLease, Lease, RunTimes
+from brook.common.domain.models import Doc, Job
+from brook.common.domain.status import JobStatus
+from brook.common.store import queries
+from brook.common.store.fields import R
+from brook.common.store.jobs.base import JobsCollection
+from brook.common.store.records import Completions, ExpiredLease, Lease, RunTimes
 
 
 class JobOutcomes(JobsCollection):

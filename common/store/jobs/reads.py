@@ -11,10 +11,10 @@ from typing import Any
 from bson import Timestamp
 from pymongo import ASCENDING, DESCENDING
 
-from common.domain.errors import JobNotFound
-from common.domain.models import DEFAULT_QUEUE, Doc, Job
-from common.domain.status import JobStatus
-from common.store.jobs.base import JobsCollection
+from brook.common.domain.errors import JobNotFound
+from brook.common.domain.models import DEFAULT_QUEUE, Doc, Job
+from brook.common.domain.status import JobStatus
+from brook.common.store.jobs.base import JobsCollection
 
 
 class JobReads(JobsCollection):

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
-from common.domain.models import Job
-from common.store import queries
-from common.store.jobs.base import JobsCollection
-from common.store.records import Lease
+from brook.common.domain.models import Job
+from brook.common.store import queries
+from brook.common.store.jobs.base import JobsCollection
+from brook.common.store.records import Lease
 
 StepWritten = Literal["recorded", "lost"]
 

@@ -13,13 +13,13 @@ from bson import ObjectId
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from common.domain.errors import JobConflict
-from common.domain.models import Doc, Job, JobSpec
-from common.domain.workflows import external_parents, parent_ids
-from common.store import queries
-from common.store.fields import new_job
-from common.store.jobs.workflows import JobWorkflows
-from common.store.records import Submitted
+from brook.common.domain.errors import JobConflict
+from brook.common.domain.models import Doc, Job, JobSpec
+from brook.common.domain.workflows import external_parents, parent_ids
+from brook.common.store import queries
+from brook.common.store.fields import new_job
+from brook.common.store.jobs.workflows import JobWorkflows
+from brook.common.store.records import Submitted
 
 KEY_TRIES = 5  # a key freed and taken again by a peer, over and over: give up, say so
 # A debounced job claimed and started again by peers between each of our tries.

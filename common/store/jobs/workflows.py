@@ -16,13 +16,13 @@ from typing import Any
 
 from pymongo import UpdateOne
 
-from common.domain.errors import JobNotFound
-from common.domain.status import TERMINAL, JobStatus
-from common.store import queries
-from common.store.fields import W
-from common.store.jobs.base import JobsCollection
-from common.store.queries import ENDED
-from common.store.records import EndedParent, Settled
+from brook.common.domain.errors import JobNotFound
+from brook.common.domain.status import TERMINAL, JobStatus
+from brook.common.store import queries
+from brook.common.store.fields import W
+from brook.common.store.jobs.base import JobsCollection
+from brook.common.store.queries import ENDED
+from brook.common.store.records import EndedParent, Settled
 
 # How many waiting children one settling write handles (a larger fan-out takes more).
 SETTLE_PAGE = 1000

@@ -4,16 +4,16 @@ Each transition is one function returning a `Write`: the filter that fences it (
 it expects and, for a running attempt, its owner and attempt number, from `running_fence`)
 and the update it applies. Nothing here touches MongoDB: the jobs store runs these, and a
 unit test reads them without a database (`tests/unit/common/store/test_queries.py`),
-checking each against the allowed transitions in `common.domain.status`. Times come from
+checking each against the allowed transitions in `brook.common.domain.status`. Times come from
 the server's clock (`$$NOW`); user data goes in as `$literal`, never read as an expression.
 
-One module per concern, as the jobs store (`common.store.jobs`) has: `base` (the claim
+One module per concern, as the jobs store (`brook.common.store.jobs`) has: `base` (the claim
 order, `Write`, the fences), `submits`, `claims`, `attempts` (a running attempt's lease,
 progress, start and transaction), `steps`, `outcomes`, `commands` (a caller's operations
 on one job and on many) and `workflows`. Every builder is importable from here.
 """
 
-from common.store.queries.attempts import (
+from brook.common.store.queries.attempts import (
     held_leases,
     lease_renewed,
     progress_reported,
@@ -21,7 +21,7 @@ from common.store.queries.attempts import (
     transaction_closed,
     transaction_opened,
 )
-from common.store.queries.base import (
+from brook.common.store.queries.base import (
     CLAIM_FILTER,
     CLAIM_SORT,
     ENDED,
@@ -36,7 +36,7 @@ from common.store.queries.base import (
     running_fence,
     without_unknown_dependents,
 )
-from common.store.queries.claims import (
+from brook.common.store.queries.claims import (
     as_read,
     claimed,
     claimed_as_read,
@@ -45,7 +45,7 @@ from common.store.queries.claims import (
     claimed_with_slots,
     slot_taken,
 )
-from common.store.queries.commands import (
+from brook.common.store.queries.commands import (
     bulk_index,
     bulk_match,
     cancel_requested,
@@ -55,7 +55,7 @@ from common.store.queries.commands import (
     retried,
     retried_many,
 )
-from common.store.queries.outcomes import (
+from brook.common.store.queries.outcomes import (
     attempt_failed,
     cancelled_running,
     completed,
@@ -64,7 +64,7 @@ from common.store.queries.outcomes import (
     released,
     requeued_expired,
 )
-from common.store.queries.steps import (
+from brook.common.store.queries.steps import (
     signal_waiters,
     step_entry,
     step_recorded,
@@ -73,13 +73,13 @@ from common.store.queries.steps import (
     suspended,
     woken_by_signal,
 )
-from common.store.queries.submits import (
+from brook.common.store.queries.submits import (
     debounced,
     key_released,
     new_job_upsert,
     submitted,
 )
-from common.store.queries.workflows import (
+from brook.common.store.queries.workflows import (
     dependents_attached,
     marked_settled,
     parents_adopted,

@@ -6,19 +6,19 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from common.store.fields import (
+from brook.common.store.fields import (
     NOW,
     R,
     after,
     lit,
     within_lease,
 )
-from common.store.queries.base import (
+from brook.common.store.queries.base import (
     Write,
     not_in_transaction,
     running_fence,
 )
-from common.store.records import Lease
+from brook.common.store.records import Lease
 
 
 def lease_renewed(owner: str, leases: Sequence[Lease], lease_seconds: float) -> Write:

@@ -9,13 +9,13 @@ from typing import Any
 
 from pymongo import ASCENDING, DESCENDING
 
-from common.domain.status import TERMINAL
-from common.store.fields import (
+from brook.common.domain.status import TERMINAL
+from brook.common.store.fields import (
     NOW,
     P,
     R,
 )
-from common.store.records import ExpiredLease, Lease
+from brook.common.store.records import ExpiredLease, Lease
 
 # MongoDB merges at most this many index scans to give a sort (internalQueryMaxScansToExplode);
 # a routed claim over more tasks than this uses the general claim order instead.

@@ -6,15 +6,15 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from common.domain.models import Doc
-from common.store.fields import (
+from brook.common.domain.models import Doc
+from brook.common.store.fields import (
     NOW,
     P,
     R,
     claimed_fields,
     lit,
 )
-from common.store.queries.base import (
+from brook.common.store.queries.base import (
     CLAIM_FILTER,
     Write,
     claim_filter,

@@ -1,13 +1,13 @@
-"""Builders of a caller's operations on one job and on many (`common.domain.bulk`)."""
+"""Builders of a caller's operations on one job and on many (`brook.common.domain.bulk`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from common.domain.bulk import BulkAction, JobFilter
-from common.domain.status import RETRYABLE, JobStatus
-from common.store.fields import (
+from brook.common.domain.bulk import BulkAction, JobFilter
+from brook.common.domain.status import RETRYABLE, JobStatus
+from brook.common.store.fields import (
     NOW,
     P,
     R,
@@ -17,7 +17,7 @@ from common.store.fields import (
     lit,
     retried_fields,
 )
-from common.store.queries.base import (
+from brook.common.store.queries.base import (
     Write,
 )
 
@@ -63,7 +63,7 @@ def retried(job_id: str, waiting_on: Sequence[str] = ()) -> Write:
     )
 
 
-# -- a caller's operations on many jobs (`common.domain.bulk`) ------------------------------
+# -- a caller's operations on many jobs (`brook.common.domain.bulk`) ------------------------------
 
 
 def bulk_match(f: JobFilter, action: BulkAction) -> dict[str, Any]:

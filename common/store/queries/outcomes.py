@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from common.domain.status import JobStatus
-from common.store.fields import (
+from brook.common.domain.status import JobStatus
+from brook.common.store.fields import (
     NOW,
     P,
     R,
@@ -19,13 +19,13 @@ from common.store.fields import (
     lit,
     ran_times,
 )
-from common.store.queries.base import (
+from brook.common.store.queries.base import (
     Write,
     expired_fence,
     running_fence,
     without_unknown_dependents,
 )
-from common.store.records import ExpiredLease, Lease, RunTimes
+from brook.common.store.records import ExpiredLease, Lease, RunTimes
 
 
 def completed(

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from common.store.fields import (
+from brook.common.store.fields import (
     NOW,
     C,
     P,
@@ -14,13 +14,13 @@ from common.store.fields import (
     history,
     lit,
 )
-from common.store.queries.base import (
+from brook.common.store.queries.base import (
     FOREVER,
     Write,
     not_in_transaction,
     running_fence,
 )
-from common.store.records import Lease
+from brook.common.store.records import Lease
 
 
 def step_entry(

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pymongo import UpdateOne
 
-from common.domain.models import JobSpec
-from common.store.fields import (
+from brook.common.domain.models import JobSpec
+from brook.common.store.fields import (
     NOW,
     P,
     after,
     lit,
     new_job,
 )
-from common.store.queries.base import (
+from brook.common.store.queries.base import (
     Write,
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from common.store.fields import (
+from brook.common.store.fields import (
     NOW,
     C,
     P,
@@ -14,11 +14,11 @@ from common.store.fields import (
     history,
     lit,
 )
-from common.store.queries.base import (
+from brook.common.store.queries.base import (
     ENDED,
     Write,
 )
-from common.store.records import EndedParent
+from brook.common.store.records import EndedParent
 
 
 def dependents_attached(parent_ids: Collection[str], token: str) -> Write:

@@ -1,4 +1,4 @@
-"""The `brook` argument parser: client options follow the API and `common.domain.status`;
+"""The `brook` argument parser: client options follow the API and `brook.common.domain.status`;
 queue limits as the CLI reads them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from brook.cli import build_parser, parse_concurrency, parse_rate
-from common.domain.status import JobStatus
+from brook.common.domain.status import JobStatus
 
 
 def test_ls_takes_the_cursor_the_more_hint_names() -> None:

@@ -24,7 +24,7 @@ def test_a_pid_file_naming_a_live_process_that_is_not_the_member_counts_as_not_r
 def test_a_set_made_on_some_ports_is_not_started_on_others(tmp_path: Path) -> None:
     import pytest
 
-    from common.domain.errors import EmbeddedMongoError
+    from brook.common.domain.errors import EmbeddedMongoError
 
     made = ReplicaSet(home=tmp_path, base_port=27917)
     made.ports_file.parent.mkdir(parents=True)

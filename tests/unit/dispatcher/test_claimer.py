@@ -8,15 +8,15 @@ from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
-from common.domain.models import Job
-from common.runtime.settings import Settings
-from common.runtime.supervision import spawn_logged
-from common.store.clock import ServerClock
-from dispatcher.claimer import Claimer
-from dispatcher.held_jobs import Holdings
-from dispatcher.leases import LeaseKeeper
-from dispatcher.limits import Limits
-from dispatcher.wiring import Wiring
+from brook.common.domain.models import Job
+from brook.common.runtime.settings import Settings
+from brook.common.runtime.supervision import spawn_logged
+from brook.common.store.clock import ServerClock
+from brook.dispatcher.claimer import Claimer
+from brook.dispatcher.held_jobs import Holdings
+from brook.dispatcher.leases import LeaseKeeper
+from brook.dispatcher.limits import Limits
+from brook.dispatcher.wiring import Wiring
 
 
 def job(job_id: str, queue: str) -> Job:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from common.domain.models import Job
+from brook.common.domain.models import Job
 
 
 def held_job(
@@ -28,7 +28,7 @@ def held_job(
 
 
 def test_a_dispatcher_holds_about_a_fifth_of_a_second_of_work_ahead_and_none_of_long_tasks() -> None:
-    from dispatcher.held_jobs import Holdings
+    from brook.dispatcher.held_jobs import Holdings
 
     holdings = Holdings()
     assert holdings.ahead(2, 32) == 0  # no task has ended yet: it does not know its tasks
@@ -48,8 +48,8 @@ def test_an_aged_job_starts_before_the_jobs_claimed_ahead_by_stored_priority() -
     stored priority, a stream of them claimed ahead would starve it in the buffer."""
     from datetime import UTC, datetime, timedelta
 
-    from common.domain.models import Job
-    from dispatcher.held_jobs import Holdings
+    from brook.common.domain.models import Job
+    from brook.dispatcher.held_jobs import Holdings
 
     def job(job_id: str, priority: int, age_s: float) -> Job:
         due = datetime.now(UTC) - timedelta(seconds=age_s)
@@ -75,8 +75,8 @@ def test_a_key_is_held_while_a_job_of_it_waits_or_runs_in_its_queue() -> None:
     """What makes a keyed queue's new key urgent (`Claimer._new_key`): nothing of it here."""
     from datetime import UTC, datetime
 
-    from common.domain.models import Job
-    from dispatcher.held_jobs import Holdings
+    from brook.common.domain.models import Job
+    from brook.dispatcher.held_jobs import Holdings
 
     now = datetime.now(UTC)
     job = Job.from_doc(
@@ -99,7 +99,7 @@ def test_in_a_keyed_queue_the_job_whose_key_runs_least_here_starts_first() -> No
     them, starts on the next free worker. Priority still goes first; a plain queue keeps
     claim order."""
 
-    from dispatcher.held_jobs import Holdings
+    from brook.dispatcher.held_jobs import Holdings
 
     def job(job_id: str, key: str, age_s: float, queue: str = "fair", priority: int = 0) -> Job:
         return held_job(job_id, age_s, queue, key, priority)
@@ -139,8 +139,8 @@ def test_a_job_outranks_the_jobs_waiting_or_with_none_waiting_the_job_claimed_la
     flight: a job that outranks what was claimed last jumps that claim too."""
     from datetime import UTC, datetime
 
-    from common.domain.models import Job
-    from dispatcher.held_jobs import Holdings
+    from brook.common.domain.models import Job
+    from brook.dispatcher.held_jobs import Holdings
 
     def job(job_id: str, priority: int) -> Job:
         now = datetime.now(UTC)
@@ -163,7 +163,7 @@ def test_the_job_whose_line_runs_least_here_starts_first() -> None:
     """The plain queues' backlog fills the buffer with jobs older than a later job of a
     queue with limits (its own line): that one starts on the next free worker, not after
     the older jobs the buffer keeps refilling with. Jobs of one line keep claim order."""
-    from dispatcher.held_jobs import Holdings
+    from brook.dispatcher.held_jobs import Holdings
 
     def job(job_id: str, queue: str, age_s: float, priority: int = 0) -> Job:
         return held_job(job_id, age_s, queue, priority=priority)

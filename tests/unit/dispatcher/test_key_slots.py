@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from common.domain.queues import QueueLimits, key_slot
-from dispatcher.key_slots import Held, KeySlots, moved
+from brook.common.domain.queues import QueueLimits, key_slot
+from brook.dispatcher.key_slots import Held, KeySlots, moved
 
 
 def slots() -> KeySlots:

@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from common.domain.errors import InvalidInput
-from common.domain.queues import QueueDoc, QueueLimits, validate_queue_update
-from common.domain.validation import validate_batch, validate_spec
-from dispatcher.key_turns import KeyTurns, interleave
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.queues import QueueDoc, QueueLimits, validate_queue_update
+from brook.common.domain.validation import validate_batch, validate_spec
+from brook.dispatcher.key_turns import KeyTurns, interleave
 
 
 def test_a_job_key_is_a_non_empty_string_of_at_most_256_characters() -> None:
@@ -139,8 +139,8 @@ def test_a_debounced_spec_needs_its_key_and_quiet_time_and_takes_no_schedule_of_
 
 
 def test_a_debounce_join_keeps_the_first_submits_fields_and_takes_the_latest_payload() -> None:
-    from common.domain.models import JobSpec
-    from common.store import queries
+    from brook.common.domain.models import JobSpec
+    from brook.common.store import queries
 
     spec = JobSpec(task="noop", payload={"v": 2}, debounce_key="doc-7", debounce_s=2)
     write = queries.debounced("j9", spec)
@@ -156,7 +156,7 @@ def test_a_debounce_join_keeps_the_first_submits_fields_and_takes_the_latest_pay
 
 
 def test_effective_priority_rises_by_one_per_interval_waited() -> None:
-    from dispatcher.aging import effective
+    from brook.dispatcher.aging import effective
 
     now = datetime(2026, 1, 1, tzinfo=UTC)
     doc = {"priority": 3, "run_at": now - timedelta(seconds=2.6)}
@@ -165,7 +165,7 @@ def test_effective_priority_rises_by_one_per_interval_waited() -> None:
 
 
 def test_priority_aging_is_a_setting_off_by_default() -> None:
-    from common.runtime.settings import Settings
+    from brook.common.runtime.settings import Settings
 
     assert Settings().priority_aging_seconds is None
     assert Settings(priority_aging_seconds=30).priority_aging_seconds == 30

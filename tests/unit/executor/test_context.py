@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from common.runtime.settings import Settings
-from executor.context import SyncTaskContext, TaskContext
+from brook.common.runtime.settings import Settings
+from brook.executor.context import SyncTaskContext, TaskContext
 
 URI = "mongodb://brook:s3cret@m1:27017/?replicaSet=rs0"
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from common.protocol.runner import ProgressReport, RunJob
-from executor.progress import ProgressReporter, check_progress
+from brook.common.protocol.runner import ProgressReport, RunJob
+from brook.executor.progress import ProgressReporter, check_progress
 from tests.support.procs import wait_until
 
 JOB = RunJob(job_id="j1", attempt=2, task="t", payload={})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.domain.errors import ConfigError
-from executor.schedules import declared_schedules, schedule
+from brook.common.domain.errors import ConfigError
+from brook.executor.schedules import declared_schedules, schedule
 
 
 def test_a_schedule_naming_an_unknown_task_is_one_config_error_line() -> None:
@@ -19,7 +19,7 @@ def test_a_schedule_naming_an_unknown_task_is_one_config_error_line() -> None:
             "known tasks: echo, noop"
         )
     finally:
-        from executor import schedules as registry
+        from brook.executor import schedules as registry
 
         registry._SCHEDULES.pop("unit-unknown-task")
 
@@ -31,6 +31,6 @@ def test_declaring_the_same_name_twice_differently_is_refused() -> None:
         with pytest.raises(ValueError, match="already declared"):
             schedule("unit-twice", "0 * * * *", task="noop")
     finally:
-        from executor import schedules as registry
+        from brook.executor import schedules as registry
 
         registry._SCHEDULES.pop("unit-twice")

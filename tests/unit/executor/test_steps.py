@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from common.domain.errors import LeaseLost
-from common.domain.steps import (
+from brook.common.domain.errors import LeaseLost
+from brook.common.domain.steps import (
     MAX_STEP_BYTES,
     MAX_STEPS_BYTES,
     DuplicateStep,
@@ -22,8 +22,8 @@ from common.domain.steps import (
     encode_step_result,
     seconds_of,
 )
-from common.protocol.runner import RunJob, StepAck, StepRecord
-from executor.steps import Journal, failed_step, mark_failed
+from brook.common.protocol.runner import RunJob, StepAck, StepRecord
+from brook.executor.steps import Journal, failed_step, mark_failed
 
 
 def test_a_step_name_is_a_short_string_without_a_hash() -> None:

@@ -6,8 +6,8 @@ import base64
 
 import pytest
 
-from ingest.eventids import MAC_BYTES, EventIds, InvalidEventId
-from ingest.live import Position
+from brook.ingest.eventids import MAC_BYTES, EventIds, InvalidEventId
+from brook.ingest.live import Position
 
 TOKEN = "826B0D3468000000032B022C0100296E5A1004FD"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ingest.live import EventFilter, LiveEvent, Position, cluster_seconds
+from brook.ingest.live import EventFilter, LiveEvent, Position, cluster_seconds
 
 TOKEN = "826B0D3468000000032B022C0100296E5A1004FD"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ingest.live import tally
-from ingest.livestats import STEP_S, LiveStats
+from brook.ingest.live import tally
+from brook.ingest.livestats import STEP_S, LiveStats
 
 
 def update(wall_s: float, **fields: Any) -> dict[str, Any]:

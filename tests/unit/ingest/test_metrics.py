@@ -1,11 +1,11 @@
-"""`ingest.metrics.DepthCache`: counts served from memory, kept fresh in the background."""
+"""`brook.ingest.metrics.DepthCache`: counts served from memory, kept fresh in the background."""
 
 from __future__ import annotations
 
 import asyncio
 
-from common.runtime.metrics import MAX_QUEUE_LABELS, queue_label
-from ingest.metrics import DepthCache, fold_queues
+from brook.common.runtime.metrics import MAX_QUEUE_LABELS, queue_label
+from brook.ingest.metrics import DepthCache, fold_queues
 
 
 class SlowStore:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ingest.openapi import document_errors, hoist_defs
+from brook.ingest.openapi import document_errors, hoist_defs
 
 
 def test_every_operation_documents_the_errors_it_can_answer() -> None:

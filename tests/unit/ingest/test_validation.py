@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.domain.errors import InvalidInput
-from common.domain.validation import check_document
-from ingest.validation import body_depth, parse_batch, parse_submit
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.validation import check_document
+from brook.ingest.validation import body_depth, parse_batch, parse_submit
 
 
 def test_body_depth_counts_brackets_outside_strings() -> None:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from common.domain.cron import latest_tick, next_tick, parse_cron
+from brook.common.domain.cron import latest_tick, next_tick, parse_cron
 
 PARIS = "Europe/Paris"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.domain.errors import InvalidInput
+from brook.common.domain.errors import InvalidInput
 
 
 def test_invalid_input_reads_as_one_line() -> None:

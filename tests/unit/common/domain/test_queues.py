@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from common.domain.errors import InvalidInput
-from common.domain.queues import QueueDoc, QueueSlot, slot_usage, validate_queue_update
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.queues import QueueDoc, QueueSlot, slot_usage, validate_queue_update
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

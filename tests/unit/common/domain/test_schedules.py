@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from common.domain.schedules import Schedule, ScheduleState, tick_key
+from brook.common.domain.schedules import Schedule, ScheduleState, tick_key
 
 PARIS = "Europe/Paris"
 

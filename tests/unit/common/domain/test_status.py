@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.domain.status import ACTIVE, ALLOWED, RETRIES, TERMINAL, TRANSITIONS, JobStatus
+from brook.common.domain.status import ACTIVE, ALLOWED, RETRIES, TERMINAL, TRANSITIONS, JobStatus
 
 
 def test_statuses_split_into_active_and_terminal_and_terminal_is_final() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from bson import Timestamp
 
-from common.domain.errors import ConfigError
-from common.domain.triggers import (
+from brook.common.domain.errors import ConfigError
+from brook.common.domain.triggers import (
     Trigger,
     TriggerState,
     brook_collection,
@@ -19,10 +19,10 @@ from common.domain.triggers import (
     change_payload,
     token_time,
 )
-from common.store.pipelines import INVALIDATING, trigger_pipeline
-from common.store.triggers import acquired, checkpointed, history_lost, released
-from executor import triggers as registry
-from executor.triggers import declared_triggers, trigger
+from brook.common.store.pipelines import INVALIDATING, trigger_pipeline
+from brook.common.store.triggers import acquired, checkpointed, history_lost, released
+from brook.executor import triggers as registry
+from brook.executor.triggers import declared_triggers, trigger
 
 PAID = {"fullDocument.status": "paid"}
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from common.domain.errors import InvalidInput
-from common.domain.queues import validate_queue_update
-from common.domain.validation import check_document, validate_batch, validate_spec
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.queues import validate_queue_update
+from brook.common.domain.validation import check_document, validate_batch, validate_spec
 
 
 def detail(data: object, *, batch: bool = False) -> Any:

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from common.domain.errors import InvalidInput
-from common.domain.models import JobSpec
-from common.domain.validation import validate_batch, validate_spec
-from common.domain.workflows import (
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.models import JobSpec
+from brook.common.domain.validation import validate_batch, validate_spec
+from brook.common.domain.workflows import (
     external_parents,
     find_cycle,
     parent_ids,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from common.domain.models import Job
+from brook.common.domain.models import Job
 
 
 def job(job_id: str, queue: str) -> Job:
@@ -18,9 +18,9 @@ def job(job_id: str, queue: str) -> Job:
 def test_a_state_change_is_logged_with_who_asked_for_it() -> None:
     from structlog.testing import capture_logs
 
-    from common.operations.client_core import log_submitted
-    from common.runtime.log_events import requested_by
-    from common.store.jobs import Submitted
+    from brook.common.operations.client_core import log_submitted
+    from brook.common.runtime.log_events import requested_by
+    from brook.common.store.jobs import Submitted
 
     submitted = Submitted(job=job("j1", "default"), created=True)
     with capture_logs() as logs:

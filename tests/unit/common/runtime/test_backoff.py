@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.runtime.backoff import Backoff, backoff_delay
+from brook.common.runtime.backoff import Backoff, backoff_delay
 
 
 def test_backoff_doubles_per_attempt_within_jitter_and_stops_at_the_cap() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common.runtime.blocking import (
+from brook.common.runtime.blocking import (
     Coro,
     LoopThread,
     T,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from common.runtime.group_commit import GroupCommit
+from brook.common.runtime.group_commit import GroupCommit
 
 
 async def _batches_with(linger_s: float) -> list[list[int]]:

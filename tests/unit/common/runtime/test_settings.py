@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from common.domain.errors import ConfigError
-from common.runtime.settings import (
+from brook.common.domain.errors import ConfigError
+from brook.common.runtime.settings import (
     Settings,
     check_exposure,
     is_loopback,
@@ -160,7 +160,7 @@ def test_allowed_hosts_default_to_loopback_names_on_a_loopback_bind_only(
 
 
 def test_the_mongodb_password_is_never_shown() -> None:
-    from common.runtime.settings import redact_uri
+    from brook.common.runtime.settings import redact_uri
 
     uri = "mongodb://brook:s3cret@m1:27017,m2:27017/?replicaSet=rs0&authSource=admin"
     settings = Settings(mongo_uri=uri)

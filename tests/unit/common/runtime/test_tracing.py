@@ -36,15 +36,15 @@ UNTRACED_PATH = """
         return sorted(m for m in sys.modules if m.startswith("opentelemetry"))
 
     import brook
-    from common.domain.models import JobSpec
-    from common.operations.client_core import _stamped
-    from common.protocol.runner import RunJob
-    from common.runtime import tracing
-    from common.runtime.settings import Settings
-    from executor.registry import load_tasks
-    from executor.worker import run_one
-    from dispatcher.dispatcher import Dispatcher
-    from dispatcher.triggers import TriggerFollower
+    from brook.common.domain.models import JobSpec
+    from brook.common.operations.client_core import _stamped
+    from brook.common.protocol.runner import RunJob
+    from brook.common.runtime import tracing
+    from brook.common.runtime.settings import Settings
+    from brook.executor.registry import load_tasks
+    from brook.executor.worker import run_one
+    from brook.dispatcher.dispatcher import Dispatcher
+    from brook.dispatcher.triggers import TriggerFollower
 
     settings = Settings()
     load_tasks(settings)
@@ -56,7 +56,7 @@ UNTRACED_PATH = """
     brooks = otel_modules()  # the dispatcher's, the worker's and the client's paths
     import fastapi  # FastAPI may import OpenTelemetry's API for its own native telemetry
     fastapis = otel_modules()
-    from ingest.app import create_app
+    from brook.ingest.app import create_app
     create_app(settings, ["echo"])
     print(configured, spec.trace, done.ok, done.result, brooks, set(otel_modules()) - set(fastapis))
 """
@@ -102,13 +102,13 @@ def test_a_run_continues_its_submitters_trace_with_its_wait_and_links_in_memory(
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         trace.set_tracer_provider(provider)
 
-        from common.domain.models import JobSpec
-        from common.operations.client_core import _stamped
-        from common.protocol.runner import RunJob
-        from common.runtime import tracing
-        from common.runtime.settings import Settings
-        from executor.registry import load_tasks
-        from executor.worker import run_one
+        from brook.common.domain.models import JobSpec
+        from brook.common.operations.client_core import _stamped
+        from brook.common.protocol.runner import RunJob
+        from brook.common.runtime import tracing
+        from brook.common.runtime.settings import Settings
+        from brook.executor.registry import load_tasks
+        from brook.executor.worker import run_one
 
         settings = Settings()
         load_tasks(settings)

@@ -7,7 +7,7 @@ async def test_the_server_clock_offset_moves_only_when_a_reading_rules_it_out() 
     from datetime import UTC, datetime
     from unittest import mock
 
-    from common.store.clock import ServerClock
+    from brook.common.store.clock import ServerClock
 
     class Store:
         server = 0.0
@@ -20,7 +20,7 @@ async def test_the_server_clock_offset_moves_only_when_a_reading_rules_it_out() 
 
     async def read(local_before: float, local_after: float, server: float) -> float:
         store.server = server
-        with mock.patch("common.store.clock.time.time", side_effect=[local_before, local_after]):
+        with mock.patch("brook.common.store.clock.time.time", side_effect=[local_before, local_after]):
             await clock.sync()
         return clock.offset
 

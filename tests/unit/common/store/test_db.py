@@ -1,4 +1,4 @@
-"""`common.store.db`: failures classified transient or permanent in one place."""
+"""`brook.common.store.db`: failures classified transient or permanent in one place."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def test_failures_are_classified_transient_or_permanent_in_one_place() -> None:
         ServerSelectionTimeoutError,
     )
 
-    from common.store.db import is_transient
+    from brook.common.store.db import is_transient
 
     assert is_transient(ServerSelectionTimeoutError("no primary"))
     assert is_transient(AutoReconnect("connection reset"))

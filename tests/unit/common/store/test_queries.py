@@ -1,6 +1,6 @@
-"""Brook's named write builders (`common.store.queries`), read without a database: each
+"""Brook's named write builders (`brook.common.store.queries`), read without a database: each
 fences on the status it expects (and a running attempt's owner and attempt number), and
-every status it writes is an allowed transition of `common.domain.status`."""
+every status it writes is an allowed transition of `brook.common.domain.status`."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ from typing import Any
 
 import pytest
 
-from common.domain.models import JobSpec
-from common.domain.status import ALLOWED, TERMINAL, JobStatus
-from common.store import queries
-from common.store.pipelines import (
+from brook.common.domain.models import JobSpec
+from brook.common.domain.status import ALLOWED, TERMINAL, JobStatus
+from brook.common.store import queries
+from brook.common.store.pipelines import (
     DISPATCHER_PIPELINE,
     INVALIDATING,
     LEAN_PIPELINE,
     LIVE_PIPELINE,
     job_status_pipeline,
 )
-from common.store.queries import Write
-from common.store.records import EndedParent, ExpiredLease, Lease, RunTimes
+from brook.common.store.queries import Write
+from brook.common.store.records import EndedParent, ExpiredLease, Lease, RunTimes
 
 OWNER = "dispatcher-1"
 LEASE = Lease(job_id="j1", attempt=3)
@@ -208,7 +208,7 @@ def test_every_write_of_a_running_attempt_names_its_owner_and_attempt(name: str)
 
 
 def test_a_bulk_filter_puts_user_values_in_as_equalities_and_cancels_each_running_job_once() -> None:
-    from common.domain.bulk import JobFilter
+    from brook.common.domain.bulk import JobFilter
 
     f = JobFilter(task="$where", key="acme", error_type="E", finished_since=AT)
     retry = queries.bulk_match(f, "retry")

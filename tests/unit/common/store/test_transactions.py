@@ -1,4 +1,4 @@
-"""The pure parts of `common.store.transactions`: session checks, and a key taken after the
+"""The pure parts of `brook.common.store.transactions`: session checks, and a key taken after the
 snapshot."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from common.domain.errors import InvalidSession
-from common.store.transactions import _key_taken, check_session
+from brook.common.domain.errors import InvalidSession
+from brook.common.store.transactions import _key_taken, check_session
 
 
 class FakeSession:
