@@ -3,8 +3,9 @@ schedules; signals; triggers; live events and the dashboard; health, readiness a
 
 `create_app` only wires the parts together: the typed state (`ingest.state`, built by the
 lifespan, which also runs the live-event hub), the dependencies that reach it
-(`ingest.deps`), the routers (`ingest.routes`), the error handlers (`ingest.errors`) and
-the metrics (`ingest.metrics`).
+(`ingest.deps`), the bearer-token check (`ingest.auth`), the front door (`ingest.guard`),
+the routers (`ingest.routes`), the error handlers (`ingest.errors`) and the metrics
+(`ingest.metrics`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fastapi import Depends, FastAPI
 from brook.common.runtime import tracing
 from brook.common.runtime.settings import Settings, check_exposure
 from brook.common.runtime.supervision import spawn_logged
-from brook.ingest.deps import require_token
+from brook.ingest.auth import require_token
 from brook.ingest.errors import install_error_handlers
 from brook.ingest.guard import Guard
 from brook.ingest.metrics import ApiMetrics, RequestCounter
@@ -30,8 +31,8 @@ from brook.ingest.routes import (
     dashboard,
     docs,
     events,
+    health,
     jobs,
-    ops,
     queues,
     schedules,
     signals,
@@ -104,8 +105,8 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     app.include_router(signals.router, dependencies=protected)
     app.include_router(triggers.router, dependencies=protected)
     app.include_router(events.router, dependencies=protected)
-    app.include_router(ops.probes)
-    app.include_router(ops.router, dependencies=protected)
+    app.include_router(health.probes)
+    app.include_router(health.router, dependencies=protected)
     app.include_router(docs.router, dependencies=protected)
     app.include_router(docs.assets)
     app.include_router(dashboard.pages)  # the page itself asks for the token, then sends it

@@ -1,8 +1,8 @@
-"""FastAPI dependencies: the typed state, the bearer-token check, and the submit bodies."""
+"""FastAPI dependencies: the typed state and the submit bodies (the bearer-token check is
+`brook.ingest.auth`'s)."""
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -10,7 +10,6 @@ from fastapi import Depends, HTTPException, Request
 from brook.common.domain.errors import InvalidInput
 from brook.common.domain.models import JobSpec
 from brook.common.operations.client_core import ClientCore
-from brook.common.runtime.log_events import requested_by
 from brook.common.store.jobs import JobStore
 from brook.ingest.state import ApiState
 from brook.ingest.validation import judge, load_body, parse_batch, parse_submit
@@ -38,51 +37,6 @@ async def get_core(state: State) -> ClientCore:
 
 Store = Annotated[JobStore, Depends(get_store)]
 Core = Annotated[ClientCore, Depends(get_core)]
-
-
-ADMIN = "admin"
-READ = "read"
-# Methods that change nothing: all a read-only token may use.
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-def _bearer(request: Request) -> bytes | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip().encode()
-
-
-def access_of(request: Request, state: ApiState) -> str | None:
-    """`admin` or `read` (which token the request carries), or None (no valid one). With no
-    token set, every request is `admin`."""
-    settings = state.settings
-    if settings.api_token is None:
-        return ADMIN
-    given = _bearer(request)
-    if given is None:
-        return None
-    # Both compared every time (constant time, whichever matches).
-    admin = hmac.compare_digest(given, settings.api_token.get_secret_value().encode())
-    read = settings.api_read_token is not None and hmac.compare_digest(
-        given, settings.api_read_token.get_secret_value().encode()
-    )
-    return ADMIN if admin else READ if read else None
-
-
-async def require_token(request: Request, state: State) -> None:
-    """With `BROOK_API_TOKEN` set, demand `Authorization: Bearer <token>` (`401`); a
-    read-only token (`BROOK_API_READ_TOKEN`) may only read (`403` for a state change).
-    The state changes a request asks for are logged with `by` its token's name."""
-    access = access_of(request, state)
-    if access is None:
-        raise HTTPException(
-            401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
-        )
-    if access == READ and request.method not in SAFE_METHODS:
-        raise HTTPException(403, "this token may only read")
-    request.state.access = access
-    requested_by.set(access)
 
 
 class BodyTooLarge(Exception):

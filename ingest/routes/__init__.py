@@ -1,1 +1,3 @@
-"""The API's routers: `jobs`, `queues`, `ops` (health, readiness, metrics), `docs`."""
+"""The API's routers, one per resource: `jobs`, `queues`, `schedules`, `triggers`,
+`signals`, `events` (live events), `health` (health, readiness, metrics), `docs` (OpenAPI),
+`dashboard`."""

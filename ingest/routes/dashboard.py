@@ -19,7 +19,8 @@ from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel
 
 from brook.common.domain.status import JobStatus
-from brook.ingest.deps import ADMIN, State
+from brook.ingest.auth import ADMIN
+from brook.ingest.deps import State
 
 pages = APIRouter(include_in_schema=False)
 router = APIRouter(tags=["dashboard"])

@@ -1,4 +1,4 @@
-"""Operations: `/healthz` and `/readyz` (always open), `/metrics` (behind the token)."""
+"""Health: `/healthz` and `/readyz` (always open), `/metrics` (behind the token)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from brook.ingest.metrics import CONTENT_TYPE
 
 READY_TIMEOUT_S = 2.0
 
-probes = APIRouter(tags=["ops"])
-router = APIRouter(tags=["ops"])
+probes = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"])
 
 
 @probes.get("/healthz")
