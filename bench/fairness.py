@@ -264,12 +264,12 @@ def bulk_plans(ctx: Context, jobs: int) -> dict[str, Any]:
         ),
         "retry status=failed task=t1": (
             "retry",
-            JobFilter(statuses=frozenset({JobStatus.FAILED}), task="t1"),
+            JobFilter(status=JobStatus.FAILED, task="t1"),
         ),
         "cancel key=k10": ("cancel", JobFilter(key="k10")),
         "cancel status=pending queue=default": (
             "cancel",
-            JobFilter(statuses=frozenset({JobStatus.PENDING}), queue="default"),
+            JobFilter(status=JobStatus.PENDING, queue="default"),
         ),
     }
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from brook.client import AsyncClient as AsyncClient
     from brook.client import Client as Client
+    from brook.common.domain.bulk import JobFilter as JobFilter
     from brook.common.domain.models import Job as Job
     from brook.common.domain.status import JobStatus as JobStatus
     from brook.errors import BrookError as BrookError
