@@ -222,8 +222,7 @@ def bulk_plans(ctx: Context, jobs: int) -> dict[str, Any]:
     ten error types, a tenth of those cancelled), a fifth with a key, plus as many pending."""
     from datetime import UTC, datetime, timedelta
 
-    from brook.common.domain.bulk import JobFilter
-    from brook.common.domain.status import JobStatus
+    from brook import JobFilter, JobStatus
     from brook.common.store.queries import bulk_index, bulk_match
 
     db = ctx.new_db("bulkplans")
