@@ -9,7 +9,9 @@ An `async def` task gets a `TaskContext` (`await ctx.submit(...)`, `async with
 ctx.transaction() as session`); a plain `def` task runs on a worker thread and gets a
 `SyncTaskContext` (`ctx.submit(...)` returns the job, `with ctx.transaction() as session`),
 whose calls without a session run on the worker process's event loop. Either way they go
-through this process's own clients, created in this process (`executor.clients`).
+through this process's own clients, created in this process (`executor.clients`). Neither
+is a copy of the other: the client operations are `ClientCore`'s (`delegating`,
+`blocking_or_in_session`), and the durable ones are written once in `DurableContext`.
 """
 
 from __future__ import annotations
