@@ -222,8 +222,7 @@ def bulk_plans(ctx: Context, jobs: int) -> dict[str, Any]:
     ten error types, a tenth of those cancelled), a fifth with a key, plus as many pending."""
     from datetime import UTC, datetime, timedelta
 
-    from brook.common.domain.bulk import JobFilter
-    from brook.common.domain.status import JobStatus
+    from brook import JobFilter, JobStatus
     from brook.common.store.queries import bulk_index, bulk_match
 
     db = ctx.new_db("bulkplans")
@@ -264,12 +263,12 @@ def bulk_plans(ctx: Context, jobs: int) -> dict[str, Any]:
         ),
         "retry status=failed task=t1": (
             "retry",
-            JobFilter(statuses=frozenset({JobStatus.FAILED}), task="t1"),
+            JobFilter(status=JobStatus.FAILED, task="t1"),
         ),
         "cancel key=k10": ("cancel", JobFilter(key="k10")),
         "cancel status=pending queue=default": (
             "cancel",
-            JobFilter(statuses=frozenset({JobStatus.PENDING}), queue="default"),
+            JobFilter(status=JobStatus.PENDING, queue="default"),
         ),
     }
 

@@ -80,7 +80,7 @@ from bench.harness import (
 )
 from bench.jobcost_submit import open_loop
 from bench.stats import JobTimes, anomalies, dist, ms
-from brook.common.domain.errors import EmbeddedMongoError
+from brook.errors import EmbeddedMongoError
 from brook.replset import ReplicaSet
 
 DB = "bench_jobcost"

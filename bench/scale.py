@@ -45,8 +45,7 @@ from bench.harness import (
 )
 from bench.scenarios import Context
 from bench.stats import dist, ms
-from brook import AsyncClient, Client
-from brook.common.domain.errors import WaitTimeout
+from brook import AsyncClient, Client, WaitTimeout
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
 from brook.common.store.jobs import INDEXES, JobStore

@@ -18,90 +18,59 @@ queue set`, ...) then starts without loading the client, PyMongo or the task run
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # what a type checker and an editor see; at run time, `__getattr__`
-    from brook.client import AsyncClient, Client
-    from brook.common.domain.errors import (
-        BrookError,
-        ConfigError,
-        EmbeddedMongoError,
-        InvalidInput,
-        InvalidSession,
-        JobConflict,
-        JobNotFound,
-        LeaseLost,
-        Retry,
-        ScheduleNotFound,
-        TriggerNotFound,
-        UnknownTask,
-        WaitTimeout,
+# The public names, each listed once: one import each, what a type checker and an editor
+# see. At run time these imports do not run: `_HOME` reads them from this file, and
+# `__getattr__` imports a name from its module when it is first used.
+if TYPE_CHECKING:
+    from brook.client import AsyncClient as AsyncClient
+    from brook.client import Client as Client
+    from brook.common.domain.bulk import JobFilter as JobFilter
+    from brook.common.domain.models import Job as Job
+    from brook.common.domain.status import JobStatus as JobStatus
+    from brook.errors import BrookError as BrookError
+    from brook.errors import ConfigError as ConfigError
+    from brook.errors import DuplicateStep as DuplicateStep
+    from brook.errors import EmbeddedMongoError as EmbeddedMongoError
+    from brook.errors import InvalidInput as InvalidInput
+    from brook.errors import InvalidSession as InvalidSession
+    from brook.errors import JobConflict as JobConflict
+    from brook.errors import JobNotFound as JobNotFound
+    from brook.errors import LeaseLost as LeaseLost
+    from brook.errors import Retry as Retry
+    from brook.errors import ScheduleNotFound as ScheduleNotFound
+    from brook.errors import SignalTimeout as SignalTimeout
+    from brook.errors import StepError as StepError
+    from brook.errors import TriggerNotFound as TriggerNotFound
+    from brook.errors import UnknownTask as UnknownTask
+    from brook.errors import WaitTimeout as WaitTimeout
+    from brook.executor.context import SyncTaskContext as SyncTaskContext
+    from brook.executor.context import TaskContext as TaskContext
+    from brook.executor.registry import task as task
+    from brook.executor.schedules import schedule as schedule
+    from brook.executor.triggers import trigger as trigger
+
+
+def _homes() -> dict[str, str]:
+    """`{public name: its module}`, read from the `TYPE_CHECKING` block above."""
+    import ast
+
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(
+        n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
     )
-    from brook.common.domain.models import Job
-    from brook.common.domain.status import JobStatus
-    from brook.common.domain.steps import DuplicateStep, SignalTimeout, StepError
-    from brook.executor.context import SyncTaskContext, TaskContext
-    from brook.executor.registry import task
-    from brook.executor.schedules import schedule
-    from brook.executor.triggers import trigger
+    return {
+        alias.asname or alias.name: str(node.module)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
 
-# Where each public name lives.
-_ERRORS = "brook.common.domain.errors"
-_HOME = {
-    "AsyncClient": "brook.client",
-    "Client": "brook.client",
-    "BrookError": _ERRORS,
-    "ConfigError": _ERRORS,
-    "EmbeddedMongoError": _ERRORS,
-    "InvalidInput": _ERRORS,
-    "InvalidSession": _ERRORS,
-    "JobConflict": _ERRORS,
-    "JobNotFound": _ERRORS,
-    "LeaseLost": _ERRORS,
-    "Retry": _ERRORS,
-    "ScheduleNotFound": _ERRORS,
-    "TriggerNotFound": _ERRORS,
-    "UnknownTask": _ERRORS,
-    "WaitTimeout": _ERRORS,
-    "Job": "brook.common.domain.models",
-    "JobStatus": "brook.common.domain.status",
-    "DuplicateStep": "brook.common.domain.steps",
-    "SignalTimeout": "brook.common.domain.steps",
-    "StepError": "brook.common.domain.steps",
-    "SyncTaskContext": "brook.executor.context",
-    "TaskContext": "brook.executor.context",
-    "task": "brook.executor.registry",
-    "schedule": "brook.executor.schedules",
-    "trigger": "brook.executor.triggers",
-}
 
-__all__ = [
-    "AsyncClient",
-    "BrookError",
-    "Client",
-    "ConfigError",
-    "DuplicateStep",
-    "EmbeddedMongoError",
-    "InvalidInput",
-    "InvalidSession",
-    "Job",
-    "JobConflict",
-    "JobNotFound",
-    "JobStatus",
-    "LeaseLost",
-    "Retry",
-    "ScheduleNotFound",
-    "SignalTimeout",
-    "StepError",
-    "SyncTaskContext",
-    "TaskContext",
-    "TriggerNotFound",
-    "UnknownTask",
-    "WaitTimeout",
-    "schedule",
-    "task",
-    "trigger",
-]
+_HOME = _homes()
+__all__ = sorted(_HOME)
 
 
 def __getattr__(name: str) -> Any:

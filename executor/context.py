@@ -9,16 +9,19 @@ An `async def` task gets a `TaskContext` (`await ctx.submit(...)`, `async with
 ctx.transaction() as session`); a plain `def` task runs on a worker thread and gets a
 `SyncTaskContext` (`ctx.submit(...)` returns the job, `with ctx.transaction() as session`),
 whose calls without a session run on the worker process's event loop. Either way they go
-through this process's own clients, created in this process (`executor.clients`).
+through this process's own clients, created in this process (`executor.clients`). Neither
+is a copy of the other: the client operations are `ClientCore`'s (`delegating`,
+`blocking_or_in_session`), and the durable ones are written once in `DurableContext`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -28,7 +31,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
-from brook.common.domain.steps import SignalTimeout, check_signal_key, check_step_name, seconds_of
+from brook.common.domain.errors import SignalTimeout
+from brook.common.domain.steps import check_signal_key, check_step_name, seconds_of
 from brook.common.operations.client_core import ClientCore, Submitting
 from brook.common.runtime import tracing
 from brook.common.runtime.blocking import Coro, T, blocking_or_in_session, delegating, drive, run_on
@@ -142,8 +146,135 @@ def _signal_result(key: str, recorded: Any) -> Any:
     return recorded.get("payload") if isinstance(recorded, dict) else None
 
 
+# The durable operations (`step`, `sleep`, `wait_for_signal`) are written once, as
+# generators shared by both contexts. Each yields what it needs done where the task runs,
+# and gets the answer back (or the exception, raised at the `yield`):
+# - a coroutine: run it on this process's event loop (journal writes, signal reads);
+# - `_Nap`: wait here for a while;
+# - `_Call`: call the step's own function here (an `async def` task awaits what it returns);
+# - `_InTransaction`: a transactional step, on a new session of this task's kind (async, or
+#   blocking on a plain `def` task's thread).
+# `TaskContext` awaits each; `SyncTaskContext` blocks for each on the task's thread.
+
+
+@dataclass(frozen=True)
+class _Nap:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Call:
+    fn: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class _InTransaction:
+    run: Callable[[Any], Coro[Any]]
+
+
+Effect = Coro[Any] | _Nap | _Call | _InTransaction
+Durable = Generator[Effect, Any, T]
+
+
 @dataclass(frozen=True, kw_only=True)
-class TaskContext(BaseContext):
+class DurableContext(BaseContext):
+    """`BaseContext` with the durable operations, written once for either kind of task."""
+
+    async def _perform(self, effect: Effect) -> Any:
+        raise NotImplementedError
+
+    async def _run(self, op: Durable[T]) -> T:
+        """Run a durable operation to its end, performing each effect it yields."""
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = op.send(reply) if error is None else op.throw(error)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            try:
+                reply, error = await self._perform(effect), None
+            except BaseException as exc:  # raised in the operation, where it asked
+                reply, error = None, exc
+
+    def _step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        transactional: bool,
+    ) -> Durable[Any]:
+        journal = self._journal("ctx.step")
+        check_step_name(name)
+        found, value = journal.enter(name)
+        with self._step_span(name, transactional=transactional, replayed=found):
+            if found:
+                return value
+            started = time.monotonic()
+            try:
+                if transactional:
+                    return (
+                        yield _InTransaction(
+                            lambda session: transactional_step(
+                                session,
+                                journal,
+                                name,
+                                lambda s: fn(s, *args, **kwargs),
+                                settings=self.process_settings,
+                                send=self.send,
+                                reporter=self.reporter,
+                            )
+                        )
+                    )
+                value = yield _Call(functools.partial(fn, *args, **kwargs))
+            except Exception as exc:
+                mark_failed(exc, name)
+                raise
+            return (yield journal.record(name, value, _elapsed_ms(started)))
+
+    def _sleep(self, duration: float | timedelta) -> Durable[None]:
+        seconds = seconds_of(duration)
+        journal = self._journal("ctx.sleep")
+        name = journal.auto_name("sleep")
+        found, until = journal.enter(name)
+        if not found:
+            until = yield journal.record(name, None, 0.0, wake_in_s=seconds)
+        wake = as_datetime(until)
+        left = journal.until_due(wake)
+        if left <= 0:
+            return
+        if left <= WAIT_IN_PLACE_S:
+            yield _Nap(left)
+            return
+        raise Suspended(sleep_suspend(name, wake))
+
+    def _wait_for_signal(self, key: str, timeout: float | timedelta | None) -> Durable[Any]:
+        check_signal_key(key)
+        seconds = timeout_seconds(timeout)
+        journal = self._journal("ctx.wait_for_signal")
+        name = journal.auto_name(f"signal:{key}")
+        found, recorded = journal.enter(name)
+        if found:
+            return _signal_result(key, recorded)
+        until = None
+        if seconds is not None:
+            deadline = f"{name}.deadline"
+            known, at = journal.enter(deadline)
+            if not known:
+                at = yield journal.record(deadline, None, 0.0, wake_in_s=seconds)
+            until = as_datetime(at)
+        sent, payload = yield self._signals().get(key)
+        if sent:
+            return _signal_result(key, (yield journal.record(name, {"payload": payload}, 0.0)))
+        if until is not None and journal.until_due(until) <= 0:
+            return _signal_result(key, (yield journal.record(name, {"timed_out": True}, 0.0)))
+        raise Suspended(wait_suspend(name, key, until))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskContext(DurableContext):
     """The context of an `async def` task."""
 
     def database(self) -> AsyncDatabase[dict[str, Any]]:
@@ -164,6 +295,16 @@ class TaskContext(BaseContext):
         """`{parent job id: result}` for this job's `depends_on`, in that order."""
         return await self._target().parent_results(self.job_id)
 
+    async def _perform(self, effect: Effect) -> Any:
+        if isinstance(effect, _Nap):
+            return await asyncio.sleep(effect.seconds)
+        if isinstance(effect, _Call):
+            value = effect.fn()
+            return await value if inspect.isawaitable(value) else value
+        if isinstance(effect, _InTransaction):
+            return await effect.run(process_client(self.process_settings).start_session())
+        return await effect
+
     async def step(
         self,
         name: str,
@@ -178,50 +319,13 @@ class TaskContext(BaseContext):
         `fn`. `fn` may be a plain or an `async` function. With `transactional=True`, `fn`
         is called as `fn(session, *args, **kwargs)` and its writes with `session` commit in
         one MongoDB transaction with the checkpoint: both or neither."""
-        journal = self._journal("ctx.step")
-        check_step_name(name)
-        found, value = journal.enter(name)
-        with self._step_span(name, transactional=transactional, replayed=found):
-            if found:
-                return value
-            started = time.monotonic()
-            try:
-                if transactional:
-                    return await transactional_step(
-                        process_client(self.process_settings).start_session(),
-                        journal,
-                        name,
-                        lambda session: fn(session, *args, **kwargs),
-                        settings=self.process_settings,
-                        send=self.send,
-                        reporter=self.reporter,
-                    )
-                value = fn(*args, **kwargs)
-                if inspect.isawaitable(value):
-                    value = await value
-            except Exception as exc:
-                mark_failed(exc, name)
-                raise
-            return await journal.record(name, value, _elapsed_ms(started))
+        return await self._run(self._step(name, fn, args, kwargs, transactional))
 
     async def sleep(self, duration: float | timedelta) -> None:
         """Sleep durably: the wake time (the server's clock) is recorded as a step, the run
         ends and frees its worker, and the job is claimed again at the wake time and replayed
         up to here, where this returns. Not an attempt and not a failure."""
-        seconds = seconds_of(duration)
-        journal = self._journal("ctx.sleep")
-        name = journal.auto_name("sleep")
-        found, until = journal.enter(name)
-        if not found:
-            until = await journal.record(name, None, 0.0, wake_in_s=seconds)
-        wake = as_datetime(until)
-        left = journal.until_due(wake)
-        if left <= 0:
-            return
-        if left <= WAIT_IN_PLACE_S:
-            await asyncio.sleep(left)
-            return
-        raise Suspended(sleep_suspend(name, wake))
+        await self._run(self._sleep(duration))
 
     async def wait_for_signal(self, key: str, timeout: float | timedelta | None = None) -> Any:
         """The payload of a signal on `key` (`client.signal(key, payload)`, `POST
@@ -229,30 +333,11 @@ class TaskContext(BaseContext):
         the run ends and the job waits without a worker until one comes, then replays up to
         here. After `timeout` (seconds or a timedelta) without one: `SignalTimeout`. The
         outcome is recorded as a step: a later attempt gets the same answer."""
-        check_signal_key(key)
-        seconds = timeout_seconds(timeout)
-        journal = self._journal("ctx.wait_for_signal")
-        name = journal.auto_name(f"signal:{key}")
-        found, recorded = journal.enter(name)
-        if found:
-            return _signal_result(key, recorded)
-        until = None
-        if seconds is not None:
-            deadline = f"{name}.deadline"
-            known, at = journal.enter(deadline)
-            if not known:
-                at = await journal.record(deadline, None, 0.0, wake_in_s=seconds)
-            until = as_datetime(at)
-        sent, payload = await self._signals().get(key)
-        if sent:
-            return _signal_result(key, await journal.record(name, {"payload": payload}, 0.0))
-        if until is not None and journal.until_due(until) <= 0:
-            return _signal_result(key, await journal.record(name, {"timed_out": True}, 0.0))
-        raise Suspended(wait_suspend(name, key, until))
+        return await self._run(self._wait_for_signal(key, timeout))
 
 
 @dataclass(frozen=True, kw_only=True)
-class SyncTaskContext(BaseContext):
+class SyncTaskContext(DurableContext):
     """The context of a plain `def` task (it runs on a worker thread)."""
 
     loop: asyncio.AbstractEventLoop
@@ -278,6 +363,19 @@ class SyncTaskContext(BaseContext):
         """`{parent job id: result}` for this job's `depends_on`, in that order."""
         return self._block(self._target().parent_results(self.job_id))
 
+    async def _perform(self, effect: Effect) -> Any:
+        # Never suspends (so `drive` runs `_run` here): each effect blocks this task's thread.
+        return self._perform_here(effect)
+
+    def _perform_here(self, effect: Effect) -> Any:
+        if isinstance(effect, _Nap):
+            return time.sleep(effect.seconds)
+        if isinstance(effect, _Call):
+            return effect.fn()
+        if isinstance(effect, _InTransaction):
+            return drive(effect.run(process_sync_client(self.process_settings).start_session()))
+        return self._block(effect)
+
     def step(
         self,
         name: str,
@@ -288,70 +386,12 @@ class SyncTaskContext(BaseContext):
     ) -> Any:
         """As `TaskContext.step`, blocking: `fn` runs on this task's thread (with
         `transactional=True`, on a blocking session of this process's blocking client)."""
-        journal = self._journal("ctx.step")
-        check_step_name(name)
-        found, value = journal.enter(name)
-        with self._step_span(name, transactional=transactional, replayed=found):
-            if found:
-                return value
-            started = time.monotonic()
-            try:
-                if transactional:
-                    return drive(
-                        transactional_step(
-                            process_sync_client(self.process_settings).start_session(),
-                            journal,
-                            name,
-                            lambda session: fn(session, *args, **kwargs),
-                            settings=self.process_settings,
-                            send=self.send,
-                            reporter=self.reporter,
-                        )
-                    )
-                value = fn(*args, **kwargs)
-            except Exception as exc:
-                mark_failed(exc, name)
-                raise
-            return self._block(journal.record(name, value, _elapsed_ms(started)))
+        return drive(self._run(self._step(name, fn, args, kwargs, transactional)))
 
     def sleep(self, duration: float | timedelta) -> None:
         """As `TaskContext.sleep`, blocking."""
-        seconds = seconds_of(duration)
-        journal = self._journal("ctx.sleep")
-        name = journal.auto_name("sleep")
-        found, until = journal.enter(name)
-        if not found:
-            until = self._block(journal.record(name, None, 0.0, wake_in_s=seconds))
-        wake = as_datetime(until)
-        left = journal.until_due(wake)
-        if left <= 0:
-            return
-        if left <= WAIT_IN_PLACE_S:
-            time.sleep(left)
-            return
-        raise Suspended(sleep_suspend(name, wake))
+        drive(self._run(self._sleep(duration)))
 
     def wait_for_signal(self, key: str, timeout: float | timedelta | None = None) -> Any:
         """As `TaskContext.wait_for_signal`, blocking."""
-        check_signal_key(key)
-        seconds = timeout_seconds(timeout)
-        journal = self._journal("ctx.wait_for_signal")
-        name = journal.auto_name(f"signal:{key}")
-        found, recorded = journal.enter(name)
-        if found:
-            return _signal_result(key, recorded)
-        until = None
-        if seconds is not None:
-            deadline = f"{name}.deadline"
-            known, at = journal.enter(deadline)
-            if not known:
-                at = self._block(journal.record(deadline, None, 0.0, wake_in_s=seconds))
-            until = as_datetime(at)
-        sent, payload = self._block(self._signals().get(key))
-        if sent:
-            stored = self._block(journal.record(name, {"payload": payload}, 0.0))
-            return _signal_result(key, stored)
-        if until is not None and journal.until_due(until) <= 0:
-            stored = self._block(journal.record(name, {"timed_out": True}, 0.0))
-            return _signal_result(key, stored)
-        raise Suspended(wait_suspend(name, key, until))
+        return drive(self._run(self._wait_for_signal(key, timeout)))

@@ -24,8 +24,8 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import PyMongoError
 from pymongo.synchronous.client_session import ClientSession
 
-from brook.common.domain.errors import LeaseLost
-from brook.common.domain.steps import StepError, check_steps_total, encode_step_result
+from brook.common.domain.errors import LeaseLost, StepError
+from brook.common.domain.steps import check_steps_total, encode_step_result
 from brook.common.protocol.runner import RunJob, TxOpened
 from brook.common.runtime.settings import Settings
 from brook.common.store.jobs import Lease

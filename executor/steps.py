@@ -23,13 +23,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from brook.common.domain.errors import LeaseLost
-from brook.common.domain.steps import (
-    DuplicateStep,
-    StepError,
-    check_steps_total,
-    encode_step_result,
-)
+from brook.common.domain.errors import DuplicateStep, LeaseLost, StepError
+from brook.common.domain.steps import check_steps_total, encode_step_result
 from brook.common.protocol.runner import RunJob, StepAck, StepRecord, Suspend
 from brook.common.runtime.log_events import Event, emit
 

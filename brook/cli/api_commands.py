@@ -190,22 +190,16 @@ def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-BULK_FILTERS = (
-    "status",
-    "task",
-    "queue",
-    "key",
-    "error_type",
-    "finished_since",
-    "finished_until",
-    "created_since",
-    "created_until",
-)
-
-
 def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
-    """`brook retry|cancel` with filters: `POST /jobs/retry|cancel`, prints `{"count": n}`."""
-    body: JsonObject = {k: getattr(args, k) for k in BULK_FILTERS if getattr(args, k)}
+    """`brook retry|cancel` with filters: `POST /jobs/retry|cancel`, prints `{"count": n}`.
+    The options are the fields of `JobFilter`, sent as written: the API checks them."""
+    from dataclasses import fields
+
+    from brook.common.domain.bulk import JobFilter
+
+    body: JsonObject = {
+        f.name: getattr(args, f.name) for f in fields(JobFilter) if getattr(args, f.name)
+    }
     if args.id is not None:
         if body or args.dry_run:
             die(f"brook {action} takes a job ID or filters, not both", 2)

@@ -10,8 +10,8 @@ cancel waiting, pending or running ones, whatever else the filter names.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -31,22 +31,55 @@ ACTS_ON: dict[BulkAction, frozenset[JobStatus]] = {
 PAGE = 500
 
 
+Statuses = str | Sequence[str]
+Instant = datetime | str
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobFilter:
-    statuses: frozenset[JobStatus] = frozenset()
+    """The jobs a bulk retry or cancel names: one type for the Python client
+    (`client.retry_many(JobFilter(...))`, or its fields as keywords), the HTTP body of
+    `POST /jobs/retry|cancel` and the options of `brook retry|cancel`. Each field left as
+    None names nothing; `status` is one status or several; times are `datetime`s (naive
+    ones read as UTC) or ISO strings.
+
+    Checked when made: a bad value raises `InvalidInput` (the API's `422`), and what it
+    holds is read into `JobStatus`es (`status`, a tuple) and UTC `datetime`s.
+    """
+
+    status: Statuses | None = None
     task: str | None = None
     queue: str | None = None
     key: str | None = None
     error_type: str | None = None
-    created_since: datetime | None = None
-    created_until: datetime | None = None
-    finished_since: datetime | None = None
-    finished_until: datetime | None = None
+    created_since: Instant | None = None
+    created_until: Instant | None = None
+    finished_since: Instant | None = None
+    finished_until: Instant | None = None
+
+    def __post_init__(self) -> None:
+        checked = _parse(self.given())
+        status = checked.status
+        if status is not None:
+            object.__setattr__(
+                self, "status", tuple(status if isinstance(status, list) else [status])
+            )
+        for name in ("created_since", "created_until", "finished_since", "finished_until"):
+            object.__setattr__(self, name, getattr(checked, name))
+
+    def given(self) -> dict[str, Any]:
+        """The fields given (not None), named as in the HTTP body; `status` as a list."""
+        given = {f.name: getattr(self, f.name) for f in fields(self)}
+        status = given["status"]
+        if status is not None and not isinstance(status, str):
+            given["status"] = list(status)
+        return {name: value for name, value in given.items() if value is not None}
 
     def statuses_for(self, action: BulkAction) -> list[str]:
         """The statuses this action changes among those asked for (all it can, if none)."""
         can = ACTS_ON[action]
-        chosen = (self.statuses & can) if self.statuses else can
+        asked = frozenset(JobStatus(s) for s in self.status or ())
+        chosen = (asked & can) if asked else can
         return sorted(s.value for s in chosen)
 
 
@@ -78,27 +111,13 @@ class BulkBody(BaseModel):
         return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
 
     def to_filter(self) -> JobFilter:
-        status = self.status
-        statuses = [] if status is None else status if isinstance(status, list) else [status]
-        return JobFilter(
-            statuses=frozenset(statuses),
-            task=self.task,
-            queue=self.queue,
-            key=self.key,
-            error_type=self.error_type,
-            created_since=self.created_since,
-            created_until=self.created_until,
-            finished_since=self.finished_since,
-            finished_until=self.finished_until,
-        )
+        return JobFilter(**self.model_dump(exclude={"dry_run"}, exclude_none=True))
 
 
-def validate_bulk(body: Any) -> tuple[JobFilter, bool]:
-    """The filter and `dry_run` of a valid body; `InvalidInput` (the API's 422) otherwise."""
-    if not isinstance(body, Mapping):
-        raise InvalidInput("the body must be a JSON object")
+def _parse(body: Mapping[str, Any]) -> BulkBody:
+    """A valid body; `InvalidInput` (the API's 422) otherwise."""
     try:
-        parsed = BulkBody.model_validate(dict(body))
+        return BulkBody.model_validate(dict(body))
     except ValidationError as exc:
         raise InvalidInput(
             [
@@ -106,6 +125,13 @@ def validate_bulk(body: Any) -> tuple[JobFilter, bool]:
                 for e in exc.errors(include_url=False, include_context=False, include_input=False)
             ]
         ) from None
+
+
+def validate_bulk(body: Any) -> tuple[JobFilter, bool]:
+    """The filter and `dry_run` of a valid body; `InvalidInput` (the API's 422) otherwise."""
+    if not isinstance(body, Mapping):
+        raise InvalidInput("the body must be a JSON object")
+    parsed = _parse(body)
     if not (parsed.model_fields_set - {"dry_run"}):
         raise InvalidInput("give at least one filter field (status, task, queue, key, ...)")
     return parsed.to_filter(), parsed.dry_run

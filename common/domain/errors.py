@@ -1,4 +1,5 @@
-"""One root exception; every error Brook raises on purpose derives from it."""
+"""Every public error, under one root: each error Brook raises on purpose derives from
+`BrookError`. Users import them from `brook.errors` (or `brook`)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,16 @@ class ScheduleNotFound(BrookError):
 
 class TriggerNotFound(BrookError):
     """No trigger has that name (no dispatcher has declared it)."""
+
+
+class StepError(BrookError, ValueError):
+    """A step Brook cannot record: a bad or repeated name, a result that is not BSON or too
+    large. The message names the step."""
+
+
+class DuplicateStep(StepError):
+    """Two steps of one run have the same name."""
+
+
+class SignalTimeout(BrookError, TimeoutError):
+    """`ctx.wait_for_signal(key, timeout=...)`: no signal came for `key` in time."""

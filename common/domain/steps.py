@@ -1,5 +1,6 @@
-"""Durable steps, sleeps and signal waits: their names, their size caps and their errors,
-without a database (the worker checks them, the store records them, the API shows them).
+"""Durable steps, sleeps and signal waits: their names and their size caps, without a
+database (the worker checks them, the store records them, the API shows them); their errors
+are with the others, in `brook.common.domain.errors`.
 
 A step's result is stored in its job's document (`steps`), so it must encode to BSON and
 fit the caps below: a job document also holds its payload and its result, and MongoDB
@@ -15,7 +16,7 @@ from typing import Any
 
 import bson
 
-from brook.common.domain.errors import BrookError
+from brook.common.domain.errors import StepError
 
 MAX_STEP_BYTES = 1024 * 1024  # one step's result, as BSON
 MAX_STEPS_BYTES = 4 * 1024 * 1024  # every step of a job together
@@ -23,19 +24,6 @@ MAX_STEP_NAME = 200
 MAX_SIGNAL_PAYLOAD_BYTES = 256 * 1024
 SIGNAL_KEY = re.compile(r"^[A-Za-z0-9_.:@=+-]{1,200}$")
 SIGNAL_KEY_RULE = "1 to 200 characters among letters, digits and _ . : @ = + -"
-
-
-class StepError(BrookError, ValueError):
-    """A step Brook cannot record: a bad or repeated name, a result that is not BSON or too
-    large. The message names the step."""
-
-
-class DuplicateStep(StepError):
-    """Two steps of one run have the same name."""
-
-
-class SignalTimeout(BrookError, TimeoutError):
-    """`ctx.wait_for_signal(key, timeout=...)`: no signal came for `key` in time."""
 
 
 def check_step_name(name: object) -> str:

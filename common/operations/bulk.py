@@ -1,6 +1,6 @@
 """Retry or cancel every job a filter names (`brook.common.domain.bulk`), written once for the
 HTTP API (`POST /jobs/retry`, `POST /jobs/cancel`), the Python client (`retry_many`,
-`cancel_many`) and the CLI.
+`cancel_many`) and the CLI, each naming the jobs with one `JobFilter`.
 
 The jobs are changed in pages: each page is one read of up to `PAGE` ids and one
 conditional write whose fence is the single-job operation's (a retry takes only failed or
@@ -16,48 +16,16 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 import structlog
 
-from brook.common.domain.bulk import BulkAction, validate_bulk
+from brook.common.domain.bulk import BulkAction, JobFilter, validate_bulk
 from brook.common.domain.errors import JobConflict, JobNotFound
 from brook.common.domain.models import Doc, Job
 from brook.common.operations.dependents import settle
 from brook.common.runtime.log_events import Event, emit
 from brook.common.store.jobs import JobStore
-
-Statuses = str | Sequence[str] | None
-
-
-def bulk_body(
-    *,
-    status: Statuses = None,
-    task: str | None = None,
-    queue: str | None = None,
-    key: str | None = None,
-    error_type: str | None = None,
-    created_since: datetime | str | None = None,
-    created_until: datetime | str | None = None,
-    finished_since: datetime | str | None = None,
-    finished_until: datetime | str | None = None,
-    dry_run: bool = False,
-) -> dict[str, Any]:
-    """The keyword arguments of `retry_many` / `cancel_many` as the HTTP body (what is None
-    is left out)."""
-    given: dict[str, Any] = {
-        "status": list(status) if isinstance(status, list | tuple) else status,
-        "task": task,
-        "queue": queue,
-        "key": key,
-        "error_type": error_type,
-        "created_since": created_since,
-        "created_until": created_until,
-        "finished_since": finished_since,
-        "finished_until": finished_until,
-    }
-    return {**{k: v for k, v in given.items() if v is not None}, "dry_run": dry_run}
 
 
 def _log(event: Event, doc: Doc) -> None:
@@ -120,67 +88,24 @@ class BulkOperations:
         return {str(d["_id"]) for d in done}
 
     async def retry_many(
-        self,
-        *,
-        status: Statuses = None,
-        task: str | None = None,
-        queue: str | None = None,
-        key: str | None = None,
-        error_type: str | None = None,
-        created_since: datetime | str | None = None,
-        created_until: datetime | str | None = None,
-        finished_since: datetime | str | None = None,
-        finished_until: datetime | str | None = None,
-        dry_run: bool = False,
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **fields: Any
     ) -> int:
-        """Retry every failed or cancelled job the filter names (`status`, `task`, `queue`,
-        `key`, `error_type`, `created_since`/`created_until`, `finished_since`/
-        `finished_until`: since inclusive, until exclusive); the number retried, or with
-        `dry_run` that would be."""
-        return await self.bulk(
-            "retry",
-            bulk_body(
-                status=status,
-                task=task,
-                queue=queue,
-                key=key,
-                error_type=error_type,
-                created_since=created_since,
-                created_until=created_until,
-                finished_since=finished_since,
-                finished_until=finished_until,
-                dry_run=dry_run,
-            ),
-        )
+        """Retry every failed or cancelled job the filter names: `where`, or its fields as
+        keywords (`status`, `task`, `queue`, `key`, `error_type`, `created_since`/
+        `created_until`, `finished_since`/`finished_until`: since inclusive, until
+        exclusive); the number retried, or with `dry_run` that would be."""
+        return await self.bulk("retry", _body(where, fields, dry_run))
 
     async def cancel_many(
-        self,
-        *,
-        status: Statuses = None,
-        task: str | None = None,
-        queue: str | None = None,
-        key: str | None = None,
-        error_type: str | None = None,
-        created_since: datetime | str | None = None,
-        created_until: datetime | str | None = None,
-        finished_since: datetime | str | None = None,
-        finished_until: datetime | str | None = None,
-        dry_run: bool = False,
+        self, where: JobFilter | None = None, /, *, dry_run: bool = False, **fields: Any
     ) -> int:
         """Cancel every waiting or pending job the filter names, and ask the running ones to
         stop (the filter as `retry_many`'s); the number changed, or that would be."""
-        return await self.bulk(
-            "cancel",
-            bulk_body(
-                status=status,
-                task=task,
-                queue=queue,
-                key=key,
-                error_type=error_type,
-                created_since=created_since,
-                created_until=created_until,
-                finished_since=finished_since,
-                finished_until=finished_until,
-                dry_run=dry_run,
-            ),
-        )
+        return await self.bulk("cancel", _body(where, fields, dry_run))
+
+
+def _body(where: JobFilter | None, fields: dict[str, Any], dry_run: bool) -> dict[str, Any]:
+    """A bulk call's filter, given as a `JobFilter` or as its fields, as the HTTP body."""
+    if where is not None and fields:
+        raise TypeError("give a JobFilter or its fields as keywords, not both")
+    return {**(where or JobFilter(**fields)).given(), "dry_run": dry_run}

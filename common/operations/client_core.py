@@ -25,11 +25,11 @@ from pymongo.errors import PyMongoError
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
-from brook.common.domain.errors import InvalidInput, JobNotFound, WaitTimeout
+from brook.common.domain.errors import InvalidInput, JobNotFound, StepError, WaitTimeout
 from brook.common.domain.models import DEFAULT_QUEUE, Doc, Job, JobSpec
 from brook.common.domain.queues import validate_queue_update
 from brook.common.domain.status import TERMINAL, JobStatus
-from brook.common.domain.steps import StepError, check_signal_key, check_signal_payload
+from brook.common.domain.steps import check_signal_key, check_signal_payload
 from brook.common.domain.validation import validate_batch, validate_spec
 from brook.common.domain.workflows import external_parents, unknown_parents_detail
 from brook.common.operations.bulk import BulkOperations

@@ -16,8 +16,7 @@ import socket
 import time
 from typing import Any
 
-from brook.executor.context import TaskContext
-from brook.executor.registry import task
+from brook import TaskContext, task
 
 TICK_S = 0.1
 LOG = "BROOK_INTERVALS_LOG"  # the log's path (the volume of compose.faults.yaml)

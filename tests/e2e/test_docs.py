@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from brook.common.runtime.settings import Settings
 from tests.conftest import set_of
@@ -120,6 +121,14 @@ def test_python_session_prints_what_the_docs_claim(
     monkeypatch.setenv("BROOK_DB", docs_cluster.settings.db)
     report: list[str] = []
     runner = doctest.DocTestRunner(optionflags=OPTIONS)
-    result = runner.run(doctest_of(block), out=report.append, clear_globs=True)
+    # A reader's interpreter has not configured Brook's logging; a test run earlier in this
+    # process may have, and then each submit would print its log line into the session.
+    configured = structlog.get_config() if structlog.is_configured() else None
+    structlog.reset_defaults()
+    try:
+        result = runner.run(doctest_of(block), out=report.append, clear_globs=True)
+    finally:
+        if configured is not None:
+            structlog.configure(**configured)
     assert result.attempted > 0
     assert result.failed == 0, "".join(report)

@@ -378,6 +378,21 @@ async def test_transactional_steps_commit_their_rows_with_their_checkpoint_exact
     ]
 
 
+async def test_plain_def_transactional_steps_commit_their_rows_with_their_checkpoint_or_neither(
+    cluster: Cluster, store: JobStore
+) -> None:
+    disp = cluster.dispatcher(**DURABLE)
+    job_id = await submit(store, "sync_tx_steps", {})
+    job = await finished(store, job_id)
+    assert job.status == "completed" and job.attempts == 2, job.error
+    assert job.result == [{"n": 1, "attempt": 1}, {"n": 2, "attempt": 2}]
+    # Step 1 committed once and was replayed; step 2's first transaction was aborted with
+    # its exception, leaving neither rows nor checkpoint.
+    assert await orders_by_step(store, job_id) == {1: 3, 2: 3}
+    assert [(s["name"], s["attempt"]) for s in job.steps] == [("stx-1", 1), ("stx-2", 2)]
+    assert disp.events("step.failed")[0]["step"] == "stx-2"
+
+
 async def test_a_step_down_during_a_transactional_steps_commit_leaves_rows_and_checkpoint_or_neither(
     cluster: Cluster, store: JobStore, mongo: Any
 ) -> None:

@@ -136,7 +136,7 @@ async def test_the_bulk_filters_read_indexes(store: JobStore) -> None:
     for label, f, action in (
         ("retry by error type since", JobFilter(error_type="E", finished_since=datetime.now(UTC)), "retry"),
         ("cancel by key", JobFilter(key="acme"), "cancel"),
-        ("retry by task", JobFilter(task="echo", statuses=frozenset({JobStatus.FAILED})), "retry"),
+        ("retry by task", JobFilter(task="echo", status=JobStatus.FAILED), "retry"),
     ):
         cursor = store.jobs.find(bulk_match(f, action))  # type: ignore[arg-type]
         hint = bulk_index(f, action)  # type: ignore[arg-type]
@@ -145,3 +145,21 @@ async def test_the_bulk_filters_read_indexes(store: JobStore) -> None:
     assert "failures" in plans["retry by error type since"]
     assert "by_key" in plans["cancel by key"]
     assert "IXSCAN" in plans["retry by task"]
+
+
+async def test_a_bulk_call_takes_one_job_filter_or_its_fields_as_keywords(
+    store: JobStore, client: AsyncClient
+) -> None:
+    from brook import JobFilter
+
+    await failed(store, 4, error="TimeoutError", queue="mail")
+    await failed(store, 2, error="ValueError", queue="mail")
+    timeouts = JobFilter(queue="mail", error_type="TimeoutError")
+    assert await client.retry_many(timeouts, dry_run=True) == 4
+    assert await client.retry_many(queue="mail", error_type="TimeoutError", dry_run=True) == 4
+    with pytest.raises(TypeError):
+        await client.retry_many(timeouts, queue="mail")
+    with pytest.raises(InvalidInput):
+        await client.cancel_many(JobFilter())
+    assert await client.retry_many(timeouts) == 4
+    assert await client.cancel_many(JobFilter(queue="mail", status=["pending"])) == 4

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.synchronous.client_session import ClientSession
 
 from brook import SignalTimeout, SyncTaskContext, TaskContext, task
 
@@ -71,6 +72,23 @@ async def tx_steps(payload: dict[str, Any], ctx: TaskContext) -> list[Any]:
         return n
 
     return [await ctx.step(f"tx-{n}", write, n, transactional=True) for n in (1, 2, 3)]
+
+
+@task("sync_tx_steps")
+def sync_tx_steps(payload: dict[str, Any], ctx: SyncTaskContext) -> list[Any]:
+    """Two plain `def` transactional steps, each inserting 3 rows in `orders` with its
+    blocking session; on attempt 1, step 2 raises after writing its rows."""
+    orders = ctx.database()["orders"]
+
+    def write(session: ClientSession, n: int) -> dict[str, int]:
+        orders.insert_many(
+            [{"job_id": ctx.job_id, "step": n, "i": i} for i in range(3)], session=session
+        )
+        if n == 2 and ctx.attempt == 1:
+            raise RuntimeError("step two fails once, inside its transaction")
+        return {"n": n, "attempt": ctx.attempt}
+
+    return [ctx.step(f"stx-{n}", write, n, transactional=True) for n in (1, 2)]
 
 
 @task("sleeper")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import brook
+import brook.errors
 from tests.support.docblocks import (
     ROOT,
     Block,
@@ -22,6 +23,10 @@ from tests.support.docblocks import (
 
 # The names a reader may import from `brook`, the one public import.
 PUBLIC = set(brook.__all__)
+# An import of an internal package, by its old top-level name or under `brook`.
+INTERNAL_IMPORT = (
+    r"^\s*(?:>>> )?(?:from|import) (?:brook\.)?(?:executor|common|ingest|dispatcher)\b.*$"
+)
 LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 
 
@@ -79,6 +84,11 @@ def test_examples_import_the_public_api_from_brook(path: Path) -> None:
     for names in re.findall(r"from brook import ([\w, ]+)", text):
         unknown = {n.strip() for n in names.split(",")} - PUBLIC - {""}
         assert not unknown, f"{path.name}: `brook` has no {sorted(unknown)}"
+    for names in re.findall(r"from brook\.errors import ([\w, ]+)", text):
+        unknown = {n.strip() for n in names.split(",")} - set(brook.errors.__all__) - {""}
+        assert not unknown, f"{path.name}: `brook.errors` has no {sorted(unknown)}"
+    internal = re.findall(INTERNAL_IMPORT, text, re.MULTILINE)
+    assert not internal, f"{path.name}: an example imports Brook's internals: {internal}"
 
 
 def _anchors(path: Path) -> set[str]:

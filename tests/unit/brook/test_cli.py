@@ -54,3 +54,29 @@ def test_a_bulk_filters_time_bound_that_is_not_iso_is_named_by_its_option(
             build_parser().parse_args([command, option, "notadate"])
         err = capsys.readouterr().err
         assert info.value.code == 2 and option in err and "ISO 8601" in err
+
+
+def test_brook_version_prints_the_installed_version() -> None:
+    """The console script the install made, beside this interpreter."""
+    import subprocess
+    import sys
+    from importlib import metadata
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("brook")
+    done = subprocess.run(
+        [str(script), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"brook {metadata.version('brook')}\n"
+
+
+def test_the_package_ships_its_py_typed_marker() -> None:
+    """PEP 561: with `py.typed` in the wheel, a user's type checker reads Brook's own types."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "py.typed" in data["package-data"]["brook"]
+    assert (root / "brook" / "py.typed").is_file()

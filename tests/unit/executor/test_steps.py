@@ -9,13 +9,9 @@ from typing import Any
 
 import pytest
 
-from brook.common.domain.errors import LeaseLost
 from brook.common.domain.steps import (
     MAX_STEP_BYTES,
     MAX_STEPS_BYTES,
-    DuplicateStep,
-    SignalTimeout,
-    StepError,
     check_signal_key,
     check_signal_payload,
     check_step_name,
@@ -23,6 +19,7 @@ from brook.common.domain.steps import (
     seconds_of,
 )
 from brook.common.protocol.runner import RunJob, StepAck, StepRecord
+from brook.errors import DuplicateStep, LeaseLost, SignalTimeout, StepError
 from brook.executor.steps import Journal, failed_step, mark_failed
 
 

@@ -219,7 +219,7 @@ def test_a_bulk_filter_puts_user_values_in_as_equalities_and_cancels_each_runnin
         "error.type": {"$eq": "E"},
         "finished_at": {"$gte": AT},
     }
-    cancel = queries.bulk_match(JobFilter(statuses=frozenset({P, C})), "cancel")
+    cancel = queries.bulk_match(JobFilter(status=[P, C]), "cancel")
     assert cancel == {"status": {"$in": ["pending"]}, "cancel_requested": {"$ne": True}}
 
 
