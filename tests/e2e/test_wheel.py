@@ -178,17 +178,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     base = tmp_path_factory.mktemp("wheel")
     source, dist, venv, app = base / "source", base / "dist", base / "venv", base / "app"
     shutil.copytree(ROOT, source, symlinks=True, ignore=NOT_COPIED)
-    _check(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
-        + ["--quiet", "--wheel-dir", dist, source]
-    )
+    pip = [sys.executable, "-m", "pip"]
+    offline = ["--quiet", "--no-deps", "--no-index"]
+    _check([*pip, "wheel", *offline, "--no-build-isolation", "--wheel-dir", dist, source])
     (wheel,) = dist.glob("brook-*.whl")
     _check([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / "bin" / "python"
-    _check(
-        [sys.executable, "-m", "pip", "--python", python, "install", "--quiet"]
-        + ["--no-deps", "--no-index", wheel]
-    )
+    _check([*pip, "--python", python, "install", *offline, wheel])
     site = Path(
         subprocess.run(
             [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
