@@ -68,6 +68,8 @@ APP = {
     "dispatcher/routes.py": 'ROUTES = ("a", "b")\n',
     "ingest/__init__.py": "",
     "ingest/feeds.py": 'FEEDS = ["rss"]\n',
+    # Found only from the working directory; it fails on import, so a role stops at once.
+    "found_here.py": 'raise RuntimeError("found in the application folder")\n',
     "tasks.py": '''\
 import sys
 
@@ -237,6 +239,30 @@ def test_brook_version_prints_the_wheels_version(installed: Installed) -> None:
     done = installed.run(installed.venv / "bin" / "brook", "--version")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"brook {version}"
+
+
+def test_the_brook_script_imports_task_modules_from_its_working_directory(
+    installed: Installed,
+) -> None:
+    """The console script's own process (`brook api`, `brook dispatcher`) finds BROOK_TASKS in
+    the folder it starts in; `brook up`'s roles run as `python -m brook.cli`, which would
+    find it anyway, so this is checked apart. The module raises once imported: the API
+    stops before it connects to anything, naming it and the reason."""
+    done = subprocess.run(
+        [installed.venv / "bin" / "brook", "api"],
+        cwd=installed.app,
+        env=installed.env(
+            BROOK_TASKS="found_here",
+            BROOK_MONGO_URI="mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=100",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "brook: error: BROOK_TASKS: cannot import 'found_here': found in the application folder"
+    )
 
 
 @pytest.mark.timeout(240)  # its own waits: 60 + 60 + 90 + 40 s
