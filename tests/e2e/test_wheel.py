@@ -20,7 +20,7 @@ How the fresh virtualenv is made, cheaply and without the network:
   wheel, which the tests assert (`brook.__file__` and `brook.common.__file__`). Installing
   the dependencies themselves would need the network or a wheelhouse of about 60 wheels.
 
-All of it runs in one xdist worker (one build), in about 10 s.
+All of it runs in one xdist worker (one build), in about 15 s.
 """
 
 from __future__ import annotations
