@@ -17,10 +17,11 @@ put in a temp dir lands there, whoever makes it:
 `mongod` does not read `TMPDIR`: it put a `mongodb-PORT.sock` in /tmp, which one killed
 stays. The embedded set (`brook.replset`) runs with `--nounixsocket`.
 
-The folder is `.brook/tmp/run-PORT` (the run's BROOK_TEST_MONGO_PORT), unless that path is
-too long for the Unix sockets made inside it (108 bytes, multiprocessing's and Chromium's
-names included): then a folder of the run's own in the system temp dir. A passing run
-removes it at the end; a failing one keeps it for a look, until the next run on that port.
+The folder is `.brook/tmp/run-PORT-PID` (the run's BROOK_TEST_MONGO_PORT and its first
+process), unless that path is too long for the Unix sockets made inside it (108 bytes,
+multiprocessing's and Chromium's names included): then a folder of the run's own in the
+system temp dir. A passing run removes it at the end; a failing one keeps it for a look,
+until a later run starts (which leaves alone the folder of a run still going on).
 
 At the end of a passing run, what the system temp dir gained is checked (`left_behind`):
 a `mongodb-PORT.sock` of one of the run's ports is the run's own and fails it. Names the
@@ -65,9 +66,10 @@ class RunTmp:
 def start(root: Path, base_port: int, workers: int) -> RunTmp:
     """Make the run's temp dir and point TMPDIR (this process's and its children's) at it."""
     system = Path(tempfile.gettempdir())
-    path = root / ".brook" / "tmp" / f"run-{base_port}"
+    home = root / ".brook" / "tmp"
+    path = home / f"run-{base_port}-{os.getpid()}"
     if len(str(path)) + SOCKET_NAMES <= UNIX_PATH_MAX:
-        shutil.rmtree(path, ignore_errors=True)  # a failed run's, kept until this one
+        _remove_finished_runs(home)
         path.mkdir(parents=True)
     else:
         path = Path(tempfile.mkdtemp(prefix=f"brook-test-{base_port}-", dir=system))
@@ -109,6 +111,26 @@ def left_behind(run: RunTmp) -> list[str]:
 def _is_ours(run: RunTmp, name: str) -> bool:
     match = MONGOD_SOCKET.fullmatch(name)
     return match is not None and int(match.group(1)) in run.ports
+
+
+def _remove_finished_runs(home: Path) -> None:
+    """The folders of failed runs that have ended (kept for a look until the next run); a
+    run still going on (another run of the same checkout, say of the unit tests) keeps its
+    folder."""
+    for old in home.glob("run-*-*"):
+        pid = old.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _remove(path: Path, attempts: int = 20) -> bool:
