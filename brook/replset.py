@@ -185,6 +185,9 @@ class ReplicaSet:
             str(self.cache_gb),
             "--fork",
             "--quiet",
+            # Reached over TCP only: no `mongodb-PORT.sock` in /tmp, which a killed member
+            # leaves behind (and which, left by another user, stops a later member's start).
+            "--nounixsocket",
             "--setParameter",
             "diagnosticDataCollectionEnabled=false",
             # A signalled mongod otherwise sits 15 s in "quiesce mode" before it exits.

@@ -45,6 +45,7 @@ from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
 from brook.common.store.jobs import JobStore
 from brook.replset import ReplicaSet
+from tests.support import run_tmp
 
 ROOT = Path(__file__).resolve().parents[1]
 # "gw0", "gw1", ... in a pytest-xdist worker; unset in a plain run.
@@ -140,6 +141,51 @@ def _docker_mongo() -> Iterator[Mongo]:  # pragma: no cover - needs a Docker eng
             direct.close()
         yield Mongo(uri=uri, replset=None)
 
+
+
+# The run's own temp dir (tests/support/run_tmp.py): made by the run's first process, where
+# TMPDIR points for every process of the run; a passing run removes it, and fails if it left
+# something of its own in the system temp dir.
+_run_tmp: run_tmp.RunTmp | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _run_tmp
+    if _WORKER:  # a worker inherits TMPDIR from the controller
+        return
+    workers = getattr(config.option, "numprocesses", None)
+    _run_tmp = run_tmp.start(
+        ROOT,
+        int(os.environ.get("BROOK_TEST_MONGO_PORT", "27317")),
+        workers if isinstance(workers, int) else 1,
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own cleanup and xdist's workers stopped
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _run_tmp is None or exitstatus != 0:
+        return
+    strict = bool(os.environ.get("CI")) or os.environ.get("BROOK_TEST_TMP_CHECK") == "strict"
+    run_tmp.finish(_run_tmp, strict=strict)
+    if _run_tmp.problems:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _run_tmp is None:
+        return
+    if _run_tmp.problems:
+        terminalreporter.write_sep(
+            "=", "FAILED: this passing run left things in the system temp dir", red=True
+        )
+        for line in _run_tmp.problems:
+            terminalreporter.write_line(line)
+    elif _run_tmp.notes:
+        terminalreporter.write_sep("-", "new in the system temp dir (this run's, or another's?)")
+        for line in _run_tmp.notes:
+            terminalreporter.write_line(line)
+    elif _run_tmp.path.exists():
+        terminalreporter.write_line(f"this run's temp dir, kept: {_run_tmp.path}")
 
 
 @pytest.hookimpl(trylast=True)
