@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing.process
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
@@ -83,7 +85,19 @@ def exit_now(code: int) -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    _remove_multiprocessing_tempdir()
     os._exit(code)
+
+
+def _remove_multiprocessing_tempdir() -> None:
+    """`os._exit` skips multiprocessing's exit hooks, among them the one that removes the
+    folder it made in the temp dir (`pymp-*`, the fork server's socket): remove it here, so
+    a stopped dispatcher leaves nothing behind. The fork server and the workers exit with
+    this process (their pipe to it closes)."""
+    config = getattr(multiprocessing.process.current_process(), "_config", {})
+    tempdir = config.get("tempdir") if isinstance(config, dict) else None
+    if isinstance(tempdir, str):
+        shutil.rmtree(tempdir, ignore_errors=True)
 
 
 def run_dispatcher(settings: Settings) -> int:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+import os
+import tempfile
 
 # What the fork server imports once: the program's main module (so a worker does not run
 # it again, as `spawn` would) and the worker's own code, with pymongo, pydantic, structlog
@@ -27,9 +29,19 @@ import multiprocessing.forkserver
 PRELOAD = ("__main__", "brook.executor.worker", "brook.executor.demo")
 
 
+# The fork server listens on a Unix socket at `<temp dir>/pymp-XXXXXXXX/listener-XXXXXXXX`,
+# and a socket's path holds at most 107 bytes on Linux: under a deeper temp dir (`TMPDIR`)
+# its bind fails, and the dispatcher with it.
+SOCKET_PATH_MAX = 107
+LISTENER_PATH = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+
+
 def start_method() -> str:
-    """`forkserver` (preloading `PRELOAD`) where the platform has it, else `spawn`."""
+    """`forkserver` (preloading `PRELOAD`) where the platform has it and the temp dir is
+    short enough for its socket, else `spawn` (slower worker starts, same behaviour)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    if len(os.fsencode(tempfile.gettempdir())) + LISTENER_PATH > SOCKET_PATH_MAX:
         return "spawn"
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
     return "forkserver"

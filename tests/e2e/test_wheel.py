@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -282,6 +283,9 @@ def test_brook_up_in_the_application_folder_runs_its_task_and_ctrl_c_leaves_noth
         BROOK_HOME=str(tmp_path / "home"),
         BROOK_CONCURRENCY="1",
         BROOK_SHUTDOWN_GRACE_SECONDS="1",
+        # A temp dir of its own, short enough for the fork server's socket (a deeper one
+        # makes the workers start by `spawn`): what its processes leave there is seen below.
+        TMPDIR=(temp := tempfile.mkdtemp(prefix="wheel-up-", dir="/tmp")),
     )
     log_path = tmp_path / "up.log"
     log = open(log_path, "wb")  # noqa: SIM115 - closed below
@@ -333,6 +337,10 @@ def test_brook_up_in_the_application_folder_runs_its_task_and_ctrl_c_leaves_noth
     assert not [p for p in family if pid_alive(p)], "a child of brook up outlived it"
     stray = subprocess.run(["pgrep", "-af", str(installed.venv)], capture_output=True, text=True)
     assert stray.stdout.strip() == "", f"still running from the fresh environment:\n{stray.stdout}"
+    # The fork server's folder (multiprocessing's `pymp-*`) went with the dispatcher.
+    left = sorted(p.name for p in Path(temp).iterdir())
+    shutil.rmtree(temp, ignore_errors=True)
+    assert left == [], f"brook up left these in its temp dir: {left}"
 
 
 def _from_the_app_and_the_wheel(modules: dict[str, str], installed: Installed) -> None:
