@@ -63,20 +63,20 @@ from brook.common.store.failover_retry import ride_out
 from brook.common.store.jobs import JobStore, Lease, RunTimes
 from brook.common.store.queues import QueueStore
 from brook.common.store.schedules import ScheduleStore
-from brook.dispatcher.claimer import Claimer
-from brook.dispatcher.dependents import Dependents
-from brook.dispatcher.held_jobs import Holdings
-from brook.dispatcher.leases import LeaseKeeper
-from brook.dispatcher.limits import Limits
-from brook.dispatcher.oplog_hints import Announced, InsertHints
-from brook.dispatcher.outcomes import Outcomes
-from brook.dispatcher.presence import Presence
-from brook.dispatcher.progress import ProgressKeeper
-from brook.dispatcher.schedules import ScheduleRunner
-from brook.dispatcher.start_times import StartMarks
-from brook.dispatcher.steps import StepKeeper
-from brook.dispatcher.stream import StreamFollower, TokenSaver
-from brook.dispatcher.triggers import TriggerRunner
+from brook.dispatcher.attempts.dependents import Dependents
+from brook.dispatcher.attempts.leases import LeaseKeeper
+from brook.dispatcher.attempts.outcomes import Outcomes
+from brook.dispatcher.attempts.progress import ProgressKeeper
+from brook.dispatcher.attempts.start_marks import StartMarks
+from brook.dispatcher.attempts.step_keeper import StepKeeper
+from brook.dispatcher.claiming.claimer import Claimer
+from brook.dispatcher.claiming.holdings import Holdings
+from brook.dispatcher.claiming.insert_hints import Announced, InsertHints
+from brook.dispatcher.claiming.limits import Limits
+from brook.dispatcher.following.presence import Presence
+from brook.dispatcher.following.schedules import ScheduleRunner
+from brook.dispatcher.following.stream import StreamFollower, TokenSaver
+from brook.dispatcher.following.triggers import TriggerRunner
 from brook.dispatcher.wiring import Wiring
 
 # After the grace period: how long stopped jobs may take to be handed back, and the

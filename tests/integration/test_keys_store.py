@@ -15,8 +15,8 @@ from brook.common.runtime.supervision import spawn_logged
 from brook.common.store.jobs import JobStore, Lease
 from brook.common.store.jobs.claims import firsts_of_keys
 from brook.common.store.queues import QUEUES, QueueStore
-from brook.dispatcher.held_jobs import Holdings
-from brook.dispatcher.limits import Limits
+from brook.dispatcher.claiming.holdings import Holdings
+from brook.dispatcher.claiming.limits import Limits
 from brook.dispatcher.wiring import Wiring
 from tests.support.plans import explain_aggregate, keys_examined
 

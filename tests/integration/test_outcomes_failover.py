@@ -18,8 +18,8 @@ from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import spawn_logged
 from brook.common.store.db import database, make_client
 from brook.common.store.jobs import ExpiredLease, JobStore, Lease
-from brook.dispatcher.dependents import Dependents
-from brook.dispatcher.outcomes import Outcomes
+from brook.dispatcher.attempts.dependents import Dependents
+from brook.dispatcher.attempts.outcomes import Outcomes
 from tests.support.failpoints import fail_commands, fail_nothing
 
 OWNER = "failover-owner"

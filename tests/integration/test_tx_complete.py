@@ -27,8 +27,8 @@ from brook.common.store.transactions import (
     complete_in_transaction,
     task_ops,
 )
-from brook.dispatcher.dependents import Dependents
-from brook.dispatcher.outcomes import Outcomes
+from brook.dispatcher.attempts.dependents import Dependents
+from brook.dispatcher.attempts.outcomes import Outcomes
 from tests.support.failpoints import fail_commands, fail_nothing
 
 OWNER = "test-owner"

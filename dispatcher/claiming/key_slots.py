@@ -26,7 +26,7 @@ from brook.common.domain.models import Doc, Job
 from brook.common.domain.queues import QueueLimits, key_slot
 from brook.common.runtime.log_events import Event, emit
 from brook.common.store.jobs import JobStore, SlotClaim
-from brook.dispatcher.keyed_claims import Clock, KeyedClaims, key_of
+from brook.dispatcher.claiming.keyed_claims import Clock, KeyedClaims, key_of
 
 # How long a key whose slot another dispatcher's job holds waits before it is tried again
 # (or until the next requeue or sweep).

@@ -14,7 +14,7 @@ of priority q due more than (q - p + 1) x interval after it: it starts no later 
 check interval after that point (and the tasks running then: once claimed, it goes to
 the next free worker before the jobs claimed ahead by stored priority, `Holdings.aged`).
 Jobs due before it, of any priority, still go first: they have aged as long as it has.
-Limited queues (`dispatcher.limits`) are claimed in their own order, without aging.
+Limited queues (`dispatcher.claiming.limits`) are claimed in their own order, without aging.
 """
 
 from __future__ import annotations

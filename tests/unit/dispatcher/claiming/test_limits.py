@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from brook.dispatcher.limits import Gates
+from brook.dispatcher.claiming.limits import Gates
 
 
 async def test_a_closed_queue_opens_on_news_and_a_claim_that_raced_news_does_not_close_it() -> None:

@@ -45,9 +45,9 @@ from brook.common.runtime.group_commit import GroupCommit
 from brook.common.runtime.log_events import Event, emit
 from brook.common.store.jobs import JobStore
 from brook.common.store.queues import CONFIG_FIELDS, Pruned, QueueStore, Taken
-from brook.dispatcher.key_slots import Held, KeySlots, moved
-from brook.dispatcher.key_slots import held_key as _key
-from brook.dispatcher.keyed_claims import Clock, KeyedClaims, key_of
+from brook.dispatcher.claiming.key_slots import Held, KeySlots, moved
+from brook.dispatcher.claiming.key_slots import held_key as _key
+from brook.dispatcher.claiming.keyed_claims import Clock, KeyedClaims, key_of
 from brook.dispatcher.wiring import Wiring
 
 # How long a claim may take after writing its slots: after `claim_by`, no claim can use

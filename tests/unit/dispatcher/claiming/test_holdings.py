@@ -28,7 +28,7 @@ def held_job(
 
 
 def test_a_dispatcher_holds_about_a_fifth_of_a_second_of_work_ahead_and_none_of_long_tasks() -> None:
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     holdings = Holdings()
     assert holdings.ahead(2, 32) == 0  # no task has ended yet: it does not know its tasks
@@ -49,7 +49,7 @@ def test_an_aged_job_starts_before_the_jobs_claimed_ahead_by_stored_priority() -
     from datetime import UTC, datetime, timedelta
 
     from brook.common.domain.models import Job
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     def job(job_id: str, priority: int, age_s: float) -> Job:
         due = datetime.now(UTC) - timedelta(seconds=age_s)
@@ -76,7 +76,7 @@ def test_a_key_is_held_while_a_job_of_it_waits_or_runs_in_its_queue() -> None:
     from datetime import UTC, datetime
 
     from brook.common.domain.models import Job
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     now = datetime.now(UTC)
     job = Job.from_doc(
@@ -99,7 +99,7 @@ def test_in_a_keyed_queue_the_job_whose_key_runs_least_here_starts_first() -> No
     them, starts on the next free worker. Priority still goes first; a plain queue keeps
     claim order."""
 
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     def job(job_id: str, key: str, age_s: float, queue: str = "fair", priority: int = 0) -> Job:
         return held_job(job_id, age_s, queue, key, priority)
@@ -140,7 +140,7 @@ def test_a_job_outranks_the_jobs_waiting_or_with_none_waiting_the_job_claimed_la
     from datetime import UTC, datetime
 
     from brook.common.domain.models import Job
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     def job(job_id: str, priority: int) -> Job:
         now = datetime.now(UTC)
@@ -163,7 +163,7 @@ def test_the_job_whose_line_runs_least_here_starts_first() -> None:
     """The plain queues' backlog fills the buffer with jobs older than a later job of a
     queue with limits (its own line): that one starts on the next free worker, not after
     the older jobs the buffer keeps refilling with. Jobs of one line keep claim order."""
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     def job(job_id: str, queue: str, age_s: float, priority: int = 0) -> Job:
         return held_job(job_id, age_s, queue, priority=priority)

@@ -12,10 +12,10 @@ from brook.common.domain.models import Job
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import spawn_logged
 from brook.common.store.clock import ServerClock
-from brook.dispatcher.claimer import Claimer
-from brook.dispatcher.held_jobs import Holdings
-from brook.dispatcher.leases import LeaseKeeper
-from brook.dispatcher.limits import Limits
+from brook.dispatcher.attempts.leases import LeaseKeeper
+from brook.dispatcher.claiming.claimer import Claimer
+from brook.dispatcher.claiming.holdings import Holdings
+from brook.dispatcher.claiming.limits import Limits
 from brook.dispatcher.wiring import Wiring
 
 

@@ -30,8 +30,8 @@ from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import Spawn
 from brook.common.store.failover_retry import ride_out
 from brook.common.store.jobs import JobStore, Lease, RunTimes
-from brook.dispatcher.dependents import Dependents
-from brook.dispatcher.steps import StepKeeper
+from brook.dispatcher.attempts.dependents import Dependents
+from brook.dispatcher.attempts.step_keeper import StepKeeper
 
 VerdictKind = Literal["applied", "lost", "refused", "deadline"]
 

@@ -27,8 +27,8 @@ from brook.common.runtime.log_events import Event, emit
 from brook.common.runtime.metrics import CLAIMS
 from brook.common.runtime.supervision import spawn_logged
 from brook.common.store.clock import ServerClock
-from brook.dispatcher.aging import Aging
-from brook.dispatcher.limits import Limits
+from brook.dispatcher.claiming.aging import Aging
+from brook.dispatcher.claiming.limits import Limits
 from brook.dispatcher.wiring import Wiring
 
 MAX_BATCH = 64
@@ -103,7 +103,7 @@ class Claimer:
     """Claims only jobs whose task this dispatcher runs, in the queues it serves: with
     `BROOK_QUEUES`, each queue up to its own slots; without, every queue within the
     concurrency. A queue with cluster-wide limits is its own target, claimed through its
-    slots (`dispatcher.limits`); the plain claims leave it out."""
+    slots (`dispatcher.claiming.limits`); the plain claims leave it out."""
 
     def __init__(self, wiring: Wiring, start: StartJob, limits: Limits) -> None:
         """`start` takes each claimed job (it waits for a worker in `holdings`)."""

@@ -37,7 +37,7 @@ from brook.common.runtime.metrics import (
     count_outcome,
 )
 from brook.common.store.jobs import ExpiredLease, Lease
-from brook.dispatcher.dependents import Dependents
+from brook.dispatcher.attempts.dependents import Dependents
 from brook.dispatcher.wiring import Wiring
 
 Kill = Callable[[str, KillReason], bool]

@@ -1,5 +1,5 @@
 """Claims in a keyed queue (per-key concurrency or rate, or fair claiming), as one dispatcher
-makes them: the turns of each queue's keys (`dispatcher.key_turns`) pick the candidates,
+makes them: the turns of each queue's keys (`dispatcher.claiming.key_turns`) pick the candidates,
 and what a take shows of the keys (full, out of starts) makes them wait their turn."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from brook.common.domain.models import Doc, Job
 from brook.common.domain.queues import BlockReason, QueueDoc
 from brook.common.store.jobs import JobStore
 from brook.common.store.queues import Taken
-from brook.dispatcher.key_turns import KeyTurns, interleave
+from brook.dispatcher.claiming.key_turns import KeyTurns, interleave
 
 # A claim without slots has no `claim_by` to meet.
 NO_CLAIM_DEADLINE = datetime(9999, 1, 1, tzinfo=UTC)
@@ -26,7 +26,7 @@ class Clock(Protocol):
 
 class Gate(Protocol):
     """How a keyed queue is closed when every key waits, and told of a claim
-    (`brook.dispatcher.limits.Gates`)."""
+    (`brook.dispatcher.claiming.limits.Gates`)."""
 
     def close(self, queue: str, reason: BlockReason, at: float | None, gen: int) -> bool: ...
 
@@ -71,8 +71,8 @@ class KeyedClaims:
     async def candidates(
         self, queue: str, want: int, tasks: frozenset[str], gen: int
     ) -> tuple[list[Doc], bool]:
-        """A keyed queue's candidates, by turns across its keys (`dispatcher.key_turns`), and
-        whether the queue may have run dry."""
+        """A keyed queue's candidates, by turns across its keys
+        (`dispatcher.claiming.key_turns`), and whether the queue may have run dry."""
         turns = self.turns.setdefault(queue, KeyTurns())
         turns.look_started()
         refreshed = False
