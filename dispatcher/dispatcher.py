@@ -39,36 +39,31 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pymongo.errors import PyMongoError
-
 from brook.common.domain.models import Job
 from brook.common.domain.schedules import Schedule
 from brook.common.domain.triggers import Trigger
 from brook.common.protocol.runner import (
     KillReason,
-    Outcome,
     ProgressReport,
-    RunJob,
     Runner,
     StepAck,
     StepRecord,
-    WorkerSlot,
 )
-from brook.common.runtime import tracing
 from brook.common.runtime.log_events import Event, emit, job_fields
-from brook.common.runtime.metrics import JOB_WAIT
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import Supervisor
 from brook.common.store.failover_retry import ride_out
-from brook.common.store.jobs import JobStore, Lease, RunTimes
+from brook.common.store.jobs import JobStore, Lease
 from brook.common.store.queues import QueueStore
 from brook.common.store.schedules import ScheduleStore
 from brook.dispatcher.attempts.dependents import Dependents
 from brook.dispatcher.attempts.leases import LeaseKeeper
 from brook.dispatcher.attempts.outcomes import Outcomes
 from brook.dispatcher.attempts.progress import ProgressKeeper
+from brook.dispatcher.attempts.runs import Runs
 from brook.dispatcher.attempts.start_marks import StartMarks
 from brook.dispatcher.attempts.step_keeper import StepKeeper
+from brook.dispatcher.attempts.watchdog import Watchdog
 from brook.dispatcher.claiming.claimer import Claimer
 from brook.dispatcher.claiming.holdings import Holdings
 from brook.dispatcher.claiming.insert_hints import Announced, InsertHints
@@ -123,7 +118,10 @@ class Dispatcher:
         self._closing = False
         self.limits, self.claimer = self._claiming(wiring)
         self.dependents = Dependents(settings, store, self.supervisor.spawn)
-        self.leases = LeaseKeeper(wiring, self._stop, self.claimer.sweep_done, self.dependents)
+        self.leases = LeaseKeeper(wiring, self._stop)
+        self.watchdog = Watchdog(
+            wiring, self._stop, self.leases.cancel, self.claimer.sweep_done, self.dependents
+        )
         self.starts = StartMarks(store, self.owner, clock, self.supervisor.spawn)
         self.steps = StepKeeper(
             store, self.owner, clock, settings.lease_seconds, self.supervisor.spawn
@@ -133,7 +131,7 @@ class Dispatcher:
         )
         self.tokens = TokenSaver(store, self.name)
         self.stream = StreamFollower(
-            store, self.name, self.tokens, self._on_change, self.leases.try_sweep
+            store, self.name, self.tokens, self._on_change, self.watchdog.try_sweep
         )
         self.announced = Announced()
         self.hints = InsertHints(store, tasks, self.announced, self._on_change)
@@ -143,11 +141,20 @@ class Dispatcher:
         )
         self.triggers = TriggerRunner(triggers, store, self.owner, settings.lease_seconds)
         self.presence = Presence(wiring)
+        self.runs = Runs(
+            wiring,
+            runner,
+            self.starts,
+            self.progress,
+            self.outcomes,
+            self._worker_freed,
+            self._ended,
+        )
 
     def _claiming(self, wiring: Wiring) -> tuple[Limits, Claimer]:
         """The claimer, and the cluster-wide queue limits it claims within."""
         limits = Limits(wiring, QueueStore(wiring.store.db))
-        claimer = Claimer(wiring, self._claimed, limits)
+        claimer = Claimer(wiring, self._claimed, limits, refuse=self._refused)
         claimer.free_workers = self.runner.free_slots
         return limits, claimer
 
@@ -199,11 +206,11 @@ class Dispatcher:
         # The plain claim must know which queues have limits before it claims anything.
         await self.limits.loaded.wait()
         self.loops.spawn(self.limits.tick(), "limits-tick")
-        await ride_out("sweep", self.leases.sweep)  # the backlog, after the stream is open
+        await ride_out("sweep", self.watchdog.sweep)  # the backlog, after the stream is open
         self.loops.spawn(self.claimer.run(), "claimer")
         self.loops.spawn(self.leases.heartbeat(), "heartbeat")
         self.loops.spawn(self.leases.expiries(), "lease-expiries")
-        self.loops.spawn(self.leases.watchdog(), "watchdog")
+        self.loops.spawn(self.watchdog.run(), "watchdog")
         self.loops.spawn(self.schedules.run(), "schedules")
         self.loops.spawn(self.triggers.run(), "triggers")
         await workers
@@ -222,10 +229,10 @@ class Dispatcher:
             Event.DISPATCHER_STOPPING,
             owner=self.owner,
             running=self.holdings.running_count(),
-            claimed_ahead=len(self.holdings.waiting()),
+            claimed_ahead=len(self.holdings.claimed_ahead()),
             grace_s=grace,
         )
-        for job in self.holdings.waiting():  # never started: handed back at once
+        for job in self.holdings.claimed_ahead():  # never started: handed back at once
             self._stop(job.id, "shutdown")
         await self.supervisor.wait(grace)
         for lease in self.holdings.running():
@@ -318,6 +325,11 @@ class Dispatcher:
             self.leases.cancel(job.id)
         self._hand_off()
 
+    def _refused(self, job: Job, sent: float) -> None:
+        """A claimed job the admission check does not let start here: handed back at once."""
+        self.holdings.add(job, sent)
+        self._stop(job.id, "handed_back")
+
     async def _claimed_after_older(self, job: Job, sent: float) -> None:
         await self.holdings.gone(job.id)
         self._claimed(job, sent)  # fenced there if the wait outlasted its lease
@@ -333,101 +345,42 @@ class Dispatcher:
         more tasks at once than slots."""
         while not self._closing and self.runner.free_slots() > 0:
             # A job of a queue with a rate first: it must start within a margin of its claim.
-            job = self.holdings.next_waiting(
+            job = self.holdings.next_claimed_ahead(
                 self._free_slots_by_queue(),
-                first=lambda j: self.limits.start_by(j) is not None,
+                first=lambda j: self.limits.latest_start(j) is not None,
                 keyed=self.limits.keyed,
                 line=self.claimer.target_of,
             )
             if job is None:
                 return
-            start_by = self.limits.start_by(job)
-            if start_by is not None and time.monotonic() + HAND_OFF_S > start_by:
+            latest = self.limits.latest_start(job)
+            if latest is not None and time.monotonic() + HAND_OFF_S > latest:
                 self._stop(job.id, "handed_back")  # too late for its queue's rate
                 continue
-            slot = self.runner.reserve()
-            if slot is None:
+            worker = self.runner.reserve()
+            if worker is None:
                 return
             lease = self.holdings.start(job.id)
-            self.supervisor.spawn(self._execute(slot, job, lease), f"job:{job.id}")
+            self.supervisor.spawn(self.runs.execute(worker, job, lease), f"job:{job.id}")
 
     def _stop(self, job_id: str, reason: KillReason) -> bool:
         """Stop a held job: kill its worker; or, if it is still waiting, take it out of the
         buffer and write its end (cancelled, handed back; a lost lease writes nothing)."""
-        job = self.holdings.unwait(job_id)
+        job = self.holdings.withdraw(job_id)
         if job is None:
             return self.runner.kill(job_id, reason)
         lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)
-        self.supervisor.spawn(self._end_unstarted(job, lease, reason), f"job:{job.id}")
-        self.claimer.slot_freed()
+        self.supervisor.spawn(self.runs.end_unstarted(job, lease, reason), f"job:{job.id}")
+        self.claimer.worker_freed()
         return True
 
-    async def _end_unstarted(self, job: Job, lease: Lease, reason: KillReason) -> None:
-        over = False
-        try:
-            verdict = await self.outcomes.record(job, lease, Outcome(kind=reason), 0.0)
-            over = verdict.kind in ("applied", "lost")
-        finally:
-            self.holdings.drop(job.id)
-            self.limits.finished(job, over=over)
-            self.claimer.slot_freed()
+    def _worker_freed(self) -> None:
+        self._hand_off()
+        self.claimer.worker_freed()
 
-    async def _execute(self, slot: WorkerSlot, job: Job, lease: Lease) -> None:
-        timeout = job.timeout_s or self.settings.default_timeout_s
-        run = RunJob(
-            job_id=job.id,
-            attempt=job.attempts,
-            task=job.task,
-            payload=job.payload,
-            owner=self.owner,
-            steps=job.step_results(),
-            steps_bytes=job.steps_bytes,
-            server_offset=self.clock.offset,
-            queue=job.queue,
-            trigger=(job.trigger or {}).get("name"),
-            due_at=max(job.run_at, job.created_at),
-            trace=job.trace,
-            links=await self._parent_traces(job),
-        )
-        sent = time.monotonic()
-        mark = self.starts.arm(lease, sent)
-        JOB_WAIT.observe(max((self.clock.stamp(sent) - job.run_at).total_seconds(), 0.0))
-        over = False
-        try:
-            try:
-                outcome = await self.runner.run(slot, run, timeout)
-            finally:
-                mark.cancel()
-                self.holdings.worker_done(job.id)
-                self._hand_off()  # its queue has a free slot now
-                self.claimer.slot_freed()
-            ran, elapsed = self._run_times(outcome)
-            self.holdings.record_run(elapsed)
-            await self.progress.settle(job.id)
-            verdict = await self.outcomes.record(job, lease, outcome, elapsed, ran=ran)
-            # The job no longer runs under this attempt: its final write landed, or another
-            # attempt or owner holds it. Only then may its queue slot (if any) go.
-            over = verdict.kind in ("applied", "lost")
-        finally:
-            self.holdings.drop(job.id)
-            self.limits.finished(job, over=over)
-            self.claimer.slot_freed()
-
-    async def _parent_traces(self, job: Job) -> tuple[dict[str, str], ...]:
-        """The trace contexts of a workflow child's parents, for its run's span links (only
-        while tracing: one read)."""
-        if not job.depends_on or not tracing.active():
-            return ()
-        try:
-            return tuple(await self.store.trace_contexts(job.depends_on))
-        except PyMongoError:
-            return ()  # a span without its links rather than a job held up
-
-    def _run_times(self, outcome: Outcome) -> tuple[RunTimes, float]:
-        """The task's start and end on the server's clock (as read here), and its run time,
-        from the moments the runner sent the job and saw it end, not from when this
-        coroutine got to run again: the worker may have started its next job meanwhile."""
-        ended = outcome.ended if outcome.ended is not None else time.monotonic()
-        started = outcome.started if outcome.started is not None else ended
-        ran = RunTimes(started_at=self.clock.stamp(started), finished_at=self.clock.stamp(ended))
-        return ran, ended - started
+    def _ended(self, job: Job, over: bool) -> None:
+        """A job is no longer held here; `over`: its attempt is over in MongoDB too, so its
+        queue or key slot (if any) may go."""
+        self.holdings.drop(job.id)
+        self.limits.finished(job, over=over)
+        self.claimer.worker_freed()

@@ -40,7 +40,7 @@ async def dispatcher(settings: Settings) -> AsyncIterator[tuple[Settings, JobSto
 
 async def claimed(store: JobStore) -> Lease:
     await store.submit(JobSpec(task="echo", payload={}))
-    job = await store.claim(OWNER, LEASE_S)
+    job = (await store.claim(OWNER, LEASE_S)).job
     assert job is not None
     return Lease(job_id=job.id, attempt=job.attempts)
 

@@ -103,7 +103,7 @@ def test_the_roles_never_import_each_other_nor_the_top() -> None:
 
 # The sizes a newcomer can read in one sitting (docs/development.md).
 MAX_FUNCTION_LINES = 60
-MAX_CLASS_LINES = 400
+MAX_CLASS_LINES = 300
 MAX_MODULE_LINES = 800
 PRODUCT = ("common", "ingest", "dispatcher", "executor", "brook")
 

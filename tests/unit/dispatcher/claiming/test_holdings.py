@@ -65,7 +65,7 @@ def test_an_aged_job_starts_before_the_jobs_claimed_ahead_by_stored_priority() -
     holdings.add(job("old", 0, 5.0))
     holdings.add(job("stream-3", 10, 0.1))
     started = []
-    while (nxt := holdings.next_waiting(None)) is not None:
+    while (nxt := holdings.next_claimed_ahead(None)) is not None:
         holdings.start(nxt.id)
         started.append(nxt.id)
     assert started == ["old", "stream-1", "stream-2", "stream-3"]
@@ -113,16 +113,16 @@ def test_in_a_keyed_queue_the_job_whose_key_runs_least_here_starts_first() -> No
     holdings.start("a0")
     holdings.start("a1")
     holdings.add(job("b0", "b", 0.0))  # the newest of all
-    nxt = holdings.next_waiting(None, keyed=keyed)
+    nxt = holdings.next_claimed_ahead(None, keyed=keyed)
     assert nxt is not None and nxt.id == "b0"
     holdings.start("b0")
     # Both keys busy: A has two running, B one; B's next job goes first again.
     holdings.add(job("b1", "b", 0.0))
-    nxt = holdings.next_waiting(None, keyed=keyed)
+    nxt = holdings.next_claimed_ahead(None, keyed=keyed)
     assert nxt is not None and nxt.id == "b1"
     # A job of a higher priority goes before a quieter key.
     holdings.add(job("a-urgent", "a", 0.0, priority=5))
-    nxt = holdings.next_waiting(None, keyed=keyed)
+    nxt = holdings.next_claimed_ahead(None, keyed=keyed)
     assert nxt is not None and nxt.id == "a-urgent"
     # Without keyed turns, claim order (due time) alone.
     plain = Holdings()
@@ -130,7 +130,7 @@ def test_in_a_keyed_queue_the_job_whose_key_runs_least_here_starts_first() -> No
         plain.add(job(f"p{i}", "a", 10.0 - i, queue="plain"))
     plain.start("p0")
     plain.add(job("q0", "b", 0.0, queue="plain"))
-    nxt = plain.next_waiting(None, keyed=keyed)
+    nxt = plain.next_claimed_ahead(None, keyed=keyed)
     assert nxt is not None and nxt.id == "p1"
 
 
@@ -177,24 +177,24 @@ def test_the_job_whose_line_runs_least_here_starts_first() -> None:
     holdings.start("d0")
     holdings.start("d1")
     holdings.add(job("e0", "emails", 0.0))  # the newest of all
-    nxt = holdings.next_waiting(None, line=line)
+    nxt = holdings.next_claimed_ahead(None, line=line)
     assert nxt is not None and nxt.id == "e0"
     holdings.start("e0")
     # emails runs one, the plain line two: emails' next job goes first again
     holdings.add(job("e1", "emails", 0.0))
-    nxt = holdings.next_waiting(None, line=line)
+    nxt = holdings.next_claimed_ahead(None, line=line)
     assert nxt is not None and nxt.id == "e1"
     holdings.start("d2")
     holdings.start("e1")  # now emails runs two, the plain line three
     holdings.add(job("e2", "emails", 0.0))
-    nxt = holdings.next_waiting(None, line=line)
+    nxt = holdings.next_claimed_ahead(None, line=line)
     assert nxt is not None and nxt.id == "e2"
     # A higher priority goes before a quieter line; without lines, claim order alone.
     holdings.add(job("d-urgent", "default", 0.0, priority=5))
-    nxt = holdings.next_waiting(None, line=line)
+    nxt = holdings.next_claimed_ahead(None, line=line)
     assert nxt is not None and nxt.id == "d-urgent"
-    nxt = holdings.next_waiting(None)
+    nxt = holdings.next_claimed_ahead(None)
     assert nxt is not None and nxt.id == "d-urgent"
-    holdings.unwait("d-urgent")
-    nxt = holdings.next_waiting(None)
+    holdings.withdraw("d-urgent")
+    nxt = holdings.next_claimed_ahead(None)
     assert nxt is not None and nxt.id == "d3"
