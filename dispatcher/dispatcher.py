@@ -1,34 +1,34 @@
 """The dispatcher: the seed article's listener and watchdog loops, event-driven and fenced.
 
-`Dispatcher.run()` wires the parts together and runs them as supervised, named tasks:
-  stream     change stream → wake-ups (new/requeued work) and cancel requests (`stream.py`)
-  tokens     saves the stream's resume token, coalesced majority writes (`stream.py`)
-  claimer    while there is room: lease the best due jobs, ahead of free workers (`claimer.py`)
+Its modules stand in three rooms (docs/architecture.md has the map): `claiming/` (what to
+lease, and when), `attempts/` (the writes for the jobs it holds) and `following/` (the
+streams it follows). `Dispatcher.run()` wires the parts together and runs them as
+supervised, named tasks:
+  stream     change stream → wake-ups (new/requeued work) and cancel requests
+             (`following/stream.py`)
+  tokens     saves the stream's resume token, coalesced majority writes (`following/stream.py`)
+  claimer    while there is room: lease the best due jobs, ahead of free workers, each target
+             by its claim policy (`claiming/claimer.py`, `claiming/policies.py`)
   limits     the cluster-wide queue limits: a change stream on `brook_queues`, and a
-             re-read every sweep; a limited queue's claims take its slots (`limits.py`)
+             re-read every sweep (`claiming/limits.py`)
   heartbeat  renews this dispatcher's leases in one write; kills workers of lost leases
+             (`attempts/leases.py`)
   watchdog   slow sweep: requeue expired leases, settle the dependents of parents whose
-             settler died, claim what no event announced (`leases.py`, `dependents.py`)
-  schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
+             settler died, claim what no event announced (`attempts/watchdog.py`)
+  schedules  submits each cron tick's job, once for the cluster (`following/schedules.py`)
   triggers   one follower per trigger, holding its lease: a job per matching change in an
-             application's collection, once for the cluster (`triggers.py`)
-  presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
-A running task's durable steps come up its worker's pipe and are checkpointed here, fenced
-(`steps.py`); a task that sleeps or waits for a signal ends its run, and its job goes back
-to pending until its wake time (or a signal).
-A claimed job waits in `Holdings` until a worker is free (at once, when one is); then it
-runs as a supervised task that ends with one fenced write (`outcomes.py`), after its last
-progress report (`progress.py`) has landed; a job with dependents then has them settled in
-the background (`dependents.py`). The worker takes its next job as soon as it reports its
-result; the outcome is written behind it, group-committed. `started_at` and `finished_at`
-are the task's own start and end on this dispatcher's reading of the server clock, written
-with the outcome (or sooner, for a long task: `start_times.py`). A crash of any background task
-stops the dispatcher loudly.
+             application's collection, once for the cluster (`following/triggers.py`)
+  presence   keeps this dispatcher's tasks and queues published, for clients
+             (`following/presence.py`)
+A claimed job waits in `Holdings` until a worker is free (`hand_off.py`); then its attempt
+runs as a supervised task that ends with one fenced write (`attempts/runs.py`,
+`attempts/outcomes.py`). A running task's durable steps come up its worker's pipe and are
+checkpointed here, fenced (`attempts/step_keeper.py`). A crash of any background task stops
+the dispatcher loudly.
 
 Start-up order loses nothing: the stream is opened first, then the backlog is swept,
 then the stream is followed.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -39,11 +39,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from brook.common.domain.models import Job
 from brook.common.domain.schedules import Schedule
 from brook.common.domain.triggers import Trigger
 from brook.common.protocol.runner import (
-    KillReason,
     ProgressReport,
     Runner,
     StepAck,
@@ -53,7 +51,7 @@ from brook.common.runtime.log_events import Event, emit, job_fields
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import Supervisor
 from brook.common.store.failover_retry import ride_out
-from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.jobs import JobStore
 from brook.common.store.queues import QueueStore
 from brook.common.store.schedules import ScheduleStore
 from brook.dispatcher.attempts.dependents import Dependents
@@ -72,6 +70,7 @@ from brook.dispatcher.following.presence import Presence
 from brook.dispatcher.following.schedules import ScheduleRunner
 from brook.dispatcher.following.stream import StreamFollower, TokenSaver
 from brook.dispatcher.following.triggers import TriggerRunner
+from brook.dispatcher.hand_off import HandOff
 from brook.dispatcher.wiring import Wiring
 
 # After the grace period: how long stopped jobs may take to be handed back, and the
@@ -79,8 +78,6 @@ from brook.dispatcher.wiring import Wiring
 RELEASE_WINDOW_S = 2.0
 TOKEN_FLUSH_S = 0.5
 CANCEL_WAIT_S = 0.5
-# Time allowed from a hand-off to the task's start in its worker (a pipe write away).
-HAND_OFF_S = 0.02
 
 
 class Dispatcher:
@@ -115,48 +112,63 @@ class Dispatcher:
             clock=clock,
             spawn=self.supervisor.spawn,
         )
-        self._closing = False
-        self.limits, self.claimer = self._claiming(wiring)
-        self.dependents = Dependents(settings, store, self.supervisor.spawn)
-        self.leases = LeaseKeeper(wiring, self._stop)
-        self.watchdog = Watchdog(
-            wiring, self._stop, self.leases.cancel, self.claimer.sweep_done, self.dependents
-        )
-        self.starts = StartMarks(store, self.owner, clock, self.supervisor.spawn)
-        self.steps = StepKeeper(
-            store, self.owner, clock, settings.lease_seconds, self.supervisor.spawn
-        )
-        self.outcomes = Outcomes(
-            settings, store, self.owner, self.supervisor.spawn, self.dependents, self.steps
-        )
-        self.tokens = TokenSaver(store, self.name)
-        self.stream = StreamFollower(
-            store, self.name, self.tokens, self._on_change, self.watchdog.try_sweep
-        )
+        self.hand_off = hand_off = HandOff(wiring, runner)
+        self.limits, self.claimer = self._claiming(wiring, hand_off)
+        self._attempts(wiring, hand_off)
+        self._following(wiring, schedules, triggers)
+
+    def _claiming(self, wiring: Wiring, hand_off: HandOff) -> tuple[Limits, Claimer]:
+        """The claimer, and the cluster-wide queue limits it claims within."""
+        limits = Limits(wiring, QueueStore(wiring.store.db))
+        claimer = Claimer(wiring, hand_off.claimed, limits, refuse=hand_off.refused)
+        claimer.free_workers = self.runner.free_slots
+        hand_off.claimer, hand_off.limits = claimer, limits
         self.announced = Announced()
-        self.hints = InsertHints(store, tasks, self.announced, self._on_change)
-        self.progress = ProgressKeeper(store, self.owner, self.supervisor.spawn)
-        self.schedules = ScheduleRunner(
-            schedules, store, ScheduleStore(store.db), clock, self.owner
+        self.hints = InsertHints(wiring.store, wiring.tasks, self.announced, self._on_change)
+        return limits, claimer
+
+    def _attempts(self, wiring: Wiring, hand_off: HandOff) -> None:
+        """The writes for the jobs it holds: leases, the watchdog, outcomes, progress, steps
+        and start marks, and the runs of attempts that make them."""
+        store, owner, spawn = wiring.store, wiring.owner, wiring.spawn
+        self.dependents = Dependents(wiring.settings, store, spawn)
+        self.leases = hand_off.leases = LeaseKeeper(wiring, hand_off.stop)
+        self.watchdog = Watchdog(
+            wiring, hand_off.stop, self.leases.cancel, self.claimer.sweep_done, self.dependents
         )
-        self.triggers = TriggerRunner(triggers, store, self.owner, settings.lease_seconds)
-        self.presence = Presence(wiring)
-        self.runs = Runs(
+        self.starts = StartMarks(store, owner, wiring.clock, spawn)
+        lease_s = wiring.settings.lease_seconds
+        self.steps = StepKeeper(store, owner, wiring.clock, lease_s, spawn)
+        self.outcomes = Outcomes(
+            wiring.settings, store, owner, spawn, self.dependents, self.steps
+        )
+        self.progress = ProgressKeeper(store, owner, spawn)
+        self.runs = hand_off.runs = Runs(
             wiring,
-            runner,
+            self.runner,
             self.starts,
             self.progress,
             self.outcomes,
-            self._worker_freed,
-            self._ended,
+            hand_off.worker_freed,
+            hand_off.ended,
         )
 
-    def _claiming(self, wiring: Wiring) -> tuple[Limits, Claimer]:
-        """The claimer, and the cluster-wide queue limits it claims within."""
-        limits = Limits(wiring, QueueStore(wiring.store.db))
-        claimer = Claimer(wiring, self._claimed, limits, refuse=self._refused)
-        claimer.free_workers = self.runner.free_slots
-        return limits, claimer
+    def _following(
+        self, wiring: Wiring, schedules: Sequence[Schedule], triggers: Sequence[Trigger]
+    ) -> None:
+        """The streams it follows: the jobs' changes (and its resume token), cron schedules,
+        triggers, and its own presence."""
+        store, owner = wiring.store, wiring.owner
+        self.tokens = TokenSaver(store, wiring.name)
+        self.stream = StreamFollower(
+            store, wiring.name, self.tokens, self._on_change, self.watchdog.try_sweep
+        )
+        self.schedules = ScheduleRunner(
+            schedules, store, ScheduleStore(store.db), wiring.clock, owner
+        )
+        lease_s = wiring.settings.lease_seconds
+        self.triggers = TriggerRunner(triggers, store, owner, lease_s)
+        self.presence = Presence(wiring)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -223,7 +235,7 @@ class Dispatcher:
         grace = self.settings.shutdown_grace_seconds
         deadline = time.monotonic() + grace + RELEASE_WINDOW_S
         self.claimer.stop()
-        self._closing = True
+        self.hand_off.closing = True
         self.outcomes.cut_off(deadline)
         emit(
             Event.DISPATCHER_STOPPING,
@@ -233,10 +245,10 @@ class Dispatcher:
             grace_s=grace,
         )
         for job in self.holdings.claimed_ahead():  # never started: handed back at once
-            self._stop(job.id, "shutdown")
+            self.hand_off.stop(job.id, "shutdown")
         await self.supervisor.wait(grace)
         for lease in self.holdings.running():
-            self._stop(lease.job_id, "shutdown")
+            self.hand_off.stop(lease.job_id, "shutdown")
         await self.supervisor.wait(max(deadline - time.monotonic(), 0.0))
         for job in self.holdings.jobs():
             emit(
@@ -259,8 +271,8 @@ class Dispatcher:
 
     def wake(self) -> None:
         """A worker process is free: it became ready, or reported its job's result (called
-        by the runner). Hand it the best waiting job at once."""
-        self._hand_off()
+        by the runner). Hand it the best job claimed ahead at once."""
+        self.hand_off.fill_workers()
 
     def on_progress(self, report: ProgressReport) -> None:
         """A running task reported progress (called by the runner)."""
@@ -296,91 +308,3 @@ class Dispatcher:
             queue if isinstance(queue, str) else None,
             key if isinstance(key, str) else None,
         )
-
-    # -- one attempt -----------------------------------------------------------------------
-
-    def _claimed(self, job: Job, sent: float) -> None:
-        """A claimed job (the claimer's callback), its claim sent at `sent`: it waits for a
-        free worker."""
-        if self.holdings.job(job.id) is not None:
-            # An earlier attempt of it is still held here: the server gave this one, so
-            # that one's lease is over. It is stopped, and this one waits until it is gone.
-            self._stop(job.id, "lease_lost")
-            self.supervisor.spawn(self._claimed_after_older(job, sent), f"job:{job.id}")
-            return
-        lease = self.holdings.add(job, sent)
-        emit(
-            Event.JOB_CLAIMED,
-            **job_fields(job),
-            owner=self.owner,
-            priority=job.priority,
-            lag_ms=round((self.clock.now() - job.run_at.timestamp()) * 1000, 2),
-        )
-        if self._closing:  # a claim that was in flight when the shutdown began
-            self._stop(job.id, "shutdown")
-            return
-        if self.leases.fence_if_overdue(lease):
-            return  # its claim's answer came back after its lease may have ended
-        if self.holdings.cancel_was_seen(job.id):
-            self.leases.cancel(job.id)
-        self._hand_off()
-
-    def _refused(self, job: Job, sent: float) -> None:
-        """A claimed job the admission check does not let start here: handed back at once."""
-        self.holdings.add(job, sent)
-        self._stop(job.id, "handed_back")
-
-    async def _claimed_after_older(self, job: Job, sent: float) -> None:
-        await self.holdings.gone(job.id)
-        self._claimed(job, sent)  # fenced there if the wait outlasted its lease
-
-    def _free_slots_by_queue(self) -> dict[str, int] | None:
-        queues = self.settings.queues
-        if queues is None:
-            return None
-        return {q: slots - self.holdings.running_count(q) for q, slots in queues.items()}
-
-    def _hand_off(self) -> None:
-        """Start waiting jobs, best first, on free workers, within each queue's slots: never
-        more tasks at once than slots."""
-        while not self._closing and self.runner.free_slots() > 0:
-            # A job of a queue with a rate first: it must start within a margin of its claim.
-            job = self.holdings.next_claimed_ahead(
-                self._free_slots_by_queue(),
-                first=lambda j: self.limits.latest_start(j) is not None,
-                keyed=self.limits.keyed,
-                line=self.claimer.target_of,
-            )
-            if job is None:
-                return
-            latest = self.limits.latest_start(job)
-            if latest is not None and time.monotonic() + HAND_OFF_S > latest:
-                self._stop(job.id, "handed_back")  # too late for its queue's rate
-                continue
-            worker = self.runner.reserve()
-            if worker is None:
-                return
-            lease = self.holdings.start(job.id)
-            self.supervisor.spawn(self.runs.execute(worker, job, lease), f"job:{job.id}")
-
-    def _stop(self, job_id: str, reason: KillReason) -> bool:
-        """Stop a held job: kill its worker; or, if it is still waiting, take it out of the
-        buffer and write its end (cancelled, handed back; a lost lease writes nothing)."""
-        job = self.holdings.withdraw(job_id)
-        if job is None:
-            return self.runner.kill(job_id, reason)
-        lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)
-        self.supervisor.spawn(self.runs.end_unstarted(job, lease, reason), f"job:{job.id}")
-        self.claimer.worker_freed()
-        return True
-
-    def _worker_freed(self) -> None:
-        self._hand_off()
-        self.claimer.worker_freed()
-
-    def _ended(self, job: Job, over: bool) -> None:
-        """A job is no longer held here; `over`: its attempt is over in MongoDB too, so its
-        queue or key slot (if any) may go."""
-        self.holdings.drop(job.id)
-        self.limits.finished(job, over=over)
-        self.claimer.worker_freed()

@@ -27,7 +27,7 @@ from brook.common.runtime.supervision import spawn_logged
 from brook.dispatcher.claiming.due_timer import DueTimer
 from brook.dispatcher.claiming.limits import Limits
 from brook.dispatcher.claiming.policies import Admission, AdmitAll, KeyOnly, Take
-from brook.dispatcher.claiming.room import Room, Target
+from brook.dispatcher.claiming.room import Room, Target, TargetTurns
 from brook.dispatcher.wiring import Wiring
 
 MAX_BATCH = 64
@@ -89,10 +89,7 @@ class Claimer:
         # News of a job that outranks all claimed ahead, or of a new key: its target, and
         # the key to claim from (None: the target's best job).
         self._urgent: dict[Target, KeyOnly] = {}
-        # The targets in turn order: one that claimed goes to the back, so targets that
-        # share the dispatcher's slots (every queue, without BROOK_QUEUES) take turns
-        # filling them, and no queue's backlog keeps another's jobs from being claimed.
-        self._turns: list[Target] = []
+        self.turns = TargetTurns()
         self._claiming = False  # a look's claims are in flight
         self._jump: asyncio.Task[None] | None = None  # an urgent claim beside them
 
@@ -238,22 +235,11 @@ class Claimer:
             return []
         return [
             t
-            for t in self._in_turn(self._targets)
+            for t in self.turns.order(self._targets)
             if t not in self._dry
             and (t is None or self._may_claim(t))
             and self.room.of(t, t in self._urgent) > 0
         ]
-
-    def _in_turn(self, targets: set[Target]) -> list[Target]:
-        """`targets` in turn order: the one that claimed longest ago first (new ones first of
-        all, in a fixed order)."""
-        new = sorted((t for t in targets if t not in self._turns), key=lambda t: t or "")
-        self._turns = new + [t for t in self._turns if t in targets]
-        return list(self._turns)
-
-    def _took_turn(self, targets: list[Target]) -> None:
-        """These targets claimed: each goes to the back of the turns."""
-        self._turns = [t for t in self._turns if t not in targets] + targets
 
     def _may_claim(self, queue: str) -> bool:
         return not self.limits.is_limited(queue) or self.limits.may_claim(queue)
@@ -281,7 +267,7 @@ class Claimer:
                     results[target] = await self._claim_for(target, n, urgent.get(target))
         finally:
             self._claiming = False
-        self._took_turn([t for t, got in results.items() if True in got])
+        self.turns.took([t for t, got in results.items() if True in got])
         if not results:
             return False
         filled = all(all(got) for got in results.values())

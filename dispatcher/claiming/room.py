@@ -1,5 +1,6 @@
 """Room to claim in a target: how many more jobs it may lease now, given its workers, the
-jobs it holds (claimed ahead or running) and how far ahead to claim (`Holdings.ahead`)."""
+jobs it holds (claimed ahead or running) and how far ahead to claim (`Holdings.ahead`);
+and the turns the targets take at it."""
 
 from __future__ import annotations
 
@@ -66,3 +67,23 @@ class Room:
         # a key's new job does not wait behind the buffer.
         return room
 
+
+
+class TargetTurns:
+    """The targets in turn order: one that claimed goes to the back, so targets that share
+    the dispatcher's workers (every queue, without BROOK_QUEUES) take turns filling them,
+    and no queue's backlog keeps another's jobs from being claimed."""
+
+    def __init__(self) -> None:
+        self._order: list[Target] = []
+
+    def order(self, targets: set[Target]) -> list[Target]:
+        """`targets` in turn order: the one that claimed longest ago first (new ones first of
+        all, in a fixed order)."""
+        new = sorted((t for t in targets if t not in self._order), key=lambda t: t or "")
+        self._order = new + [t for t in self._order if t in targets]
+        return list(self._order)
+
+    def took(self, targets: list[Target]) -> None:
+        """These targets claimed: each goes to the back of the turns."""
+        self._order = [t for t in self._order if t not in targets] + targets
