@@ -8,7 +8,7 @@ dispatcher fences itself (`expiries`), stopping that worker before then by its o
 monotonic clock, with room for that clock to run up to `CLOCK_DRIFT` slower than the
 primary's and for the kill itself (`STOP_MARGIN_S`). So no attempt runs on where the
 watchdog of another dispatcher may already have requeued the job (and a limited queue freed
-its slot): a job never runs in two places at once, partitions included. Anyone's expired
+its queue slot): a job never runs in two places at once, partitions included. Anyone's expired
 leases are requeued by the watchdog (`watchdog.py`).
 """
 

@@ -5,11 +5,11 @@ freed worker) are counted as signals; the claimer loop claims while there is roo
 last look may have left due work behind. A future `run_at` arms one timer, on the server's
 clock, for the earliest due job.
 
-Room: a dispatcher holds at most its slots plus its prefetch in waiting or running jobs
-(per queue with `BROOK_QUEUES`). It claims ahead, so a worker that reports a result finds
-its next job already leased, but only about `AHEAD_S` of work (see `Holdings.ahead`): a
-long task's round trips cost nothing worth hiding, and a job held ahead behind long tasks
-would wait where another dispatcher could run it.
+Room (`room.py`): a dispatcher holds at most its workers plus its prefetch in jobs claimed
+ahead or running (per queue with `BROOK_QUEUES`). It claims ahead, so a worker that reports
+a result finds its next job already leased, but only about `AHEAD_S` of work (see
+`Holdings.ahead`): a long task's round trips cost nothing worth hiding, and a job held
+ahead behind long tasks would wait where another dispatcher could run it.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ MAX_FINISHING = 256
 
 class Claimer:
     """Claims only jobs whose task this dispatcher runs, in the queues it serves: with
-    `BROOK_QUEUES`, each queue up to its own slots; without, every queue within the
-    concurrency. A queue with cluster-wide limits is its own target, claimed through its
-    slots (`dispatcher.claiming.limits`); the plain claims leave it out."""
+    `BROOK_QUEUES`, each queue up to its own workers; without, every queue within the
+    concurrency. A queue with cluster-wide limits is its own target, claimed by the policy
+    its limits choose (`Limits.policy`); the plain claims leave it out."""
 
     def __init__(
         self,
@@ -133,7 +133,7 @@ class Claimer:
         due job that outranks every job claimed ahead, or whose key or queue has nothing
         held here while other work fills the buffer, is claimed at once, alone, even while
         a batch claim is in flight (one such claim at a time, so the dispatcher holds at
-        most one job over its slots plus prefetch), not when the buffer would next be
+        most one job over its workers plus prefetch), not when the buffer would next be
         refilled."""
         if queue is not None:
             self.limits.saw(queue, key)
@@ -165,7 +165,7 @@ class Claimer:
         """A due job of a target (a queue claimed on its own, or the queues without limits
         together) with nothing claimed or running here, while other targets hold this
         dispatcher's shared workers: its turn comes first, as a new key's does, not after
-        the claims ahead of it (with `BROOK_QUEUES` every queue has slots of its own)."""
+        the claims ahead of it (with `BROOK_QUEUES` every queue has workers of its own)."""
         if self.queues is not None or queue is None or not self.limits.limited():
             return False
         target = self.target_of(queue)
@@ -228,9 +228,9 @@ class Claimer:
 
     def _rooms(self) -> list[Target]:
         """Targets to look at: room (finishing jobs no longer count: their task is over,
-        only the outcome write is left), news of work, and (a limited queue) a slot may be
-        free. A limited queue's jobs claimed ahead hold its cluster-wide slots: a slot
-        counts a leased job, waiting or running."""
+        only the outcome write is left), news of work, and (a limited queue) a queue slot may
+        be free. A limited queue's jobs claimed ahead hold its cluster-wide queue slots: a
+        queue slot counts a leased job, claimed ahead or running."""
         if self.holdings.finishing_count() >= MAX_FINISHING:
             return []
         return [
@@ -298,7 +298,7 @@ class Claimer:
         room the target could not fill (it ran dry, or is closed), False for room lost to
         another dispatcher's race."""
         if target is not None and self.limits.is_limited(target):
-            n = min(room, MAX_BATCH)  # one write takes the slots for all
+            n = min(room, MAX_BATCH)  # one write takes the queue slots for all
         else:
             # Claims in flight together overlap their round trips. Start with one and double
             # while every claim finds a job (a backlog); one event then costs one claim. A
