@@ -487,7 +487,7 @@ async def test_one_completion_write_gives_each_job_its_own_values_and_fences_eac
             assert job.finished_at is not None and job.finished_at > t0
 
 
-async def test_claim_many_leases_the_best_due_jobs_once_each_under_a_race(store: JobStore) -> None:
+async def test_a_batch_claim_leases_the_best_due_jobs_once_each_under_a_race(store: JobStore) -> None:
     ids = [(await store.submit(spec(priority=i % 3))).job.id for i in range(30)]
     await store.submit(spec(priority=9, run_at=datetime.now(UTC) + timedelta(hours=1)))
     results: list[tuple[list[Job], bool]] = []
