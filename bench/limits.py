@@ -30,7 +30,7 @@ from bench.stats import JobTimes, max_overlap
 from brook.common.domain.models import JobSpec
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
-from brook.common.store.jobs import JobStore
+from brook.common.store.jobs import BestDue, JobStore
 from brook.common.store.queries import CLAIM_SORT, claim_filter, claim_index
 from brook.common.store.queues import QueueStore
 
@@ -63,7 +63,7 @@ async def _claims_per_s(store: JobStore, n: int, **scope: Any) -> dict[str, Any]
     keys = await _keys_per_claim(store, **scope)
     start = time.monotonic()
     for _ in range(n):
-        if await store.claim("bench", 600, tasks=TASKS, **scope) is None:
+        if (await store.claim("bench", 600, BestDue(tasks=TASKS, **scope))).job is None:
             raise BenchError("the claim-cost backlog ran out")
     seconds = time.monotonic() - start
     return {

@@ -399,7 +399,7 @@ async def _store_ceiling(settings: Settings, jobs: int) -> dict[str, Any]:
 
         async def loop() -> int:
             done = 0
-            while (job := await store.claim("bench-8", 60)) is not None:
+            while (job := (await store.claim("bench-8", 60)).job) is not None:
                 lease = Lease(job_id=job.id, attempt=job.attempts)
                 await store.complete_many("bench-8", [(lease, None)])
                 done += 1

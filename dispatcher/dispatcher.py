@@ -1,34 +1,34 @@
 """The dispatcher: the seed article's listener and watchdog loops, event-driven and fenced.
 
-`Dispatcher.run()` wires the parts together and runs them as supervised, named tasks:
-  stream     change stream → wake-ups (new/requeued work) and cancel requests (`stream.py`)
-  tokens     saves the stream's resume token, coalesced majority writes (`stream.py`)
-  claimer    while there is room: lease the best due jobs, ahead of free workers (`claimer.py`)
+Its modules stand in three rooms (docs/architecture.md has the map): `claiming/` (what to
+lease, and when), `attempts/` (the writes for the jobs it holds) and `following/` (the
+streams it follows). `Dispatcher.run()` wires the parts together and runs them as
+supervised, named tasks:
+  stream     change stream → wake-ups (new/requeued work) and cancel requests
+             (`following/stream.py`)
+  tokens     saves the stream's resume token, coalesced majority writes (`following/stream.py`)
+  claimer    while there is room: lease the best due jobs, ahead of free workers, each target
+             by its claim policy (`claiming/claimer.py`, `claiming/policies.py`)
   limits     the cluster-wide queue limits: a change stream on `brook_queues`, and a
-             re-read every sweep; a limited queue's claims take its slots (`limits.py`)
+             re-read every sweep (`claiming/limits.py`)
   heartbeat  renews this dispatcher's leases in one write; kills workers of lost leases
+             (`attempts/leases.py`)
   watchdog   slow sweep: requeue expired leases, settle the dependents of parents whose
-             settler died, claim what no event announced (`leases.py`, `dependents.py`)
-  schedules  submits each cron tick's job, once for the cluster (`schedules.py`)
+             settler died, claim what no event announced (`attempts/watchdog.py`)
+  schedules  submits each cron tick's job, once for the cluster (`following/schedules.py`)
   triggers   one follower per trigger, holding its lease: a job per matching change in an
-             application's collection, once for the cluster (`triggers.py`)
-  presence   keeps this dispatcher's tasks and queues published, for clients (`presence.py`)
-A running task's durable steps come up its worker's pipe and are checkpointed here, fenced
-(`steps.py`); a task that sleeps or waits for a signal ends its run, and its job goes back
-to pending until its wake time (or a signal).
-A claimed job waits in `Holdings` until a worker is free (at once, when one is); then it
-runs as a supervised task that ends with one fenced write (`outcomes.py`), after its last
-progress report (`progress.py`) has landed; a job with dependents then has them settled in
-the background (`dependents.py`). The worker takes its next job as soon as it reports its
-result; the outcome is written behind it, group-committed. `started_at` and `finished_at`
-are the task's own start and end on this dispatcher's reading of the server clock, written
-with the outcome (or sooner, for a long task: `start_times.py`). A crash of any background task
-stops the dispatcher loudly.
+             application's collection, once for the cluster (`following/triggers.py`)
+  presence   keeps this dispatcher's tasks and queues published, for clients
+             (`following/presence.py`)
+A claimed job waits in `Holdings` until a worker is free (`hand_off.py`); then its attempt
+runs as a supervised task that ends with one fenced write (`attempts/runs.py`,
+`attempts/outcomes.py`). A running task's durable steps come up its worker's pipe and are
+checkpointed here, fenced (`attempts/step_keeper.py`). A crash of any background task stops
+the dispatcher loudly.
 
 Start-up order loses nothing: the stream is opened first, then the backlog is swept,
 then the stream is followed.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -39,44 +39,38 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pymongo.errors import PyMongoError
-
-from brook.common.domain.models import Job
 from brook.common.domain.schedules import Schedule
 from brook.common.domain.triggers import Trigger
 from brook.common.protocol.runner import (
-    KillReason,
-    Outcome,
     ProgressReport,
-    RunJob,
     Runner,
     StepAck,
     StepRecord,
-    WorkerSlot,
 )
-from brook.common.runtime import tracing
 from brook.common.runtime.log_events import Event, emit, job_fields
-from brook.common.runtime.metrics import JOB_WAIT
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import Supervisor
 from brook.common.store.failover_retry import ride_out
-from brook.common.store.jobs import JobStore, Lease, RunTimes
+from brook.common.store.jobs import JobStore
 from brook.common.store.queues import QueueStore
 from brook.common.store.schedules import ScheduleStore
-from brook.dispatcher.claimer import Claimer
-from brook.dispatcher.dependents import Dependents
-from brook.dispatcher.held_jobs import Holdings
-from brook.dispatcher.leases import LeaseKeeper
-from brook.dispatcher.limits import Limits
-from brook.dispatcher.oplog_hints import Announced, InsertHints
-from brook.dispatcher.outcomes import Outcomes
-from brook.dispatcher.presence import Presence
-from brook.dispatcher.progress import ProgressKeeper
-from brook.dispatcher.schedules import ScheduleRunner
-from brook.dispatcher.start_times import StartMarks
-from brook.dispatcher.steps import StepKeeper
-from brook.dispatcher.stream import StreamFollower, TokenSaver
-from brook.dispatcher.triggers import TriggerRunner
+from brook.dispatcher.attempts.dependents import Dependents
+from brook.dispatcher.attempts.leases import LeaseKeeper
+from brook.dispatcher.attempts.outcomes import Outcomes
+from brook.dispatcher.attempts.progress import ProgressKeeper
+from brook.dispatcher.attempts.runs import Runs
+from brook.dispatcher.attempts.start_marks import StartMarks
+from brook.dispatcher.attempts.step_keeper import StepKeeper
+from brook.dispatcher.attempts.watchdog import Watchdog
+from brook.dispatcher.claiming.claimer import Claimer
+from brook.dispatcher.claiming.holdings import Holdings
+from brook.dispatcher.claiming.insert_hints import Announced, InsertHints
+from brook.dispatcher.claiming.limits import Limits
+from brook.dispatcher.following.presence import Presence
+from brook.dispatcher.following.schedules import ScheduleRunner
+from brook.dispatcher.following.stream import StreamFollower, TokenSaver
+from brook.dispatcher.following.triggers import TriggerRunner
+from brook.dispatcher.hand_off import HandOff
 from brook.dispatcher.wiring import Wiring
 
 # After the grace period: how long stopped jobs may take to be handed back, and the
@@ -84,8 +78,6 @@ from brook.dispatcher.wiring import Wiring
 RELEASE_WINDOW_S = 2.0
 TOKEN_FLUSH_S = 0.5
 CANCEL_WAIT_S = 0.5
-# Time allowed from a hand-off to the task's start in its worker (a pipe write away).
-HAND_OFF_S = 0.02
 
 
 class Dispatcher:
@@ -120,36 +112,63 @@ class Dispatcher:
             clock=clock,
             spawn=self.supervisor.spawn,
         )
-        self._closing = False
-        self.limits, self.claimer = self._claiming(wiring)
-        self.dependents = Dependents(settings, store, self.supervisor.spawn)
-        self.leases = LeaseKeeper(wiring, self._stop, self.claimer.sweep_done, self.dependents)
-        self.starts = StartMarks(store, self.owner, clock, self.supervisor.spawn)
-        self.steps = StepKeeper(
-            store, self.owner, clock, settings.lease_seconds, self.supervisor.spawn
-        )
-        self.outcomes = Outcomes(
-            settings, store, self.owner, self.supervisor.spawn, self.dependents, self.steps
-        )
-        self.tokens = TokenSaver(store, self.name)
-        self.stream = StreamFollower(
-            store, self.name, self.tokens, self._on_change, self.leases.try_sweep
-        )
-        self.announced = Announced()
-        self.hints = InsertHints(store, tasks, self.announced, self._on_change)
-        self.progress = ProgressKeeper(store, self.owner, self.supervisor.spawn)
-        self.schedules = ScheduleRunner(
-            schedules, store, ScheduleStore(store.db), clock, self.owner
-        )
-        self.triggers = TriggerRunner(triggers, store, self.owner, settings.lease_seconds)
-        self.presence = Presence(wiring)
+        self.hand_off = hand_off = HandOff(wiring, runner)
+        self.limits, self.claimer = self._claiming(wiring, hand_off)
+        self._attempts(wiring, hand_off)
+        self._following(wiring, schedules, triggers)
 
-    def _claiming(self, wiring: Wiring) -> tuple[Limits, Claimer]:
+    def _claiming(self, wiring: Wiring, hand_off: HandOff) -> tuple[Limits, Claimer]:
         """The claimer, and the cluster-wide queue limits it claims within."""
         limits = Limits(wiring, QueueStore(wiring.store.db))
-        claimer = Claimer(wiring, self._claimed, limits)
+        claimer = Claimer(wiring, hand_off.claimed, limits, refuse=hand_off.refused)
         claimer.free_workers = self.runner.free_slots
+        hand_off.claimer, hand_off.limits = claimer, limits
+        self.announced = Announced()
+        self.hints = InsertHints(wiring.store, wiring.tasks, self.announced, self._on_change)
         return limits, claimer
+
+    def _attempts(self, wiring: Wiring, hand_off: HandOff) -> None:
+        """The writes for the jobs it holds: leases, the watchdog, outcomes, progress, steps
+        and start marks, and the runs of attempts that make them."""
+        store, owner, spawn = wiring.store, wiring.owner, wiring.spawn
+        self.dependents = Dependents(wiring.settings, store, spawn)
+        self.leases = hand_off.leases = LeaseKeeper(wiring, hand_off.stop)
+        self.watchdog = Watchdog(
+            wiring, hand_off.stop, self.leases.cancel, self.claimer.sweep_done, self.dependents
+        )
+        self.starts = StartMarks(store, owner, wiring.clock, spawn)
+        lease_s = wiring.settings.lease_seconds
+        self.steps = StepKeeper(store, owner, wiring.clock, lease_s, spawn)
+        self.outcomes = Outcomes(
+            wiring.settings, store, owner, spawn, self.dependents, self.steps
+        )
+        self.progress = ProgressKeeper(store, owner, spawn)
+        self.runs = hand_off.runs = Runs(
+            wiring,
+            self.runner,
+            self.starts,
+            self.progress,
+            self.outcomes,
+            hand_off.worker_freed,
+            hand_off.ended,
+        )
+
+    def _following(
+        self, wiring: Wiring, schedules: Sequence[Schedule], triggers: Sequence[Trigger]
+    ) -> None:
+        """The streams it follows: the jobs' changes (and its resume token), cron schedules,
+        triggers, and its own presence."""
+        store, owner = wiring.store, wiring.owner
+        self.tokens = TokenSaver(store, wiring.name)
+        self.stream = StreamFollower(
+            store, wiring.name, self.tokens, self._on_change, self.watchdog.try_sweep
+        )
+        self.schedules = ScheduleRunner(
+            schedules, store, ScheduleStore(store.db), wiring.clock, owner
+        )
+        lease_s = wiring.settings.lease_seconds
+        self.triggers = TriggerRunner(triggers, store, owner, lease_s)
+        self.presence = Presence(wiring)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -199,11 +218,11 @@ class Dispatcher:
         # The plain claim must know which queues have limits before it claims anything.
         await self.limits.loaded.wait()
         self.loops.spawn(self.limits.tick(), "limits-tick")
-        await ride_out("sweep", self.leases.sweep)  # the backlog, after the stream is open
+        await ride_out("sweep", self.watchdog.sweep)  # the backlog, after the stream is open
         self.loops.spawn(self.claimer.run(), "claimer")
         self.loops.spawn(self.leases.heartbeat(), "heartbeat")
         self.loops.spawn(self.leases.expiries(), "lease-expiries")
-        self.loops.spawn(self.leases.watchdog(), "watchdog")
+        self.loops.spawn(self.watchdog.run(), "watchdog")
         self.loops.spawn(self.schedules.run(), "schedules")
         self.loops.spawn(self.triggers.run(), "triggers")
         await workers
@@ -216,20 +235,20 @@ class Dispatcher:
         grace = self.settings.shutdown_grace_seconds
         deadline = time.monotonic() + grace + RELEASE_WINDOW_S
         self.claimer.stop()
-        self._closing = True
+        self.hand_off.closing = True
         self.outcomes.cut_off(deadline)
         emit(
             Event.DISPATCHER_STOPPING,
             owner=self.owner,
             running=self.holdings.running_count(),
-            claimed_ahead=len(self.holdings.waiting()),
+            claimed_ahead=len(self.holdings.claimed_ahead()),
             grace_s=grace,
         )
-        for job in self.holdings.waiting():  # never started: handed back at once
-            self._stop(job.id, "shutdown")
+        for job in self.holdings.claimed_ahead():  # never started: handed back at once
+            self.hand_off.stop(job.id, "shutdown")
         await self.supervisor.wait(grace)
         for lease in self.holdings.running():
-            self._stop(lease.job_id, "shutdown")
+            self.hand_off.stop(lease.job_id, "shutdown")
         await self.supervisor.wait(max(deadline - time.monotonic(), 0.0))
         for job in self.holdings.jobs():
             emit(
@@ -252,8 +271,8 @@ class Dispatcher:
 
     def wake(self) -> None:
         """A worker process is free: it became ready, or reported its job's result (called
-        by the runner). Hand it the best waiting job at once."""
-        self._hand_off()
+        by the runner). Hand it the best job claimed ahead at once."""
+        self.hand_off.fill_workers()
 
     def on_progress(self, report: ProgressReport) -> None:
         """A running task reported progress (called by the runner)."""
@@ -289,145 +308,3 @@ class Dispatcher:
             queue if isinstance(queue, str) else None,
             key if isinstance(key, str) else None,
         )
-
-    # -- one attempt -----------------------------------------------------------------------
-
-    def _claimed(self, job: Job, sent: float) -> None:
-        """A claimed job (the claimer's callback), its claim sent at `sent`: it waits for a
-        free worker."""
-        if self.holdings.job(job.id) is not None:
-            # An earlier attempt of it is still held here: the server gave this one, so
-            # that one's lease is over. It is stopped, and this one waits until it is gone.
-            self._stop(job.id, "lease_lost")
-            self.supervisor.spawn(self._claimed_after_older(job, sent), f"job:{job.id}")
-            return
-        lease = self.holdings.add(job, sent)
-        emit(
-            Event.JOB_CLAIMED,
-            **job_fields(job),
-            owner=self.owner,
-            priority=job.priority,
-            lag_ms=round((self.clock.now() - job.run_at.timestamp()) * 1000, 2),
-        )
-        if self._closing:  # a claim that was in flight when the shutdown began
-            self._stop(job.id, "shutdown")
-            return
-        if self.leases.fence_if_overdue(lease):
-            return  # its claim's answer came back after its lease may have ended
-        if self.holdings.cancel_was_seen(job.id):
-            self.leases.cancel(job.id)
-        self._hand_off()
-
-    async def _claimed_after_older(self, job: Job, sent: float) -> None:
-        await self.holdings.gone(job.id)
-        self._claimed(job, sent)  # fenced there if the wait outlasted its lease
-
-    def _free_slots_by_queue(self) -> dict[str, int] | None:
-        queues = self.settings.queues
-        if queues is None:
-            return None
-        return {q: slots - self.holdings.running_count(q) for q, slots in queues.items()}
-
-    def _hand_off(self) -> None:
-        """Start waiting jobs, best first, on free workers, within each queue's slots: never
-        more tasks at once than slots."""
-        while not self._closing and self.runner.free_slots() > 0:
-            # A job of a queue with a rate first: it must start within a margin of its claim.
-            job = self.holdings.next_waiting(
-                self._free_slots_by_queue(),
-                first=lambda j: self.limits.start_by(j) is not None,
-                keyed=self.limits.keyed,
-                line=self.claimer.target_of,
-            )
-            if job is None:
-                return
-            start_by = self.limits.start_by(job)
-            if start_by is not None and time.monotonic() + HAND_OFF_S > start_by:
-                self._stop(job.id, "handed_back")  # too late for its queue's rate
-                continue
-            slot = self.runner.reserve()
-            if slot is None:
-                return
-            lease = self.holdings.start(job.id)
-            self.supervisor.spawn(self._execute(slot, job, lease), f"job:{job.id}")
-
-    def _stop(self, job_id: str, reason: KillReason) -> bool:
-        """Stop a held job: kill its worker; or, if it is still waiting, take it out of the
-        buffer and write its end (cancelled, handed back; a lost lease writes nothing)."""
-        job = self.holdings.unwait(job_id)
-        if job is None:
-            return self.runner.kill(job_id, reason)
-        lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)
-        self.supervisor.spawn(self._end_unstarted(job, lease, reason), f"job:{job.id}")
-        self.claimer.slot_freed()
-        return True
-
-    async def _end_unstarted(self, job: Job, lease: Lease, reason: KillReason) -> None:
-        over = False
-        try:
-            verdict = await self.outcomes.record(job, lease, Outcome(kind=reason), 0.0)
-            over = verdict.kind in ("applied", "lost")
-        finally:
-            self.holdings.drop(job.id)
-            self.limits.finished(job, over=over)
-            self.claimer.slot_freed()
-
-    async def _execute(self, slot: WorkerSlot, job: Job, lease: Lease) -> None:
-        timeout = job.timeout_s or self.settings.default_timeout_s
-        run = RunJob(
-            job_id=job.id,
-            attempt=job.attempts,
-            task=job.task,
-            payload=job.payload,
-            owner=self.owner,
-            steps=job.step_results(),
-            steps_bytes=job.steps_bytes,
-            server_offset=self.clock.offset,
-            queue=job.queue,
-            trigger=(job.trigger or {}).get("name"),
-            due_at=max(job.run_at, job.created_at),
-            trace=job.trace,
-            links=await self._parent_traces(job),
-        )
-        sent = time.monotonic()
-        mark = self.starts.arm(lease, sent)
-        JOB_WAIT.observe(max((self.clock.stamp(sent) - job.run_at).total_seconds(), 0.0))
-        over = False
-        try:
-            try:
-                outcome = await self.runner.run(slot, run, timeout)
-            finally:
-                mark.cancel()
-                self.holdings.worker_done(job.id)
-                self._hand_off()  # its queue has a free slot now
-                self.claimer.slot_freed()
-            ran, elapsed = self._run_times(outcome)
-            self.holdings.record_run(elapsed)
-            await self.progress.settle(job.id)
-            verdict = await self.outcomes.record(job, lease, outcome, elapsed, ran=ran)
-            # The job no longer runs under this attempt: its final write landed, or another
-            # attempt or owner holds it. Only then may its queue slot (if any) go.
-            over = verdict.kind in ("applied", "lost")
-        finally:
-            self.holdings.drop(job.id)
-            self.limits.finished(job, over=over)
-            self.claimer.slot_freed()
-
-    async def _parent_traces(self, job: Job) -> tuple[dict[str, str], ...]:
-        """The trace contexts of a workflow child's parents, for its run's span links (only
-        while tracing: one read)."""
-        if not job.depends_on or not tracing.active():
-            return ()
-        try:
-            return tuple(await self.store.trace_contexts(job.depends_on))
-        except PyMongoError:
-            return ()  # a span without its links rather than a job held up
-
-    def _run_times(self, outcome: Outcome) -> tuple[RunTimes, float]:
-        """The task's start and end on the server's clock (as read here), and its run time,
-        from the moments the runner sent the job and saw it end, not from when this
-        coroutine got to run again: the worker may have started its next job meanwhile."""
-        ended = outcome.ended if outcome.ended is not None else time.monotonic()
-        started = outcome.started if outcome.started is not None else ended
-        ran = RunTimes(started_at=self.clock.stamp(started), finished_at=self.clock.stamp(ended))
-        return ran, ended - started

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import Spawn
 from brook.common.store.jobs import JobStore
-from brook.dispatcher.held_jobs import Holdings
+from brook.dispatcher.claiming.holdings import Holdings
 
 if TYPE_CHECKING:
     from brook.common.store.clock import ServerClock

@@ -3,7 +3,7 @@
 An attempt's `Journal` holds the steps earlier runs recorded (handed over with the job,
 `RunJob.steps`): a step found there is replayed, its function not called. A new step runs,
 and its result goes up the pipe to the dispatcher holding the lease, which writes it fenced
-by attempt and owner (`dispatcher.steps`); the step returns only once that write is
+by attempt and owner (`dispatcher.attempts.step_keeper`); the step returns only once that write is
 majority-acknowledged (`StepAck`), so a step that returned is never run again. A sleep is
 a step whose result is its wake time; a signal wait is a step whose result is the signal.
 Either ends the run (`Suspended`) when it cannot return yet: the dispatcher writes the job

@@ -36,7 +36,7 @@ MAX_RATE_LIMIT = 10_000
 MAX_RATE_SECONDS = 86_400.0
 # A rate is kept on the claims' times (the server's clock), and a claimed job of a queue
 # with a rate must start within this many seconds of its claim, or it is handed back
-# (`dispatcher.limits`). The window the claims are counted in is this much longer than
+# (`dispatcher.claiming.queue_slots`). The window the claims are counted in is this much longer than
 # `per_seconds`, so that the tasks' real starts (`started_at`) hold the rate too: no
 # window of `per_seconds` holds more than `limit` of them.
 RATE_START_MARGIN_S = 0.25
@@ -80,7 +80,7 @@ class QueueLimits:
 
     @property
     def keyed(self) -> bool:
-        """Claims for this queue take turns across keys (`dispatcher.limits`)."""
+        """Claims for this queue take turns across keys (`dispatcher.claiming.limits`)."""
         return self.key_concurrency is not None or self.key_rate is not None or self.fair
 
     @property

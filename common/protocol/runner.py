@@ -21,7 +21,7 @@ OutcomeKind = Literal[
 # `suspended`: the task slept (`ctx.sleep`) or waits for a signal (`ctx.wait_for_signal`):
 # its run ends, the job waits without a worker, and is replayed when it is due again.
 # `handed_back`: a job claimed for a rate-limited queue that could not start soon enough
-# after its claim (`dispatcher.limits`); it goes back to pending like a shutdown's.
+# after its claim (`dispatcher.claiming.queue_slots`); it goes back to pending like a shutdown's.
 KillReason = Literal["timeout", "cancelled", "lease_lost", "shutdown", "handed_back"]
 RELEASES = ("shutdown", "handed_back")  # the kinds whose job is handed back, not failed
 

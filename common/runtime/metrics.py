@@ -1,10 +1,11 @@
 """Prometheus metrics every Brook process may record, and the dispatcher's metrics endpoint.
 
 The metric objects live here, in the process-wide default registry; the code records them
-where the thing happens (a claim in `dispatcher/claimer.py`, an outcome in
-`dispatcher/outcomes.py`, a renewal in `dispatcher/leases.py`, a resume in a change stream
-follower). A dispatcher serves them on `BROOK_METRICS_HOST:BROOK_METRICS_PORT` (default
-`127.0.0.1:9464`, `0` = off); the API serves them on its own `/metrics`, with its own.
+where the thing happens (a claim in `dispatcher/claiming/claimer.py`, an outcome in
+`dispatcher/attempts/outcomes.py`, a renewal in `dispatcher/attempts/leases.py`, a resume
+in a change stream follower). A dispatcher serves them on
+`BROOK_METRICS_HOST:BROOK_METRICS_PORT` (default `127.0.0.1:9464`, `0` = off); the API serves
+them on its own `/metrics`, with its own.
 """
 
 from __future__ import annotations

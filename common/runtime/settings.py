@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     # None: the slots, at least DEFAULT_PREFETCH.
     prefetch: int | None = Field(default=None, ge=0, le=4096)
     # Priority aging: a waiting job's effective priority rises by one per this many seconds
-    # it has waited (dispatcher/aging.py); None: off.
+    # it has waited (dispatcher/claiming/aging.py); None: off.
     priority_aging_seconds: float | None = Field(default=None, gt=0.0, le=30 * 86400.0)
 
     # Beyond the contract: tuning knobs with safe defaults.
@@ -74,7 +74,8 @@ class Settings(BaseSettings):
     mongo_port: int = Field(default=27217, ge=1024, le=65533)
     sweep_seconds: float = Field(default=5.0, ge=0.05, le=3600.0)
     # Hear of new jobs from the primary's oplog, a replication round before the change
-    # stream (dispatcher/oplog_hints.py); off, or where the oplog cannot be read: the stream alone.
+    # stream (dispatcher/claiming/insert_hints.py); off, or where the oplog cannot be read:
+    # the stream alone.
     oplog_hints: bool = True
     retry_base_seconds: float = Field(default=1.0, ge=0.0, le=3600.0)
     retry_cap_seconds: float = Field(default=300.0, ge=0.0, le=86400.0)

@@ -42,3 +42,15 @@ async def ride_out(op: str, fn: Callable[[], Awaitable[T]], *, until: float = ma
                 raise
             emit(Event.MONGO_UNAVAILABLE, level="warning", op=op, error=str(exc)[:200])
             await asyncio.sleep(min(backoff.next(), max(until - time.monotonic(), 0.0)))
+
+
+async def persist(op: str, fn: Callable[[], Awaitable[T]]) -> T:
+    """Run `fn` through failovers for as long as it takes (`ride_out` without a deadline),
+    and return what it returned, None included."""
+
+    async def boxed() -> tuple[T]:  # tells "returned None" from "gave up"
+        return (await fn(),)
+
+    result = await ride_out(op, boxed)
+    assert result is not None, "ride_out without a deadline returns only on success"
+    return result[0]

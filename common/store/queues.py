@@ -12,8 +12,8 @@ A claim in a limited queue takes its slots first, then the jobs:
 1. `take`: one write adds a slot for each of the best due jobs, as many as the queue
    allows now (not paused; room by its concurrency and by its rate window, on the
    server's clock), each with the claim's `tag` and `claim_by` (now + a few seconds).
-2. `JobStore.claim_tagged`: the jobs are claimed only while `$$NOW < claim_by`, and get
-   the claim's `tag` (`claim_tag`).
+2. `JobStore.claim` with a `Tagged` ask: the jobs are claimed only while `$$NOW < claim_by`,
+   and get the claim's `tag` (`claim_tag`).
 3. `settle`, only when needed: the slots of jobs another dispatcher won are given back,
    and with a rate, the real starts replace the `claim_by` each slot counted until then.
 4. `release`: after a job's final write, its holder gives its slot back.

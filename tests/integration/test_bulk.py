@@ -14,7 +14,7 @@ from brook import AsyncClient, InvalidInput
 from brook.common.domain.bulk import PAGE
 from brook.common.domain.models import JobSpec
 from brook.common.runtime.settings import Settings
-from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.jobs import JobStore, Lease, Tagged
 
 OWNER = "d1"
 
@@ -26,7 +26,7 @@ async def failed(
     """`n` jobs that failed with `error` (their one attempt), through the store's own writes."""
     spec = JobSpec(task=task, payload={}, queue=queue, key=key, max_attempts=1)
     ids = [s.job.id for s in await store.submit_many([spec] * n)]
-    jobs = await store.claim_tagged(OWNER, 30, ids, "tag", datetime.now(UTC) + timedelta(minutes=1))
+    jobs = (await store.claim(OWNER, 30, Tagged(ids=ids, tag="tag", before=datetime.now(UTC) + timedelta(minutes=1)))).jobs
     assert len(jobs) == n
     await asyncio.gather(
         *(
@@ -100,9 +100,7 @@ async def test_cancel_by_key_cancels_pending_jobs_asks_running_ones_and_resends_
     specs = [JobSpec(task="noop", payload={}, key="acme")] * (PAGE + 20)
     ids = [s.job.id for s in await store.submit_many(specs)]
     other = (await store.submit(JobSpec(task="noop", payload={}, key="globex"))).job.id
-    running = await store.claim_tagged(
-        OWNER, 30, ids[:2], "tag", datetime.now(UTC) + timedelta(minutes=1)
-    )
+    running = (await store.claim(OWNER, 30, Tagged(ids=ids[:2], tag="tag", before=datetime.now(UTC) + timedelta(minutes=1)))).jobs
     assert len(running) == 2
     assert await client.cancel_many(key="acme", dry_run=True) == PAGE + 20
     # More than a page: every job, in several writes.

@@ -19,7 +19,7 @@ from brook.common.operations.task_directory import TaskDirectory
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
 from brook.common.store.fields import HISTORY_CAP
-from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.jobs import BestDue, JobStore, Lease
 from brook.common.store.queries import CLAIM_SORT, claim_filter, claim_index
 from tests.support.commands import CommandCounter
 
@@ -46,7 +46,7 @@ def spec(task: str = "noop", **kw: Any) -> JobSpec:
 
 async def run_once(store: JobStore, result: Any = None, **claim: Any) -> str:
     """Claim the next job and complete it, as a dispatcher would."""
-    job = await store.claim(OWNER, 30, **claim)
+    job = (await store.claim(OWNER, 30, BestDue(**claim))).job
     assert job is not None
     written = await store.complete_many(OWNER, [(Lease(job_id=job.id, attempt=job.attempts), result)])
     assert written.done == {job.id}
@@ -89,14 +89,14 @@ async def test_retry_renews_the_attempt_budget_and_attempts_keep_counting(
 ) -> None:
     job = await aclient.submit("noop", max_attempts=2)
     for attempt in (1, 2):
-        claimed = await store.claim(OWNER, 30)
+        claimed = (await store.claim(OWNER, 30)).job
         assert claimed is not None and claimed.attempts == attempt
         await store.fail_attempt(Lease(job_id=job.id, attempt=attempt), OWNER, {"type": "E"}, 0)
     assert (await aclient.get(job.id)).status == JobStatus.FAILED
     retried = await aclient.retry(job.id)
     assert (retried.attempts, retried.max_attempts) == (2, 4)
     assert retried.error == {"type": "E"}  # the last error stays until the next outcome
-    third = await store.claim(OWNER, 30)
+    third = (await store.claim(OWNER, 30)).job
     assert third is not None and third.attempts == 3  # the fencing token is never reused
     stale = Lease(job_id=job.id, attempt=2)
     assert not (await store.complete_many(OWNER, [(stale, "stale")])).done
@@ -106,7 +106,7 @@ async def test_every_transition_including_retries_is_in_the_table(
     aclient: AsyncClient, store: JobStore
 ) -> None:
     failed = await aclient.submit("noop", max_attempts=1)
-    claimed = await store.claim(OWNER, 30)
+    claimed = (await store.claim(OWNER, 30)).job
     assert claimed is not None
     await store.fail_attempt(Lease(job_id=failed.id, attempt=1), OWNER, {"type": "E"}, 0)
     await aclient.retry(failed.id)
@@ -124,7 +124,7 @@ async def test_every_transition_including_retries_is_in_the_table(
     tolerant = await aclient.submit(
         "echo", max_attempts=1, depends_on=[gone.id], run_on_parent_failure=True
     )
-    claimed = await store.claim(OWNER, 30, tasks={"echo"})
+    claimed = (await store.claim(OWNER, 30, BestDue(tasks={"echo"}))).job
     assert claimed is not None and claimed.id == tolerant.id
     await store.fail_attempt(Lease(job_id=tolerant.id, attempt=1), OWNER, {"type": "E"}, 0)
     again = await aclient.retry(tolerant.id)
@@ -170,7 +170,7 @@ async def test_wait_follows_a_change_stream_and_never_polls(
     counter.reset()
     waiter = asyncio.create_task(client.wait(job.id, timeout=30))
     await asyncio.sleep(1.0)
-    claimed = await store.claim(OWNER, 30)
+    claimed = (await store.claim(OWNER, 30)).job
     assert claimed is not None
     for _ in range(5):  # lease renewals change the job but not its status: no wake-up
         await store.renew(OWNER, [Lease(job_id=job.id, attempt=1)], 30)
@@ -191,7 +191,7 @@ async def test_wait_sees_a_completion_that_lands_between_its_read_and_its_stream
     aclient: AsyncClient, store: JobStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = await aclient.submit("echo", {"x": 1})
-    assert await store.claim(OWNER, 30) is not None
+    assert (await store.claim(OWNER, 30)).job is not None
     read = JobStore.job_doc_now
 
     async def read_then_complete(self: JobStore, job_id: str) -> Any:
@@ -302,7 +302,7 @@ async def test_ttl_removes_finished_jobs_and_leaves_active_ones(
     kept = await aclient.submit("noop", delay=3600)  # the default: a week
     await aclient.cancel(kept.id)
     running = await aclient.submit("noop", retention_s=0)
-    assert (await store.claim(OWNER, 30)) is not None
+    assert ((await store.claim(OWNER, 30)).job) is not None
     pending = await aclient.submit("noop", retention_s=0, delay=3600)
     for job_id in (done_id, cancelled.id):
         doc = await store.jobs.find_one({"_id": job_id})
@@ -330,7 +330,7 @@ async def test_the_deployment_default_retention_applies_at_the_terminal_write(
     try:
         await store.ensure_indexes()
         sub = await store.submit(spec(max_attempts=1))
-        job = await store.claim(OWNER, 30)
+        job = (await store.claim(OWNER, 30)).job
         assert job is not None
         failed = await store.fail_attempt(Lease(job_id=sub.job.id, attempt=1), OWNER, {"type": "E"}, 0)
         assert failed.status == JobStatus.FAILED and failed.expire_at and failed.finished_at
@@ -345,7 +345,7 @@ async def test_history_keeps_its_first_and_latest_entries_and_counts_what_it_dro
 ) -> None:
     sub = await store.submit(spec(max_attempts=1000))
     for attempt in range(1, 41):  # 1 + 80 entries
-        job = await store.claim(OWNER, 30)
+        job = (await store.claim(OWNER, 30)).job
         assert job is not None
         await store.fail_attempt(Lease(job_id=sub.job.id, attempt=attempt), OWNER, {"type": "E"}, 0)
     job = await store.get(sub.job.id)
@@ -361,10 +361,11 @@ async def test_claims_take_only_the_tasks_and_queue_asked_for(store: JobStore) -
     ids = {}
     for task, queue in itertools.product(("a", "b"), ("q1", "q2")):
         ids[task, queue] = (await store.submit(spec(task, queue=queue))).job.id
-    assert (await store.claim(OWNER, 30, tasks={"c"})) is None
-    job = await store.claim(OWNER, 30, tasks={"b"}, queue="q2")
+    assert ((await store.claim(OWNER, 30, BestDue(tasks={"c"}))).job) is None
+    job = (await store.claim(OWNER, 30, BestDue(tasks={"b"}, queue="q2"))).job
     assert job is not None and job.id == ids["b", "q2"]
-    jobs, dry = await store.claim_many(OWNER, 30, 10, tasks={"a"})
+    claimed = await store.claim(OWNER, 30, BestDue(n=10, tasks={"a"}))
+    jobs, dry = claimed.jobs, claimed.dry
     assert {j.id for j in jobs} == {ids["a", "q1"], ids["a", "q2"]} and dry
     assert await store.next_due(tasks={"a"}) is None
     assert await store.next_due(tasks={"b"}, queues={"q1"}) is not None
@@ -419,7 +420,7 @@ async def test_a_claim_skips_a_backlog_of_tasks_it_does_not_run_without_reading_
         verbosity="executionStats",
     )
     assert stats["executionStats"]["totalKeysExamined"] <= 3
-    job = await store.claim(OWNER, 30, tasks={"noop", "echo"})
+    job = (await store.claim(OWNER, 30, BestDue(tasks={"noop", "echo"}))).job
     assert job is not None and job.id == mine
 
 

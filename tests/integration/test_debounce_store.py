@@ -16,7 +16,7 @@ import pytest
 from brook.common.domain.models import Job, JobSpec
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
-from brook.common.store.jobs import JobStore
+from brook.common.store.jobs import BestDue, JobStore, Tagged
 from tests.support.failpoints import fail_nothing
 
 
@@ -63,7 +63,7 @@ async def test_a_claimed_debounced_job_is_left_alone_and_the_next_submit_starts_
     await store.ensure_indexes()
     first = await store.submit(debounced(1, quiet=0.01))
     await asyncio.sleep(0.05)
-    claimed = await store.claim("d1", 30, tasks={"noop"})
+    claimed = (await store.claim("d1", 30, BestDue(tasks={"noop"}))).job
     assert claimed is not None and claimed.id == first.job.id
     second = await store.submit(debounced(2, quiet=0.01))
     assert second.created and second.job.id != first.job.id
@@ -85,7 +85,8 @@ ClaimAs = Callable[[JobStore], Coroutine[Any, Any, list[Job]]]
 
 
 async def claim_many(claimer: JobStore) -> list[Job]:
-    jobs, _ = await claimer.claim_many("d1", 30, 2, tasks={"noop"})
+    claimed = await claimer.claim("d1", 30, BestDue(n=2, tasks={"noop"}))
+    jobs, _ = claimed.jobs, claimed.dry
     return jobs
 
 
@@ -93,7 +94,7 @@ async def claim_through_slots(claimer: JobStore) -> list[Job]:
     docs = await claimer.candidates(2, tasks={"noop"}, queue="default")
     ids = [str(d["_id"]) for d in docs]
     until = datetime.now(UTC) + timedelta(minutes=1)
-    return await claimer.claim_tagged("d1", 30, ids, "t1", until)
+    return (await claimer.claim("d1", 30, Tagged(ids=ids, tag="t1", before=until))).jobs
 
 
 @pytest.mark.parametrize("claim", [claim_many, claim_through_slots])
@@ -134,7 +135,7 @@ async def test_a_submit_that_joins_a_job_a_claim_has_read_is_not_lost_to_that_cl
         await client.close()
     ran = {j.id: j.payload for j in jobs}
     if first.job.id not in ran:  # left for the next claim
-        again = await store.claim("d2", 30, tasks={"noop"})
+        again = (await store.claim("d2", 30, BestDue(tasks={"noop"}))).job
         assert again is not None
         ran[again.id] = again.payload
     assert ran == {plain.job.id: {}, first.job.id: {"n": 2}}

@@ -12,11 +12,11 @@ from brook import AsyncClient
 from brook.common.domain.models import JobSpec
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import spawn_logged
-from brook.common.store.jobs import JobStore, Lease
-from brook.common.store.jobs.claims import firsts_of_keys
+from brook.common.store.jobs import BestDue, JobStore, Lease
+from brook.common.store.jobs.candidates import firsts_of_keys
 from brook.common.store.queues import QUEUES, QueueStore
-from brook.dispatcher.held_jobs import Holdings
-from brook.dispatcher.limits import Limits
+from brook.dispatcher.claiming.holdings import Holdings
+from brook.dispatcher.claiming.limits import Limits
 from brook.dispatcher.wiring import Wiring
 from tests.support.plans import explain_aggregate, keys_examined
 
@@ -160,10 +160,10 @@ async def test_many_keys_are_claimed_one_job_each_and_a_key_whose_best_is_not_du
     )
     ids = await submit(store, [f"k{i}" for i in range(5)] * 2)
     limits = await dispatcher_limits(store, settings)
-    tasks = frozenset({"noop"})
+    frozenset({"noop"})
     claimed: list[str] = []
     for n in (2, 2, 1):  # more keys than half the candidates wanted (2n + 2) each time
-        claimed += [j.id for j in (await limits.claim("tenants", n, tasks)).jobs]
+        claimed += [j.id for j in (await limits.policy("tenants").claim(n)).jobs]
     assert sorted(claimed) == sorted(ids[:5])  # one job of each key, k0's due one
     assert (await store.get(future.job.id)).status == "pending"
 
@@ -211,14 +211,14 @@ async def test_a_new_keys_job_is_claimed_out_of_turn_and_a_full_key_closes_nothi
     (b_job,) = await submit(store, ["b"])
     limits = await dispatcher_limits(store, settings)
     assert limits.keyed("tenants")
-    tasks = frozenset({"noop"})
+    frozenset({"noop"})
     # In turn, A's jobs came first (B's key was not heard of); out of turn, B's job.
-    got = await limits.claim("tenants", 1, tasks, only=("b",))
+    got = await limits.policy("tenants").claim(1, only=("b",))
     assert [j.id for j in got.jobs] == [b_job]
     # B has nothing more: no job, and the queue stays open for A.
-    nothing = await limits.claim("tenants", 1, tasks, only=("b",))
+    nothing = await limits.policy("tenants").claim(1, only=("b",))
     assert nothing.jobs == [] and not nothing.blocked and limits.may_claim("tenants")
-    more = await limits.claim("tenants", 2, tasks)
+    more = await limits.policy("tenants").claim(2)
     assert [j.id for j in more.jobs] == a_jobs[:2]
 
 
@@ -230,8 +230,8 @@ async def test_a_fair_queue_with_nothing_to_count_claims_by_turns_without_slots(
     a_jobs = await submit(store, ["a"] * 3)
     b_jobs = await submit(store, ["b"] * 3)
     limits = await dispatcher_limits(store, settings)
-    tasks = frozenset({"noop"})
-    got = await limits.claim("tenants", 4, tasks)
+    frozenset({"noop"})
+    got = await limits.policy("tenants").claim(4)
     # By turns: two of each key's best, not A's three first (submit order) ...
     assert sorted(j.id for j in got.jobs) == sorted(a_jobs[:2] + b_jobs[:2])
     # ... and no slot taken: nothing to count, nothing to give back.
@@ -240,7 +240,7 @@ async def test_a_fair_queue_with_nothing_to_count_claims_by_turns_without_slots(
     # With a per-key limit and the queue's own, the same queue's claims go through its slots.
     await queues.set_limits("tenants", {"key_concurrency": 3, "concurrency": 10})
     await limits.refresh()
-    more = await limits.claim("tenants", 2, tasks)
+    more = await limits.policy("tenants").claim(2)
     assert sorted(j.id for j in more.jobs) == sorted([a_jobs[2], b_jobs[2]])
     doc = await store.db[QUEUES].find_one({"_id": "tenants"})
     assert doc is not None
@@ -263,8 +263,8 @@ async def test_a_key_limit_alone_holds_its_slots_on_the_running_jobs(
     a_jobs = await submit(store, ["a"] * 3)
     b_jobs = await submit(store, ["b", None])
     limits = await dispatcher_limits(store, settings)
-    tasks = frozenset({"noop"})
-    got = await limits.claim("tenants", 10, tasks)
+    frozenset({"noop"})
+    got = await limits.policy("tenants").claim(10)
     # A's third job waits for one of A's two to end; a job without a key counts for none.
     assert sorted(j.id for j in got.jobs) == sorted(a_jobs[:2] + b_jobs)
     held = await slots_of(store, [j.id for j in got.jobs])
@@ -277,14 +277,14 @@ async def test_a_key_limit_alone_holds_its_slots_on_the_running_jobs(
     # Two running jobs can never hold one slot, whoever writes it.
     first = next(j for j in got.jobs if held[j.id] == "tenants:0:a")
     other = next(j for j in got.jobs if held[j.id] == "tenants:1:a")
-    assert not await store.take_slot(OWNER, other.id, other.attempts, "tenants:0:a")
-    nothing = await limits.claim("tenants", 10, tasks)
+    assert not await store.take_key_slot(OWNER, other.id, other.attempts, "tenants:0:a")
+    nothing = await limits.policy("tenants").claim(10)
     assert nothing.jobs == []
     # One of A's jobs completes: its slot is free with its status, and A's third job runs.
     done = await store.complete_many(OWNER, [(Lease(job_id=first.id, attempt=1), None)])
     assert done.done == {first.id}
     limits.finished(first, over=True)
-    third = await limits.claim("tenants", 10, tasks)
+    third = await limits.policy("tenants").claim(10)
     assert [j.id for j in third.jobs] == [a_jobs[2]]
     assert (await slots_of(store, [a_jobs[2]]))[a_jobs[2]] == "tenants:0:a"
     assert (await queues.usage())["tenants"].in_use == 3
@@ -300,22 +300,22 @@ async def test_a_slot_held_by_another_dispatchers_job_stops_the_claim_at_that_ke
     await QueueStore(store.db).set_limits("tenants", {"key_concurrency": 1})
     one = await dispatcher_limits(store, settings)
     (a1,) = await submit(store, ["a"])
-    got = await one.claim("tenants", 1, frozenset({"noop"}))
+    got = await one.policy("tenants").claim(1)
     assert [j.id for j in got.jobs] == [a1]
     a_more = await submit(store, ["a", "a"])
     others = await submit(store, ["b", "c", "d"])
     two = await dispatcher_limits(store, settings, owner="d2")
-    tasks = frozenset({"noop"})
+    frozenset({"noop"})
     claimed: list[str] = []
     for _ in range(4):
-        claimed += [j.id for j in (await two.claim("tenants", 10, tasks)).jobs]
+        claimed += [j.id for j in (await two.policy("tenants").claim(10)).jobs]
     assert sorted(claimed) == sorted(others)  # not A's: its one slot is held by `one`
     running = await store.jobs.count_documents({"key": "a", "status": "running"})
     assert running == 1
     done = await store.complete_many(OWNER, [(Lease(job_id=a1, attempt=1), None)])
     assert done.done == {a1}
     await asyncio.sleep(0.2)  # the key's wait (`KEY_HELD_ELSEWHERE_S`) is over
-    after = await two.claim("tenants", 10, tasks)
+    after = await two.policy("tenants").claim(10)
     assert [j.id for j in after.jobs] == a_more[:1]
 
 
@@ -329,7 +329,7 @@ async def test_running_jobs_take_their_keys_slots_when_a_key_limit_comes(
     holdings = Holdings()
     limits = await dispatcher_limits(store, settings, holdings=holdings)
     for _ in range(2):
-        job = await store.claim(OWNER, 30, tasks=frozenset({"noop"}), queue="tenants")
+        job = (await store.claim(OWNER, 30, BestDue(tasks=frozenset({"noop"}), queue="tenants"))).job
         assert job is not None
         holdings.add(job)
     await QueueStore(store.db).set_limits("tenants", {"key_concurrency": 1})
@@ -344,5 +344,5 @@ async def test_running_jobs_take_their_keys_slots_when_a_key_limit_comes(
         await asyncio.sleep(0.02)
     await asyncio.sleep(0.1)  # the other adoption's write has landed too
     assert await adopted() == [None, "tenants:0:a"]
-    got = await limits.claim("tenants", 5, frozenset({"noop"}))
+    got = await limits.policy("tenants").claim(5)
     assert got.jobs == []

@@ -16,10 +16,10 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from brook.common.domain.models import Job, JobSpec
+from brook.common.domain.models import JobSpec
 from brook.common.protocol.runner import Outcome, RunJob, WorkerSlot
 from brook.common.runtime.settings import Settings
-from brook.common.store.jobs import JobStore
+from brook.common.store.jobs import Claimed, JobStore
 from brook.common.store.records import ExpiredLease
 from tests.integration.test_prefetch import HeldRunner, count_is, dispatcher, wait_for
 
@@ -49,13 +49,13 @@ async def test_a_claim_answered_after_its_lease_ran_out_starts_nothing(
     claim = store.claim
     late: list[str] = []
 
-    async def answered_late(*args: Any, **kwargs: Any) -> Job | None:
-        job = await claim(*args, **kwargs)
-        if job is not None and not late:
+    async def answered_late(*args: Any, **kwargs: Any) -> Claimed:
+        claimed = await claim(*args, **kwargs)
+        if claimed.jobs and not late:
             # Applied by the server, its answer held back past the lease (a partition).
-            late.append(job.id)
+            late.append(claimed.jobs[0].id)
             await asyncio.sleep(settings.lease_seconds + 0.5)
-        return job
+        return claimed
 
     store.claim = answered_late  # type: ignore[method-assign]
     with capture_logs() as logs:

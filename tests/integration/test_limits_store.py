@@ -13,8 +13,8 @@ from brook import AsyncClient, InvalidInput
 from brook.common.domain.models import JobSpec
 from brook.common.domain.queues import RATE_START_MARGIN_S
 from brook.common.runtime.settings import Settings
-from brook.common.store.jobs import JobStore, Lease
-from brook.common.store.jobs.claims import PENDING_QUEUES
+from brook.common.store.jobs import BestDue, JobStore, Lease, Tagged
+from brook.common.store.jobs.candidates import PENDING_QUEUES
 from brook.common.store.queries import CLAIM_SORT, claim_filter, claim_index
 from brook.common.store.queues import COMPACT_AT, QueueStore
 from tests.support.plans import explain_aggregate, keys_examined
@@ -50,7 +50,7 @@ async def claim_through_slots(
     if not taken.slots:
         return []
     asked = [s.job for s in taken.slots]
-    jobs = await store.claim_tagged(owner, 30, asked, tag, taken.claim_by)
+    jobs = (await store.claim(owner, 30, Tagged(ids=asked, tag=tag, before=taken.claim_by))).jobs
     started = {j.id: j.claimed_at for j in jobs if j.claimed_at is not None}
     lost = [j for j in asked if j not in started]
     await queues.settle(queue, tag, lost=lost, started=started if rated else None)
@@ -91,9 +91,9 @@ async def test_nothing_is_written_when_no_slot_is_taken(store: JobStore) -> None
 async def test_a_claim_after_its_slots_claim_by_takes_nothing(store: JobStore) -> None:
     [job_id] = await pending(store, 1)
     past = datetime.now(UTC) - timedelta(seconds=1)
-    assert await store.claim_tagged(OWNER, 30, [job_id], "late", past) == []
+    assert (await store.claim(OWNER, 30, Tagged(ids=[job_id], tag="late", before=past))).jobs == []
     future = datetime.now(UTC) + timedelta(seconds=30)
-    [job] = await store.claim_tagged(OWNER, 30, [job_id], "t1", future)
+    [job] = (await store.claim(OWNER, 30, Tagged(ids=[job_id], tag="t1", before=future))).jobs
     assert job.status == "running" and job.attempts == 1
     assert (await store.jobs.find_one({"_id": job_id}) or {})["claim_tag"] == "t1"
 
@@ -107,7 +107,7 @@ async def test_settle_gives_back_lost_slots_and_records_real_starts(store: JobSt
     taken = await queues.take("fragile", owner=OWNER, tag="t1", jobs=ids, claim_window_s=5)
     assert [s.job for s in taken.slots] == ids and all(s.claim_by for s in taken.slots)
     await store.cancel(ids[2])  # gone before the claim: the claim wins two of three
-    jobs = await store.claim_tagged(OWNER, 30, ids, "t1", taken.claim_by)
+    jobs = (await store.claim(OWNER, 30, Tagged(ids=ids, tag="t1", before=taken.claim_by))).jobs
     assert {j.id for j in jobs} == set(ids[:2])
     started = {j.id: j.claimed_at for j in jobs if j.claimed_at is not None}
     assert await queues.settle("fragile", "t1", lost=[ids[2]], started=started)
@@ -225,7 +225,7 @@ async def test_prune_frees_what_is_over_and_keeps_what_runs_or_may_still_be_clai
     # A dispatcher that died after taking slots: one job claimed under them, one never.
     dead_ids = await pending(store, 2)
     dead = await queues.take("fragile", owner="dead", tag="dead", jobs=dead_ids, claim_window_s=0.3)
-    [taken] = await store.claim_tagged("dead", 30, dead_ids[:1], "dead", dead.claim_by)
+    [taken] = (await store.claim("dead", 30, Tagged(ids=dead_ids[:1], tag="dead", before=dead.claim_by))).jobs
     fresh_ids = await pending(store, 1)
     fresh = await queues.take(
         "fragile", owner="live", tag="live", jobs=fresh_ids, claim_window_s=30
@@ -277,7 +277,8 @@ async def test_a_paused_queue_gives_no_slot_and_resumes_with_its_limits(store: J
 async def test_a_new_concurrency_counts_the_jobs_already_running(store: JobStore) -> None:
     queues = QueueStore(store.db)
     await pending(store, 4)
-    jobs, _ = await store.claim_many(OWNER, 30, 3, tasks={"noop"}, queue="fragile")
+    claimed = await store.claim(OWNER, 30, BestDue(n=3, tasks={"noop"}, queue="fragile"))
+    jobs, _ = claimed.jobs, claimed.dry
     assert len(jobs) == 3
     await queues.set_limits("fragile", {"concurrency": 2})
     doc = await queues.read("fragile")
@@ -327,7 +328,7 @@ async def test_a_backlog_in_a_limited_queue_costs_the_plain_claim_nothing(
     assert run["totalDocsExamined"] <= 1 and run["totalKeysExamined"] <= 3, run
     plan = str(stats["queryPlanner"]["winningPlan"])
     assert "'claim_by_queue'" in plan and "SORT_MERGE" in plan and "'SORT'" not in plan
-    job = await store.claim(OWNER, 30, tasks=tasks, exclude={"fragile"}, among=among)
+    job = (await store.claim(OWNER, 30, BestDue(tasks=tasks, exclude={"fragile"}, among=among))).job
     assert job is not None and job.id == mine
     after = datetime.now(UTC) - timedelta(seconds=1)
     assert await store.next_due(tasks=tasks, exclude={"fragile"}, after=after) is None

@@ -83,7 +83,7 @@ def feed(hub: Hub, store: JobStore, *, job_id: str | None = None, idle_s: float 
 async def run_one(store: JobStore, task: str = "noop", result: Any = None) -> str:
     """Submit, claim and complete one job as fast as the store allows."""
     job = (await store.submit(JobSpec(task=task, payload={}))).job
-    claimed = await store.claim(OWNER, 30)
+    claimed = (await store.claim(OWNER, 30)).job
     assert claimed is not None and claimed.id == job.id
     written = await store.complete_many(OWNER, [(Lease(job_id=job.id, attempt=1), result)])
     assert written.done == {job.id}
@@ -122,7 +122,7 @@ async def test_a_lease_renewal_is_not_an_event(store: JobStore, hub: Hub) -> Non
     stream = feed(hub, store, job_id=job.id).events(None)
     [current] = await take(stream, 1)
     assert statuses([current]) == ["pending"]
-    claimed = await store.claim(OWNER, 30)
+    claimed = (await store.claim(OWNER, 30)).job
     assert claimed is not None
     assert statuses(await take(stream, 1)) == ["running"]
     for _ in range(3):

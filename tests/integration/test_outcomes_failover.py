@@ -18,8 +18,8 @@ from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import spawn_logged
 from brook.common.store.db import database, make_client
 from brook.common.store.jobs import ExpiredLease, JobStore, Lease
-from brook.dispatcher.dependents import Dependents
-from brook.dispatcher.outcomes import Outcomes
+from brook.dispatcher.attempts.dependents import Dependents
+from brook.dispatcher.attempts.outcomes import Outcomes
 from tests.support.failpoints import fail_commands, fail_nothing
 
 OWNER = "failover-owner"
@@ -40,7 +40,7 @@ async def dispatcher(settings: Settings) -> AsyncIterator[tuple[Settings, JobSto
 
 async def claimed(store: JobStore) -> Lease:
     await store.submit(JobSpec(task="echo", payload={}))
-    job = await store.claim(OWNER, LEASE_S)
+    job = (await store.claim(OWNER, LEASE_S)).job
     assert job is not None
     return Lease(job_id=job.id, attempt=job.attempts)
 

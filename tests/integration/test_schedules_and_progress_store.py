@@ -89,7 +89,7 @@ async def test_progress_is_written_only_by_the_attempt_and_owner_holding_the_job
 ) -> None:
     sub = await store.submit(JobSpec(task="noop", payload={}))
     assert sub.job.progress is None
-    first = await store.claim(OWNER, 30)
+    first = (await store.claim(OWNER, 30)).job
     assert first is not None and first.attempts == 1
     lease1 = Lease(job_id=first.id, attempt=1)
     assert await store.set_progress_many(OWNER, [(lease1, 0.25, "a quarter")]) == {first.id}
@@ -104,7 +104,7 @@ async def test_progress_is_written_only_by_the_attempt_and_owner_holding_the_job
     assert await store.set_progress_many("someone-else", [(lease1, 0.5, None)]) == set()
 
     await store.release(lease1, OWNER)
-    second = await store.claim("other-owner", 30)
+    second = (await store.claim("other-owner", 30)).job
     assert second is not None and second.attempts == 1  # a release does not count
     # A new claim starts with no progress; the old owner's report is fenced out.
     assert second.progress is None

@@ -18,7 +18,7 @@ A, B = "dispatcher-a", "dispatcher-b"
 
 
 async def claimed(store: JobStore, owner: str) -> Lease:
-    job = await store.claim(owner, 30)
+    job = (await store.claim(owner, 30)).job
     assert job is not None
     return Lease(job_id=job.id, attempt=job.attempts)
 
@@ -95,6 +95,6 @@ async def test_a_signal_wakes_only_the_jobs_waiting_on_its_key(store: JobStore) 
     assert still.waiting_for is not None and still.waiting_for["key"] == "k2"
     assert still.run_at.year == 9999  # no timeout: never due by the clock
     # The next claim takes a woken job and clears what it waited for.
-    again = await store.claim(A, 30)
+    again = (await store.claim(A, 30)).job
     assert again is not None and again.id in {j.id for j in woken}
     assert (await store.get(again.id)).waiting_for is None

@@ -14,7 +14,7 @@ from brook.common.domain.errors import JobConflict, JobNotFound, LeaseLost
 from brook.common.domain.models import Job, JobSpec
 from brook.common.domain.status import TRANSITIONS, JobStatus
 from brook.common.operations.dependents import settle
-from brook.common.store.jobs import JobStore, Lease, RunTimes
+from brook.common.store.jobs import BestDue, JobStore, Lease, RunTimes
 from brook.common.store.queries import CLAIM_FILTER, CLAIM_SORT
 
 OWNER = "test-owner"
@@ -81,7 +81,7 @@ async def test_claim_takes_the_highest_priority_then_the_earliest_due(store: Job
     high = await store.submit(spec(priority=5))
     later = await store.submit(spec(priority=9, run_at=datetime.now(UTC) + timedelta(hours=1)))
     low2 = await store.submit(spec(priority=0))
-    order = [await store.claim(OWNER, 30) for _ in range(4)]
+    order = [(await store.claim(OWNER, 30)).job for _ in range(4)]
     assert [j.id if j else None for j in order] == [high.job.id, low.job.id, low2.job.id, None]
     assert (await store.get(later.job.id)).status == JobStatus.PENDING
     assert await store.next_due() == (await store.get(later.job.id)).run_at
@@ -91,7 +91,8 @@ async def test_claim_sets_lease_from_the_server_clock_and_bumps_the_attempt(
     store: JobStore,
 ) -> None:
     await store.submit(spec())
-    job, command = await profiled(store, store.claim(OWNER, 30))
+    claimed, command = await profiled(store, store.claim(OWNER, 30))
+    job = claimed.job
     assert job is not None and job.status == JobStatus.RUNNING and job.attempts == 1
     assert job.owner == OWNER and job.lease_expires_at is not None
     claimed_at = job.history[-1]["at"]
@@ -112,7 +113,8 @@ async def test_a_batch_claim_returns_the_claimed_jobs_without_a_read_back(
     store: JobStore,
 ) -> None:
     ids = [(await store.submit(spec(priority=i))).job.id for i in range(3)]
-    jobs, dry = await store.claim_many(OWNER, 30, 5)
+    claimed = await store.claim(OWNER, 30, BestDue(n=5))
+    jobs, dry = claimed.jobs, claimed.dry
     assert dry and [j.id for j in jobs] == ids[::-1]
     for job in jobs:
         stored = await store.get(job.id)
@@ -123,8 +125,8 @@ async def test_a_batch_claim_returns_the_claimed_jobs_without_a_read_back(
 async def test_an_attempt_records_its_tasks_real_start_and_end(store: JobStore) -> None:
     await store.submit(spec())
     await store.submit(spec())
-    a = await store.claim(OWNER, 30)
-    b = await store.claim(OWNER, 30)
+    a = (await store.claim(OWNER, 30)).job
+    b = (await store.claim(OWNER, 30)).job
     assert a and b and a.claimed_at and b.claimed_at
     await asyncio.sleep(0.6)
     t0 = max(a.claimed_at, b.claimed_at) + timedelta(milliseconds=100)
@@ -153,8 +155,8 @@ async def test_run_times_stay_within_the_attempts_lease_on_the_servers_clock(
     are kept between the claim and the write, so that a queue's jobs never show more runs at
     once than the slots they held."""
     ids = [(await store.submit(spec())).job.id for _ in range(2)]
-    a = await store.claim(OWNER, 30)
-    b = await store.claim(OWNER, 30)
+    a = (await store.claim(OWNER, 30)).job
+    b = (await store.claim(OWNER, 30)).job
     assert a and b and a.claimed_at and b.claimed_at and {a.id, b.id} == set(ids)
     early = a.claimed_at - timedelta(seconds=5)
     late = datetime.now(UTC) + timedelta(hours=1)
@@ -173,7 +175,7 @@ async def test_run_times_stay_within_the_attempts_lease_on_the_servers_clock(
     assert job.finished_at >= before - timedelta(seconds=1)  # the write's $$NOW
     # Both in the future: the start is not after the end.
     c = (await store.submit(spec())).job.id
-    claimed = await store.claim(OWNER, 30)
+    claimed = (await store.claim(OWNER, 30)).job
     assert claimed is not None and claimed.id == c
     failed = await store.fail_attempt(
         Lease(job_id=c, attempt=1), OWNER, {"type": "E"}, 0, final=True,
@@ -185,7 +187,7 @@ async def test_run_times_stay_within_the_attempts_lease_on_the_servers_clock(
     # Both before the claim (a quick task, the dispatcher's reading of the clock a little
     # behind): neither is before the claim, so a job never shows a start before its run_at.
     d = (await store.submit(spec())).job.id
-    quick = await store.claim(OWNER, 30)
+    quick = (await store.claim(OWNER, 30)).job
     assert quick is not None and quick.id == d and quick.claimed_at is not None
     done = await store.complete_many(
         OWNER,
@@ -220,7 +222,7 @@ async def test_an_attempt_ended_by_its_holder_is_told_from_one_the_watchdog_ende
     store: JobStore,
 ) -> None:
     await store.submit(spec(max_attempts=3))
-    first = await store.claim(OWNER, 30)
+    first = (await store.claim(OWNER, 30)).job
     assert first is not None
     lease = Lease(job_id=first.id, attempt=first.attempts)
     assert await store.ended_by_holder(lease) is None  # still running
@@ -228,7 +230,7 @@ async def test_an_attempt_ended_by_its_holder_is_told_from_one_the_watchdog_ende
     [doc] = await store.expired()
     await store.requeue_expired(doc, retry_delay_s=0)
     assert await store.ended_by_holder(lease) is None  # the watchdog's, not the holder's
-    second = await store.claim(OWNER, 30)
+    second = (await store.claim(OWNER, 30)).job
     assert second is not None and second.attempts == 2
     again = Lease(job_id=second.id, attempt=second.attempts)
     await store.fail_attempt(again, OWNER, {"type": "Boom", "message": "x"}, 0)
@@ -239,14 +241,14 @@ async def test_an_attempt_ended_by_its_holder_is_told_from_one_the_watchdog_ende
 
 async def test_a_zombie_completion_from_a_stale_attempt_is_rejected(store: JobStore) -> None:
     sub = await store.submit(spec(max_attempts=3))
-    first = await store.claim(OWNER, 30)
+    first = (await store.claim(OWNER, 30)).job
     assert first is not None
     await expire_now(store, first.id)
     [doc] = await store.expired()
     requeued = await store.requeue_expired(doc, retry_delay_s=0)
     assert requeued.status == JobStatus.PENDING and requeued.error is not None
     assert requeued.error["type"] == "LeaseExpired"
-    second = await store.claim("other-owner", 30)
+    second = (await store.claim("other-owner", 30)).job
     assert second is not None and second.attempts == 2
 
     async def complete(attempt: int, owner: str, result: str) -> bool:
@@ -276,13 +278,13 @@ async def test_a_zombie_completion_from_a_stale_attempt_is_rejected(store: JobSt
 async def test_failed_attempts_retry_then_fail_when_attempts_run_out(store: JobStore) -> None:
     sub = await store.submit(spec(max_attempts=2))
     err = {"type": "Boom", "message": "x"}
-    first = await store.claim(OWNER, 30)
+    first = (await store.claim(OWNER, 30)).job
     assert first is not None
     retry = await store.fail_attempt(Lease(job_id=first.id, attempt=1), OWNER, err, 0.2)
     assert retry.status == JobStatus.PENDING and retry.run_at > retry.history[-2]["at"]
-    assert await store.claim(OWNER, 30) is None  # not due yet
+    assert (await store.claim(OWNER, 30)).job is None  # not due yet
     await asyncio.sleep(0.25)
-    second = await store.claim(OWNER, 30)
+    second = (await store.claim(OWNER, 30)).job
     assert second is not None and second.attempts == 2
     final = await store.fail_attempt(Lease(job_id=sub.job.id, attempt=2), OWNER, err, 0.2)
     assert final.status == JobStatus.FAILED and final.finished_at is not None
@@ -292,8 +294,8 @@ async def test_failed_attempts_retry_then_fail_when_attempts_run_out(store: JobS
 async def test_renew_extends_held_leases_and_reports_lost_ones(store: JobStore) -> None:
     await store.submit(spec())
     await store.submit(spec())
-    a = await store.claim(OWNER, 5)
-    b = await store.claim(OWNER, 5)
+    a = (await store.claim(OWNER, 5)).job
+    b = (await store.claim(OWNER, 5)).job
     assert a and b
     await expire_now(store, b.id)
     [doc] = await store.expired()
@@ -314,7 +316,7 @@ async def test_cancel_pending_is_immediate_running_is_requested_finished_is_a_co
     cancelled = await store.cancel(pending.job.id)
     assert cancelled.status == JobStatus.CANCELLED and cancelled.finished_at is not None
     await store.submit(spec())
-    running = await store.claim(OWNER, 30)
+    running = (await store.claim(OWNER, 30)).job
     assert running is not None
     requested = await store.cancel(running.id)
     assert requested.status == JobStatus.RUNNING and requested.cancel_requested
@@ -328,7 +330,7 @@ async def test_cancel_pending_is_immediate_running_is_requested_finished_is_a_co
 
 async def test_a_cancel_requested_job_whose_attempt_fails_ends_cancelled(store: JobStore) -> None:
     await store.submit(spec(max_attempts=5))
-    job = await store.claim(OWNER, 30)
+    job = (await store.claim(OWNER, 30)).job
     assert job is not None
     await store.cancel(job.id)
     ended = await store.fail_attempt(
@@ -339,13 +341,13 @@ async def test_a_cancel_requested_job_whose_attempt_fails_ends_cancelled(store: 
 
 async def test_release_hands_the_job_back_without_counting_the_attempt(store: JobStore) -> None:
     await store.submit(spec())
-    job = await store.claim(OWNER, 30)
+    job = (await store.claim(OWNER, 30)).job
     assert job is not None
     released = await store.release(Lease(job_id=job.id, attempt=1), OWNER)
     assert (
         released.status == JobStatus.PENDING and released.attempts == 0 and released.owner is None
     )
-    again = await store.claim("next-owner", 30)
+    again = (await store.claim("next-owner", 30)).job
     assert again is not None and again.id == job.id and again.attempts == 1
 
 
@@ -360,28 +362,28 @@ async def test_every_transition_the_store_performs_is_in_the_table(store: JobSto
     err = {"type": "E", "message": "m"}
     # complete after a retry
     await store.submit(spec(max_attempts=3))
-    j = await store.claim(OWNER, 30)
+    j = (await store.claim(OWNER, 30)).job
     assert j
     await store.fail_attempt(Lease(job_id=j.id, attempt=1), OWNER, err, 0)
-    j = await store.claim(OWNER, 30)
+    j = (await store.claim(OWNER, 30)).job
     assert j
     await store.complete_many(OWNER, [(Lease(job_id=j.id, attempt=2), 1)])
     # fail for good
     await store.submit(spec(max_attempts=1))
-    j = await store.claim(OWNER, 30)
+    j = (await store.claim(OWNER, 30)).job
     assert j
     await store.fail_attempt(Lease(job_id=j.id, attempt=1), OWNER, err, 0)
     # expire, release, cancel pending, cancel running
     await store.submit(spec())
-    j = await store.claim(OWNER, 30)
+    j = (await store.claim(OWNER, 30)).job
     assert j
     await expire_now(store, j.id)
     for expired in await store.expired():
         await store.requeue_expired(expired, 0)
-    j = await store.claim(OWNER, 30)
+    j = (await store.claim(OWNER, 30)).job
     assert j
     await store.release(Lease(job_id=j.id, attempt=j.attempts), OWNER)
-    j = await store.claim(OWNER, 30)
+    j = (await store.claim(OWNER, 30)).job
     assert j
     await store.cancel(j.id)
     await store.cancel_running(Lease(job_id=j.id, attempt=j.attempts), OWNER)
@@ -390,7 +392,7 @@ async def test_every_transition_the_store_performs_is_in_the_table(store: JobSto
     # workflows: waiting → pending (its parent completed), waiting → cancelled
     family = await store.submit_many([spec(ref="p"), spec(depends_on=("p",)), spec(depends_on=("p",))])
     await store.cancel(family[2].job.id)
-    j = await store.claim(OWNER, 30)
+    j = (await store.claim(OWNER, 30)).job
     assert j and j.id == family[0].job.id and j.has_dependents
     written = await store.complete_many(OWNER, [(Lease(job_id=j.id, attempt=1, has_dependents=True), 0)])
     assert len(await settle(store, written.parents, via="completion")) == 1
@@ -421,7 +423,7 @@ async def test_complete_many_completes_held_leases_and_reports_lost_and_refused_
 ) -> None:
     for _ in range(3):
         await store.submit(spec(payload={"pad": "p" * (6 * 1024 * 1024)}))
-    a, b, c = [await store.claim(OWNER, 30) for _ in range(3)]
+    a, b, c = [(await store.claim(OWNER, 30)).job for _ in range(3)]
     assert a and b and c
     await expire_now(store, b.id)
     [doc] = await store.expired()
@@ -451,11 +453,11 @@ async def test_one_completion_write_gives_each_job_its_own_values_and_fences_eac
     dependents, exactly as one write per job would."""
     err = {"type": "E", "message": "m"}
     ids = [(await store.submit(spec(max_attempts=3))).job.id for _ in range(6)]
-    held = {j.id: j for j in [await store.claim(OWNER, 30) for _ in ids] if j is not None}
+    held = {j.id: j for j in [(await store.claim(OWNER, 30)).job for _ in ids] if j is not None}
     assert set(held) == set(ids)
     retried = ids[0]  # attempt 2 while the others are at 1
     await store.fail_attempt(Lease(job_id=retried, attempt=1), OWNER, err, 0)
-    again = await store.claim(OWNER, 30)
+    again = (await store.claim(OWNER, 30)).job
     assert again is not None and again.id == retried and again.attempts == 2
     stale = ids[1]  # completed with its old attempt number: matches nothing
     late = ids[2]  # a child attached after the claim: its lease does not know
@@ -485,14 +487,15 @@ async def test_one_completion_write_gives_each_job_its_own_values_and_fences_eac
             assert job.finished_at is not None and job.finished_at > t0
 
 
-async def test_claim_many_leases_the_best_due_jobs_once_each_under_a_race(store: JobStore) -> None:
+async def test_a_batch_claim_leases_the_best_due_jobs_once_each_under_a_race(store: JobStore) -> None:
     ids = [(await store.submit(spec(priority=i % 3))).job.id for i in range(30)]
     await store.submit(spec(priority=9, run_at=datetime.now(UTC) + timedelta(hours=1)))
     results: list[tuple[list[Job], bool]] = []
 
     async def worker(owner: str) -> None:
         while True:  # like a dispatcher: losing a race is not "the queue is dry"
-            jobs, dry = await store.claim_many(owner, 30, 8)
+            claimed = await store.claim(owner, 30, BestDue(n=8))
+            jobs, dry = claimed.jobs, claimed.dry
             results.append((jobs, dry))
             if dry:
                 return
@@ -505,7 +508,8 @@ async def test_claim_many_leases_the_best_due_jobs_once_each_under_a_race(store:
     for jobs, _ in results:
         assert [j.priority for j in jobs] == sorted((j.priority for j in jobs), reverse=True)
         assert all(j.owner == jobs[0].owner for j in jobs)
-    empty, dry = await store.claim_many("late", 30, 8)
+    claimed = await store.claim("late", 30, BestDue(n=8))
+    empty, dry = claimed.jobs, claimed.dry
     assert empty == [] and dry
 
 
@@ -544,8 +548,8 @@ async def test_an_expired_lease_on_a_job_never_started_does_not_use_up_its_attem
 ) -> None:
     await store.submit(spec(max_attempts=1))
     await store.submit(spec(max_attempts=1))
-    ahead = await store.claim(OWNER, 30)  # claimed ahead: its task never started
-    ran = await store.claim(OWNER, 30)
+    ahead = (await store.claim(OWNER, 30)).job  # claimed ahead: its task never started
+    ran = (await store.claim(OWNER, 30)).job
     assert ahead and ran
     await store.mark_started(OWNER, [(Lease(job_id=ran.id, attempt=1), datetime.now(UTC))])
     for job in (ahead, ran):
@@ -557,5 +561,5 @@ async def test_an_expired_lease_on_a_job_never_started_does_not_use_up_its_attem
     assert retried.attempts == 1  # the fencing token still moved on
     failed = await store.get(ran.id)  # its task had started: the attempt counts
     assert failed.status == JobStatus.FAILED and failed.error and failed.error["type"] == "LeaseExpired"
-    again = await store.claim("next-owner", 30)
+    again = (await store.claim("next-owner", 30)).job
     assert again is not None and again.id == ahead.id and again.attempts == 2

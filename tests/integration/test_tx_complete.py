@@ -27,8 +27,8 @@ from brook.common.store.transactions import (
     complete_in_transaction,
     task_ops,
 )
-from brook.dispatcher.dependents import Dependents
-from brook.dispatcher.outcomes import Outcomes
+from brook.dispatcher.attempts.dependents import Dependents
+from brook.dispatcher.attempts.outcomes import Outcomes
 from tests.support.failpoints import fail_commands, fail_nothing
 
 OWNER = "test-owner"
@@ -50,7 +50,7 @@ async def fail_commits(client: AsyncMongoClient[Doc], mode: Any, **data: Any) ->
 
 async def claimed(store: JobStore) -> Lease:
     await store.submit(JobSpec(task="order", payload={}))
-    job = await store.claim(OWNER, 30)
+    job = (await store.claim(OWNER, 30)).job
     assert job is not None
     return Lease(job_id=job.id, attempt=job.attempts)
 
@@ -126,7 +126,7 @@ async def test_a_lease_lost_before_the_commit_aborts_the_transaction_and_its_wri
 
     async def lose_the_lease() -> None:  # what a watchdog does to a frozen holder
         await store.fail_attempt(lease, OWNER, {"type": "LeaseExpired"}, 0)
-        assert await store.claim("other-owner", 30) is not None
+        assert (await store.claim("other-owner", 30)).job is not None
 
     end, _ = await attempt(worker, settings, store, lease, meanwhile=lose_the_lease)
     # The fence either matched nothing or met the newer write (a conflict): aborted both ways.

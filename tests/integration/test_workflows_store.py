@@ -16,7 +16,7 @@ from brook.common.domain.status import JobStatus
 from brook.common.operations.dependents import settle
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
-from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.jobs import BestDue, JobStore, Lease
 from tests.support.commands import CommandCounter
 from tests.support.failpoints import fail_commands, fail_nothing
 
@@ -31,7 +31,7 @@ async def aclient(settings: Settings) -> AsyncIterator[AsyncClient]:
 
 
 async def claim(store: JobStore, task: str) -> Job:
-    job = await store.claim(OWNER, 30, tasks={task})
+    job = (await store.claim(OWNER, 30, BestDue(tasks={task}))).job
     assert job is not None, f"no due {task} job"
     return job
 

@@ -9,7 +9,7 @@ import os
 from collections.abc import Collection
 
 from brook.common.operations.dependents import Via
-from brook.dispatcher import dependents
+from brook.dispatcher.attempts import dependents
 
 _settle = dependents.Dependents.parents_ended
 

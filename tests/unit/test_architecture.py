@@ -6,8 +6,11 @@ in `brook/`), and nothing, product, tests or benchmarks, imports them by any oth
 roles (`ingest`, `dispatcher`, `executor`) depend on `common` and never on each other, nothing
 below the top (`brook` itself: the CLI, the client, the role wiring) imports it, and
 `common`'s rooms stand on floors: `domain` at the bottom, then `runtime`, `store`,
-`operations`; `protocol` needs only `domain`. An import that points up a floor (or a room that
-imports a role) fails here, naming the file and the import."""
+`operations`; `protocol` needs only `domain`. The dispatcher has three rooms of its own
+(`claiming`, `attempts`, `following`) under its top (`dispatcher.py`, `hand_off.py`,
+`wiring.py`): a room imports only itself and `wiring`, never another room nor the rest of the
+top. An import that points up a floor (or a room that imports a role) fails here, naming the
+file and the import."""
 
 from __future__ import annotations
 
@@ -101,9 +104,61 @@ def test_the_roles_never_import_each_other_nor_the_top() -> None:
     assert not wrong, wrong
 
 
+# The dispatcher's rooms, and its top: the modules that compose the rooms (and may import
+# them). A room may import itself and `wiring` (what its parts share), nothing else of the
+# dispatcher's.
+DISPATCHER_ROOMS = {"claiming", "attempts", "following"}
+DISPATCHER_TOP = {"__init__", "dispatcher", "hand_off", "wiring"}
+SHARED_BY_ROOMS = {"wiring"}
+
+
+def test_every_module_of_the_dispatcher_is_in_a_room_or_at_its_top() -> None:
+    root = ROOT / "dispatcher"
+    rooms = {p.parent.name for p in root.glob("*/__init__.py")}
+    assert rooms == DISPATCHER_ROOMS
+    stray = [
+        str(path.relative_to(ROOT))
+        for path in sources("dispatcher")
+        if (path.parent == root and path.stem not in DISPATCHER_TOP)
+        or (path.parent != root and path.parent.parent != root)
+    ]
+    assert not stray, stray
+
+
+def test_the_dispatchers_rooms_import_only_themselves_and_what_they_share() -> None:
+    wrong = []
+    for room in DISPATCHER_ROOMS:
+        for path in sources(f"dispatcher/{room}"):
+            for name in imports_of(path):
+                where = room_of(name)
+                if where is None or where[0] != "dispatcher":
+                    continue
+                first = where[1].split(".")[0]
+                if first not in {room, *SHARED_BY_ROOMS}:
+                    wrong.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not wrong, wrong
+
+
+def test_the_dispatchers_top_is_what_nothing_in_a_room_imports() -> None:
+    """`wiring` imports no room but for the jobs it holds (`claiming.holdings`), which every
+    room reads through it; the rooms never import `dispatcher` or `hand_off`."""
+    imported = {
+        name
+        for path in sources("dispatcher/claiming")
+        + sources("dispatcher/attempts")
+        + sources("dispatcher/following")
+        for name in imports_of(path)
+    }
+    assert not {"brook.dispatcher.dispatcher", "brook.dispatcher.hand_off"} & imported
+    wiring = {
+        n for n in imports_of(ROOT / "dispatcher/wiring.py") if n.startswith("brook.dispatcher")
+    }
+    assert wiring <= {"brook.dispatcher.claiming.holdings"}, wiring
+
+
 # The sizes a newcomer can read in one sitting (docs/development.md).
 MAX_FUNCTION_LINES = 60
-MAX_CLASS_LINES = 400
+MAX_CLASS_LINES = 300
 MAX_MODULE_LINES = 800
 PRODUCT = ("common", "ingest", "dispatcher", "executor", "brook")
 

@@ -7,7 +7,8 @@ caller lost a race. Times that matter for leases and due dates come from the ser
 clock (`$$NOW`, or `ServerClock` where no write can read it).
 
 The concerns, each a class over the same collection (`JobsCollection`):
-`submits` (JobSubmits, with `workflows`: JobWorkflows), `claims` (JobClaims), `attempts`
+`submits` (JobSubmits, with `workflows`: JobWorkflows), `claims` (JobClaims: one `claim`
+for every kind of claim), `candidates` (JobCandidates: where a claim looks), `attempts`
 (JobAttempts: leases, progress, starts, expired leases), `outcomes` (JobOutcomes),
 `commands` (JobCommands: cancel, retry), `bulk` (JobBulk: retry and cancel by filter),
 `reads` (JobReads), `changes` (JobChanges) and `steps` (JobSteps: durable steps, sleeps and
@@ -28,8 +29,17 @@ from brook.common.store.db import ensure_indexes
 from brook.common.store.jobs.attempts import JobAttempts
 from brook.common.store.jobs.base import JOBS, JobsCollection
 from brook.common.store.jobs.bulk import JobBulk
+from brook.common.store.jobs.candidates import JobCandidates
 from brook.common.store.jobs.changes import JobChanges, buffered
-from brook.common.store.jobs.claims import JobClaims, SlotClaim
+from brook.common.store.jobs.claims import (
+    BestDue,
+    ClaimAsk,
+    Claimed,
+    HoldingKeySlots,
+    JobClaims,
+    OfKey,
+    Tagged,
+)
 from brook.common.store.jobs.commands import JobCommands
 from brook.common.store.jobs.indexes import INDEXES
 from brook.common.store.jobs.outcomes import JobOutcomes
@@ -51,16 +61,21 @@ from brook.common.store.state import TokenStore
 __all__ = [
     "INDEXES",
     "JOBS",
+    "BestDue",
+    "ClaimAsk",
+    "Claimed",
     "Completions",
     "EndedParent",
     "ExpiredLease",
+    "HoldingKeySlots",
     "JobStore",
     "JobsCollection",
     "Lease",
+    "OfKey",
     "RunTimes",
     "Settled",
-    "SlotClaim",
     "Submitted",
+    "Tagged",
     "buffered",
 ]
 
@@ -68,6 +83,7 @@ __all__ = [
 class JobStore(
     JobSubmits,
     JobClaims,
+    JobCandidates,
     JobAttempts,
     JobOutcomes,
     JobCommands,

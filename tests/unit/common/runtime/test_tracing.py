@@ -44,7 +44,7 @@ UNTRACED_PATH = """
     from brook.executor.registry import load_tasks
     from brook.executor.worker import run_one
     from brook.dispatcher.dispatcher import Dispatcher
-    from brook.dispatcher.triggers import TriggerFollower
+    from brook.dispatcher.following.triggers import TriggerFollower
 
     settings = Settings()
     load_tasks(settings)

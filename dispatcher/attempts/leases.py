@@ -1,4 +1,4 @@
-"""Leases: the heartbeat that renews ours, and the watchdog that requeues anyone's expired.
+"""Leases: the heartbeat that renews ours, and the self-fencing of those it could not renew.
 
 The heartbeat renews every lease this dispatcher holds in one write a third of the lease
 length apart; a lease it no longer holds (it froze past expiry, say) kills that worker. A
@@ -8,10 +8,8 @@ dispatcher fences itself (`expiries`), stopping that worker before then by its o
 monotonic clock, with room for that clock to run up to `CLOCK_DRIFT` slower than the
 primary's and for the kill itself (`STOP_MARGIN_S`). So no attempt runs on where the
 watchdog of another dispatcher may already have requeued the job (and a limited queue freed
-its slot): a job never runs in two places at once, partitions included.
-The watchdog is the slow path that makes no job depend on an event: it requeues expired
-leases (a dead or frozen holder), stops workers whose cancel request the stream missed,
-then asks the claimer to look for due work.
+its queue slot): a job never runs in two places at once, partitions included. Anyone's expired
+leases are requeued by the watchdog (`watchdog.py`).
 """
 
 from __future__ import annotations
@@ -25,19 +23,14 @@ import pymongo
 from prometheus_client import Counter
 from pymongo.errors import PyMongoError
 
-from brook.common.domain.errors import LeaseLost
 from brook.common.protocol.runner import KillReason
-from brook.common.runtime.backoff import backoff_delay
 from brook.common.runtime.log_events import Event, emit, job_fields
 from brook.common.runtime.metrics import (
     LEASE_RENEWALS,
-    LEASES_EXPIRED,
     LEASES_LOST,
     LEASES_SELF_FENCED,
-    count_outcome,
 )
-from brook.common.store.jobs import ExpiredLease, Lease
-from brook.dispatcher.dependents import Dependents
+from brook.common.store.jobs import Lease
 from brook.dispatcher.wiring import Wiring
 
 Kill = Callable[[str, KillReason], bool]
@@ -58,17 +51,13 @@ STOP_MARGIN_S = 0.15
 
 
 class LeaseKeeper:
-    def __init__(
-        self, wiring: Wiring, kill: Kill, swept: Callable[[], None], dependents: Dependents
-    ) -> None:
+    def __init__(self, wiring: Wiring, kill: Kill) -> None:
         self.settings = wiring.settings
         self.store = wiring.store
         self.owner = wiring.owner
         self.holdings = wiring.holdings
         self.clock = wiring.clock
         self.kill = kill
-        self.swept = swept
-        self.dependents = dependents
         # By (job id, attempt), so that nothing of an attempt carries over to a later one of
         # the same job held here: time.monotonic() of the last renewal sent, and the
         # attempts stopped for a lease not renewed in time.
@@ -186,69 +175,3 @@ class LeaseKeeper:
         )
         counter.inc()
         self.kill(lease.job_id, "lease_lost")
-
-    # -- watchdog --------------------------------------------------------------------------
-
-    async def watchdog(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.sweep_seconds)
-            await self.try_sweep()
-
-    async def try_sweep(self) -> None:
-        """A sweep that rides over an unavailable MongoDB (the next one tries again)."""
-        try:
-            await self.sweep()
-        except PyMongoError as exc:
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="sweep", error=str(exc)[:200])
-
-    async def sweep(self) -> None:
-        """Requeue expired leases, stop workers of cancelled jobs, settle the dependents of
-        parents that ended without it (their settler died), and claim due work."""
-        await self.clock.sync()
-        requeued = 0
-        for lease in await self.store.expired():
-            if await self._requeue(lease):
-                requeued += 1
-        held = [lease.job_id for lease in self.holdings.running()]
-        for job_id in await self.store.cancel_requested(self.owner, held):
-            self.cancel(job_id)
-        self.holdings.forget_old_cancels()
-        parents = await self.dependents.sweep()
-        if requeued or parents:
-            emit(Event.SWEEP_DONE, requeued=requeued, parents_settled=parents)
-        self.swept()
-
-    async def _requeue(self, lease: ExpiredLease) -> bool:
-        s = self.settings
-        if lease.tx_session is not None:
-            # The frozen or dead holder's attempt had a transaction open (`ctx.transaction()`,
-            # with locks on what it wrote, maybe on this job): end it, so that nothing of it
-            # can commit later and the next attempt does not wait out MongoDB's lifetime limit.
-            try:
-                await self.store.kill_sessions([lease.tx_session])
-            except PyMongoError as exc:
-                emit(
-                    Event.MONGO_UNAVAILABLE,
-                    level="warning",
-                    op="end_transaction",
-                    error=str(exc)[:200],
-                )
-            else:
-                emit(Event.TRANSACTION_ENDED, **job_fields(lease), owner=lease.owner)
-        delay = backoff_delay(lease.attempt, s.retry_base_seconds, s.retry_cap_seconds)
-        try:
-            job = await self.store.requeue_expired(lease, delay)
-        except LeaseLost:
-            return False  # renewed or finished meanwhile
-        LEASES_EXPIRED.inc()
-        count_outcome(lease, "expired")
-        emit(
-            Event.LEASE_EXPIRED,
-            level="warning",
-            **job_fields(lease),
-            owner=lease.owner,
-            status=job.status.value,
-        )
-        if lease.owner == self.owner:
-            self.kill(lease.job_id, "lease_lost")
-        return True

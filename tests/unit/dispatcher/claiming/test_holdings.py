@@ -28,7 +28,7 @@ def held_job(
 
 
 def test_a_dispatcher_holds_about_a_fifth_of_a_second_of_work_ahead_and_none_of_long_tasks() -> None:
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     holdings = Holdings()
     assert holdings.ahead(2, 32) == 0  # no task has ended yet: it does not know its tasks
@@ -49,7 +49,7 @@ def test_an_aged_job_starts_before_the_jobs_claimed_ahead_by_stored_priority() -
     from datetime import UTC, datetime, timedelta
 
     from brook.common.domain.models import Job
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     def job(job_id: str, priority: int, age_s: float) -> Job:
         due = datetime.now(UTC) - timedelta(seconds=age_s)
@@ -65,7 +65,7 @@ def test_an_aged_job_starts_before_the_jobs_claimed_ahead_by_stored_priority() -
     holdings.add(job("old", 0, 5.0))
     holdings.add(job("stream-3", 10, 0.1))
     started = []
-    while (nxt := holdings.next_waiting(None)) is not None:
+    while (nxt := holdings.next_claimed_ahead(None)) is not None:
         holdings.start(nxt.id)
         started.append(nxt.id)
     assert started == ["old", "stream-1", "stream-2", "stream-3"]
@@ -76,7 +76,7 @@ def test_a_key_is_held_while_a_job_of_it_waits_or_runs_in_its_queue() -> None:
     from datetime import UTC, datetime
 
     from brook.common.domain.models import Job
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     now = datetime.now(UTC)
     job = Job.from_doc(
@@ -99,7 +99,7 @@ def test_in_a_keyed_queue_the_job_whose_key_runs_least_here_starts_first() -> No
     them, starts on the next free worker. Priority still goes first; a plain queue keeps
     claim order."""
 
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     def job(job_id: str, key: str, age_s: float, queue: str = "fair", priority: int = 0) -> Job:
         return held_job(job_id, age_s, queue, key, priority)
@@ -113,16 +113,16 @@ def test_in_a_keyed_queue_the_job_whose_key_runs_least_here_starts_first() -> No
     holdings.start("a0")
     holdings.start("a1")
     holdings.add(job("b0", "b", 0.0))  # the newest of all
-    nxt = holdings.next_waiting(None, keyed=keyed)
+    nxt = holdings.next_claimed_ahead(None, keyed=keyed)
     assert nxt is not None and nxt.id == "b0"
     holdings.start("b0")
     # Both keys busy: A has two running, B one; B's next job goes first again.
     holdings.add(job("b1", "b", 0.0))
-    nxt = holdings.next_waiting(None, keyed=keyed)
+    nxt = holdings.next_claimed_ahead(None, keyed=keyed)
     assert nxt is not None and nxt.id == "b1"
     # A job of a higher priority goes before a quieter key.
     holdings.add(job("a-urgent", "a", 0.0, priority=5))
-    nxt = holdings.next_waiting(None, keyed=keyed)
+    nxt = holdings.next_claimed_ahead(None, keyed=keyed)
     assert nxt is not None and nxt.id == "a-urgent"
     # Without keyed turns, claim order (due time) alone.
     plain = Holdings()
@@ -130,7 +130,7 @@ def test_in_a_keyed_queue_the_job_whose_key_runs_least_here_starts_first() -> No
         plain.add(job(f"p{i}", "a", 10.0 - i, queue="plain"))
     plain.start("p0")
     plain.add(job("q0", "b", 0.0, queue="plain"))
-    nxt = plain.next_waiting(None, keyed=keyed)
+    nxt = plain.next_claimed_ahead(None, keyed=keyed)
     assert nxt is not None and nxt.id == "p1"
 
 
@@ -140,7 +140,7 @@ def test_a_job_outranks_the_jobs_waiting_or_with_none_waiting_the_job_claimed_la
     from datetime import UTC, datetime
 
     from brook.common.domain.models import Job
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     def job(job_id: str, priority: int) -> Job:
         now = datetime.now(UTC)
@@ -163,7 +163,7 @@ def test_the_job_whose_line_runs_least_here_starts_first() -> None:
     """The plain queues' backlog fills the buffer with jobs older than a later job of a
     queue with limits (its own line): that one starts on the next free worker, not after
     the older jobs the buffer keeps refilling with. Jobs of one line keep claim order."""
-    from brook.dispatcher.held_jobs import Holdings
+    from brook.dispatcher.claiming.holdings import Holdings
 
     def job(job_id: str, queue: str, age_s: float, priority: int = 0) -> Job:
         return held_job(job_id, age_s, queue, priority=priority)
@@ -177,24 +177,24 @@ def test_the_job_whose_line_runs_least_here_starts_first() -> None:
     holdings.start("d0")
     holdings.start("d1")
     holdings.add(job("e0", "emails", 0.0))  # the newest of all
-    nxt = holdings.next_waiting(None, line=line)
+    nxt = holdings.next_claimed_ahead(None, line=line)
     assert nxt is not None and nxt.id == "e0"
     holdings.start("e0")
     # emails runs one, the plain line two: emails' next job goes first again
     holdings.add(job("e1", "emails", 0.0))
-    nxt = holdings.next_waiting(None, line=line)
+    nxt = holdings.next_claimed_ahead(None, line=line)
     assert nxt is not None and nxt.id == "e1"
     holdings.start("d2")
     holdings.start("e1")  # now emails runs two, the plain line three
     holdings.add(job("e2", "emails", 0.0))
-    nxt = holdings.next_waiting(None, line=line)
+    nxt = holdings.next_claimed_ahead(None, line=line)
     assert nxt is not None and nxt.id == "e2"
     # A higher priority goes before a quieter line; without lines, claim order alone.
     holdings.add(job("d-urgent", "default", 0.0, priority=5))
-    nxt = holdings.next_waiting(None, line=line)
+    nxt = holdings.next_claimed_ahead(None, line=line)
     assert nxt is not None and nxt.id == "d-urgent"
-    nxt = holdings.next_waiting(None)
+    nxt = holdings.next_claimed_ahead(None)
     assert nxt is not None and nxt.id == "d-urgent"
-    holdings.unwait("d-urgent")
-    nxt = holdings.next_waiting(None)
+    holdings.withdraw("d-urgent")
+    nxt = holdings.next_claimed_ahead(None)
     assert nxt is not None and nxt.id == "d3"

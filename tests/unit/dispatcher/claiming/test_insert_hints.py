@@ -3,7 +3,7 @@ only the first is news, whichever comes first; without hints every event is news
 
 from __future__ import annotations
 
-from brook.dispatcher.oplog_hints import Announced
+from brook.dispatcher.claiming.insert_hints import Announced
 
 
 def test_without_hints_every_announcement_is_news() -> None:

@@ -2,7 +2,7 @@
 sweep for parents whose dependents nobody settled.
 
 After a completion (or a failure or cancel) of a job that has dependents, its children
-are settled off the job's path: the slot is free already, and parents that end while a
+are settled off the job's path: its worker is free already, and parents that end while a
 settle is in flight are settled together in the next one. A settle that cannot be
 written (no primary in time) is left to the sweep, as is one whose dispatcher died
 between the parent's write and the children's: any dispatcher's sweep settles a finished

@@ -10,7 +10,7 @@ import pytest
 from brook.common.domain.errors import InvalidInput
 from brook.common.domain.queues import QueueDoc, QueueLimits, validate_queue_update
 from brook.common.domain.validation import validate_batch, validate_spec
-from brook.dispatcher.key_turns import KeyTurns, interleave
+from brook.dispatcher.claiming.key_turns import KeyTurns, interleave
 
 
 def test_a_job_key_is_a_non_empty_string_of_at_most_256_characters() -> None:
@@ -156,7 +156,7 @@ def test_a_debounce_join_keeps_the_first_submits_fields_and_takes_the_latest_pay
 
 
 def test_effective_priority_rises_by_one_per_interval_waited() -> None:
-    from brook.dispatcher.aging import effective
+    from brook.dispatcher.claiming.aging import effective
 
     now = datetime(2026, 1, 1, tzinfo=UTC)
     doc = {"priority": 3, "run_at": now - timedelta(seconds=2.6)}

@@ -21,32 +21,19 @@ A schedule seen for the first time starts with its next tick.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TypeVar
 
 from brook.common.domain.models import JobSpec
 from brook.common.domain.schedules import Schedule, ScheduleState
 from brook.common.runtime.log_events import Event, emit, job_fields
 from brook.common.store.clock import ServerClock
-from brook.common.store.failover_retry import ride_out
+from brook.common.store.failover_retry import persist
 from brook.common.store.jobs import JobStore
 from brook.common.store.schedules import ScheduleStore
 
 MAX_SLEEP_S = 60.0
 
-T = TypeVar("T")
-
-
-async def _persist(op: str, fn: Callable[[], Awaitable[T]]) -> T:
-    """Retry through a failover for as long as it takes (ride_out without a deadline)."""
-
-    async def boxed() -> tuple[T]:  # tells "returned None" from "gave up"
-        return (await fn(),)
-
-    result = await ride_out(op, boxed)
-    assert result is not None, "ride_out without a deadline returns only on success"
-    return result[0]
 
 
 class ScheduleRunner:
@@ -72,12 +59,12 @@ class ScheduleRunner:
         if not self.schedules:
             return
         names = list(self.schedules)
-        await _persist(
+        await persist(
             "schedules.declare",
             lambda: self.store.declare(list(self.schedules.values()), self.owner),
         )
-        await _persist("clock", self.clock.sync)
-        states = await _persist("schedules.read", lambda: self.store.states(names))
+        await persist("clock", self.clock.sync)
+        states = await persist("schedules.read", lambda: self.store.states(names))
         await self._start(states, self._now())
         while True:
             delay = (min(self._next.values()) - self._now()).total_seconds()
@@ -128,7 +115,7 @@ class ScheduleRunner:
 
     async def _tick(self, now: datetime) -> None:
         due = [name for name, at in self._next.items() if at <= now]
-        states = await _persist("schedules.read", lambda: self.store.states(due))
+        states = await persist("schedules.read", lambda: self.store.states(due))
         now = max(now, self._now())  # the read may have waited out a failover
         ticks: list[tuple[Schedule, datetime]] = []
         for name in due:
@@ -151,7 +138,7 @@ class ScheduleRunner:
             idempotency_key=s.key(tick),
             schedule={"name": s.name, "tick": tick},
         )
-        submitted = await _persist("schedule.submit", lambda: self.jobs.submit(spec))
+        submitted = await persist("schedule.submit", lambda: self.jobs.submit(spec))
         job = submitted.job
         fields = job_fields(job) | {"schedule": s.name, "tick": tick.isoformat()}
         if not submitted.created:
@@ -159,4 +146,4 @@ class ScheduleRunner:
             emit(Event.JOB_DEDUPLICATED, level="debug", **fields)
             return
         emit(Event.JOB_SUBMITTED, **fields, catch_up=catch_up, run_at=job.run_at.isoformat())
-        await _persist("schedule.ticked", lambda: self.store.ticked(s.name, tick, job.id))
+        await persist("schedule.ticked", lambda: self.store.ticked(s.name, tick, job.id))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,10 +11,11 @@ from brook.common.domain.models import Job
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import spawn_logged
 from brook.common.store.clock import ServerClock
-from brook.dispatcher.claimer import Claimer
-from brook.dispatcher.held_jobs import Holdings
-from brook.dispatcher.leases import LeaseKeeper
-from brook.dispatcher.limits import Limits
+from brook.common.store.jobs import BestDue, ClaimAsk, Claimed
+from brook.dispatcher.attempts.leases import LeaseKeeper
+from brook.dispatcher.claiming.claimer import Claimer
+from brook.dispatcher.claiming.holdings import Holdings
+from brook.dispatcher.claiming.limits import Limits
 from brook.dispatcher.wiring import Wiring
 
 
@@ -34,36 +34,21 @@ def job(job_id: str, queue: str) -> Job:
     )
 
 
+ONE = BestDue()
+
+
 class FakeStore:
     def __init__(self, backlog: dict[str, list[str]]) -> None:
         self.backlog = backlog
         self.claims: list[str | None] = []
 
-    async def claim(
-        self,
-        owner: str,
-        lease: float,
-        *,
-        tasks: Collection[str],
-        queue: str | None,
-        **_: Any,
-    ) -> Job | None:
-        self.claims.append(queue)
-        ids = self.backlog.get(queue or "", [])
-        return job(ids.pop(0), queue or "") if ids else None
-
-    async def claim_many(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        *,
-        tasks: Collection[str],
-        queue: str | None,
-        **_: Any,
-    ) -> tuple[list[Job], bool]:
-        got = [j for j in [await self.claim(owner, lease, tasks=tasks, queue=queue)] if j]
-        return got, len(got) < limit
+    async def claim(self, owner: str, lease: float, ask: ClaimAsk = ONE) -> Claimed:
+        """One job at most per claim, whatever it asks for."""
+        assert isinstance(ask, BestDue)
+        self.claims.append(ask.queue)
+        ids = self.backlog.get(ask.queue or "", [])
+        got = [job(ids.pop(0), ask.queue or "")] if ids else []
+        return Claimed(got, dry=len(got) < ask.n)
 
     async def next_due(self, **_: Any) -> None:
         return None
@@ -101,7 +86,7 @@ async def test_a_queue_that_filled_its_slots_is_claimed_again_when_one_frees_up(
     assert started == ["d1"] and store.claims.count("emails") == 1  # emails: dry, once
     for expected in ("d2", "d3"):
         holdings.drop(started[-1])
-        claimer.slot_freed()  # no new event: only a freed slot of the queue that had more
+        claimer.worker_freed()  # no new event: only a freed worker of the queue that had more
         await asyncio.sleep(0.05)
         assert started[-1] == expected
     assert store.claims.count("emails") == 1  # a dry queue is not asked again without news
@@ -118,10 +103,10 @@ class SlowAnswerStore(FakeStore):
         self.delay = delay
         self.applied: list[float] = []
 
-    async def claim(self, owner: str, lease: float, **kw: Any) -> Job | None:
+    async def claim(self, owner: str, lease: float, ask: ClaimAsk = ONE) -> Claimed:
         self.applied.append(time.monotonic())
         await asyncio.sleep(self.delay)
-        return await super().claim(owner, lease, **kw)
+        return await super().claim(owner, lease, ask)
 
 
 async def test_a_lease_whose_claim_answered_late_is_fenced_from_when_the_claim_was_sent() -> None:
@@ -146,7 +131,7 @@ async def test_a_lease_whose_claim_answered_late_is_fenced_from_when_the_claim_w
     # The server's lease ran from when it applied the claim, 0.7 s before the answer: the
     # self-fence counts from the send, never from the answer.
     assert holdings.lease_since("j1") <= store.applied[0] <= answered[0] - 0.7
-    keeper = LeaseKeeper(wiring, lambda job_id, reason: True, lambda: None, None)  # type: ignore[arg-type]
+    keeper = LeaseKeeper(wiring, lambda job_id, reason: True)
     lease = holdings.lease("j1")
     assert lease is not None
     assert keeper._deadline(lease) < store.applied[0] + settings.lease_seconds

@@ -18,15 +18,17 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from pymongo.errors import PyMongoError
 
 from brook.common.domain.models import Doc, Job
 from brook.common.domain.queues import QueueLimits, key_slot
 from brook.common.runtime.log_events import Event, emit
-from brook.common.store.jobs import JobStore, SlotClaim
-from brook.dispatcher.keyed_claims import Clock, KeyedClaims, key_of
+from brook.common.store.jobs import Claimed, HoldingKeySlots, JobStore, OfKey
+from brook.dispatcher.claiming.keyed_claims import KeyedClaims, key_of
+from brook.dispatcher.claiming.policies import Got, KeyOnly
+from brook.dispatcher.claiming.queue_gates import Clock, QueueGates
 
 # How long a key whose slot another dispatcher's job holds waits before it is tried again
 # (or until the next requeue or sweep).
@@ -36,36 +38,23 @@ At = tuple[str, int]  # a slot held on a job: its key and index
 
 
 @dataclass(frozen=True, kw_only=True)
-class Held:
+class SlotsHeld:
     """The slot a job of this dispatcher holds: in `brook_queues` (by `tag`), or on the job
-    itself (`on_job`), or both while a queue's limits change under it; `start_by`
+    itself (`on_job`), or both while a queue's limits change under it; `latest_start`
     (`time.monotonic()`): for a queue with a rate, the latest its task may start, or it is
     handed back."""
 
     queue: str
     tag: str | None = None
     on_job: At | None = None
-    start_by: float | None = None
+    latest_start: float | None = None
 
 
-def held_key(job: Job) -> tuple[str, int]:
+def slots_key(job: Job) -> tuple[str, int]:
     """What a held slot is kept by: an attempt's end never gives back a later one's slot."""
     return (job.id, job.attempts)
 
 
-class Gate(Protocol):
-    def is_open(self, queue: str) -> bool: ...
-
-    def claimed(self, queue: str) -> None: ...
-
-    def open(self, queue: str) -> None: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlotsClaimed:
-    jobs: list[Job]
-    dry: bool = False
-    blocked: bool = False
 
 
 def moved(
@@ -95,8 +84,8 @@ class KeySlots:
         lease_s: float,
         clock: Clock,
         keys: KeyedClaims,
-        gates: Gate,
-        held: dict[tuple[str, int], Held],
+        gates: QueueGates,
+        held: dict[tuple[str, int], SlotsHeld],
         spawn: Callable[[Coroutine[Any, Any, None], str], object],
     ) -> None:
         self.store = store
@@ -118,8 +107,8 @@ class KeySlots:
         n: int,
         tasks: frozenset[str],
         gen: int,
-        only: tuple[str | None] | None,
-    ) -> SlotsClaimed:
+        only: KeyOnly,
+    ) -> Got:
         """Up to `n` jobs by turns across the queue's keys, each of a key asking for an index
         this dispatcher does not hold (a key with none left waits for one of its jobs here
         to end), in one write that claims them and takes their slots."""
@@ -133,12 +122,12 @@ class KeySlots:
             # another claim): none takes a slot in `brook_queues`, so few are lost.
             docs, dry = await self.keys.pick(queue, n + 2, tasks, gen, only)
         if not docs:
-            return SlotsClaimed(jobs=[], dry=dry, blocked=not self.gates.is_open(queue))
+            return Got(jobs=[], dry=dry, blocked=not self.gates.is_open(queue))
         asked, full = self.ask(queue, limit, docs, n)
         if full:
             self.keys.wait(queue, dict.fromkeys(full), gen)
         if not asked:
-            return SlotsClaimed(jobs=[], blocked=self.keys.wait_all_if_waiting(queue, gen))
+            return Got(jobs=[], blocked=self.keys.wait_all_if_waiting(queue, gen))
         try:
             got = await self._write(queue, urgent, asked, tasks)
         finally:
@@ -150,27 +139,25 @@ class KeySlots:
             at = asked.get("" if urgent is not None else job.id)
             if at is not None:
                 self._used.setdefault(queue, {}).setdefault(at[0], set()).add(at[1])
-            self.held[held_key(job)] = Held(queue=queue, on_job=at)
+            self.held[slots_key(job)] = SlotsHeld(queue=queue, on_job=at)
         self.keys.served_keys(queue, [job.key for job in got.jobs])
         if got.refused is not None:
             _, _, key = got.refused.split(":", 2)
             self.keys.wait(queue, {key: self.clock.now() + KEY_HELD_ELSEWHERE_S}, gen)
             emit(Event.KEY_HELD_ELSEWHERE, level="debug", queue=queue, key=key, slot=got.refused)
             dry = False  # the claim stopped at that key: the others may have more
-        return SlotsClaimed(jobs=got.jobs, dry=dry and len(got.jobs) < n)
+        return Got(jobs=got.jobs, dry=dry and len(got.jobs) < n)
 
     async def _write(
         self, queue: str, urgent: str | None, asked: Mapping[str, At | None], tasks: frozenset[str]
-    ) -> SlotClaim:
+    ) -> Claimed:
         if urgent is not None and (at := asked.get("")) is not None:
             slot = key_slot(queue, *at)
-            return await self.store.claim_of_key_slot(
-                self.owner, self.lease_s, queue, urgent, slot, tasks=tasks
-            )
+            ask = OfKey(queue=queue, key=urgent, tasks=tasks, key_slot=slot)
+            return await self.store.claim(self.owner, self.lease_s, ask)
         slots = {i: key_slot(queue, *a) if a else None for i, a in asked.items()}
-        return await self.store.claim_with_slots(
-            self.owner, self.lease_s, slots, secrets.token_hex(8)
-        )
+        with_slots = HoldingKeySlots(slots=slots, tag=secrets.token_hex(8))
+        return await self.store.claim(self.owner, self.lease_s, with_slots)
 
     def ask(
         self, queue: str, limit: int, docs: Sequence[Doc], n: int
@@ -208,7 +195,7 @@ class KeySlots:
         if not used:
             del keys[key]
 
-    def finished(self, held: Held) -> None:
+    def finished(self, held: SlotsHeld) -> None:
         """A job holding a slot on itself ended here: its final write gave the slot back with
         the status (or its attempt may still be running in MongoDB: a claim that asks for
         that slot is refused until the watchdog requeues it)."""
@@ -226,7 +213,7 @@ class KeySlots:
             limits = view.get(job.queue)
             if job.key is None or limits is None or limits.key_concurrency is None:
                 continue
-            old = self.held.get(held_key(job))
+            old = self.held.get(slots_key(job))
             if old is not None and old.on_job is not None:
                 continue  # it holds one already (its queue's limits went and came back)
             candidate = {"_id": job.id, "key": job.key}
@@ -235,20 +222,20 @@ class KeySlots:
             if at is None:
                 continue
             tag = old.tag if old is not None else None
-            self.held[held_key(job)] = Held(queue=job.queue, tag=tag, on_job=at)
+            self.held[slots_key(job)] = SlotsHeld(queue=job.queue, tag=tag, on_job=at)
             self.spawn(self._take(job, at), f"adopt-slot:{job.id}")
 
     async def _take(self, job: Job, at: At) -> None:
         slot = key_slot(job.queue, *at)
         try:
-            took = await self.store.take_slot(self.owner, job.id, job.attempts, slot)
+            took = await self.store.take_key_slot(self.owner, job.id, job.attempts, slot)
         except PyMongoError as exc:
             emit(Event.MONGO_UNAVAILABLE, level="warning", op="take_slot", error=str(exc)[:200])
             took = False
         if not took:
-            held = self.held.get(held_key(job))
+            held = self.held.get(slots_key(job))
             if held is not None and held.on_job == at:
-                self.held[held_key(job)] = Held(queue=held.queue, tag=held.tag)
+                self.held[slots_key(job)] = SlotsHeld(queue=held.queue, tag=held.tag)
             self.free(job.queue, *at)
             return
         emit(Event.SLOTS_ADOPTED, queue=job.queue, jobs=[job.id], slot=slot)

@@ -4,11 +4,12 @@ MongoDB stays the truth; this only answers "which job is mine, and where is it?"
 claimer (free room), the heartbeat (what to renew), the watchdog and the dispatcher's
 hand-off of claimed jobs to free workers. A held job is, in order:
 
-  waiting    claimed ahead (the prefetch buffer): leased, its task not started
-  running    its task runs in a worker process
-  finishing  its task ended; its outcome write is in flight (group-committed)
+  claimed ahead  in the buffer (at most `BROOK_PREFETCH` jobs): leased, its task not
+                 started, waiting for a free worker
+  running        its task runs in a worker process
+  finishing      its task ended; its outcome write is in flight (group-committed)
 
-Leases of waiting and running jobs are renewed; a finishing job's write lands well within
+Leases of jobs claimed ahead and running are renewed; a finishing job's write lands well within
 its lease.
 """
 
@@ -39,9 +40,9 @@ def _claim_order(job: Job) -> tuple[int, float, str]:
 class Holdings:
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
-        self._leases: dict[str, Lease] = {}  # waiting and running: the leases to renew
+        self._leases: dict[str, Lease] = {}  # claimed ahead and running: the leases to renew
         self._since: dict[str, float] = {}  # time.monotonic() when each job's claim was sent
-        self._waiting: dict[str, Job] = {}
+        self._claimed_ahead: dict[str, Job] = {}
         self._running: dict[str, Job] = {}
         self._cancels_seen: dict[str, float] = {}
         self._mean_run_s: float | None = None
@@ -56,21 +57,21 @@ class Holdings:
         mean = self._mean_run_s
         self._mean_run_s = seconds if mean is None else mean + RUN_WEIGHT * (seconds - mean)
 
-    def ahead(self, slots: int, prefetch: int) -> int:
-        """How many jobs to hold claimed ahead of `slots` workers, at most `prefetch`: about
+    def ahead(self, workers: int, prefetch: int) -> int:
+        """How many jobs to hold claimed ahead of `workers` workers, at most `prefetch`: about
         `AHEAD_S` of their work at the recent tasks' pace. None before a task has ended (a
         fresh dispatcher does not know its tasks yet), none for long tasks: a job held
         behind them would wait where another dispatcher could run it."""
         mean = self._mean_run_s
         if mean is None:
             return 0
-        return min(prefetch, int(slots * AHEAD_S / max(mean, 1e-4)))
+        return min(prefetch, int(workers * AHEAD_S / max(mean, 1e-4)))
 
-    def frees_within(self, slots: int, seconds: float) -> int:
-        """About how many of `slots` busy workers free up within `seconds`, at the recent
+    def frees_within(self, workers: int, seconds: float) -> int:
+        """About how many of `workers` busy workers free up within `seconds`, at the recent
         tasks' pace (none before a task has ended)."""
         mean = self._mean_run_s
-        return 0 if mean is None else int(slots * seconds / max(mean, 1e-4))
+        return 0 if mean is None else int(workers * seconds / max(mean, 1e-4))
 
     def add(self, job: Job, sent: float | None = None) -> Lease:
         """A claimed job, whose claim was sent at `sent` (`time.monotonic()`; default now):
@@ -79,7 +80,7 @@ class Holdings:
         self._since[job.id] = time.monotonic() if sent is None else sent
         self._jobs[job.id] = job
         self._leases[job.id] = lease
-        self._waiting[job.id] = job
+        self._claimed_ahead[job.id] = job
         self._last_priority = job.priority
         return lease
 
@@ -88,22 +89,22 @@ class Holdings:
         waits here, it starts before the jobs claimed by their stored priority."""
         self._aged.add(job_id)
 
-    def next_waiting(
+    def next_claimed_ahead(
         self,
         room: dict[str, int] | None,
         first: Callable[[Job], bool] = lambda _: False,
         keyed: Callable[[str], bool] = lambda _: False,
         line: Callable[[str], object] = lambda _: None,
     ) -> Job | None:
-        """The best waiting job (claim order: priority, then due time), among the queues
-        that have a free slot (`room`: free slots by queue; None: any queue); jobs that
+        """The best job claimed ahead (claim order: priority, then due time), among the queues
+        that have a free worker (`room`: free workers by queue; None: any queue); jobs that
         `first` picks go before all others, then aged jobs. Among jobs of one priority, the
         job whose `line` (the queues a dispatcher claims together: a queue with limits, or
         every queue without) has the fewest tasks running here goes first, and in a `keyed`
         queue (claimed by turns across keys) the job whose key has: a line's or a key's new
         job does not wait behind the older jobs of a busy one claimed ahead (the buffer
         refills with those as fast as it runs them)."""
-        fits = [j for j in self._waiting.values() if room is None or room.get(j.queue, 0) > 0]
+        fits = [j for j in self._claimed_ahead.values() if room is None or room.get(j.queue, 0) > 0]
         if not fits:
             return None
         running = self._running.values()
@@ -127,36 +128,36 @@ class Holdings:
 
         return min(fits, key=order)
 
-    def count_waiting(self, which: Callable[[Job], bool]) -> int:
-        return sum(1 for job in self._waiting.values() if which(job))
+    def count_claimed_ahead(self, which: Callable[[Job], bool]) -> int:
+        return sum(1 for job in self._claimed_ahead.values() if which(job))
 
     def holds_key(self, queue: str, key: str | None) -> bool:
-        """Whether a job of `key` in `queue` is waiting or running here."""
+        """Whether a job of `key` in `queue` is claimed ahead or running here."""
         return self.holds_any(lambda j: j.queue == queue and j.key == key)
 
     def holds_any(self, which: Callable[[Job], bool]) -> bool:
-        """Whether a job that `which` picks is waiting or running here."""
-        return any(which(j) for j in (*self._waiting.values(), *self._running.values()))
+        """Whether a job that `which` picks is claimed ahead or running here."""
+        return any(which(j) for j in (*self._claimed_ahead.values(), *self._running.values()))
 
     def outranks(self, priority: int) -> bool:
-        """Whether a job of `priority` would run before some job claimed ahead: one waiting
-        here or, with none waiting, the job claimed last (a claim in flight brings more
+        """Whether a job of `priority` would run before some job claimed ahead: one in the
+        buffer or, with none there, the job claimed last (a claim in flight brings more
         like it: under a backlog the buffer is often empty while its refill is in flight).
         False before any claim: nothing to jump over."""
-        if self._waiting:
-            return priority > min(j.priority for j in self._waiting.values())
+        if self._claimed_ahead:
+            return priority > min(j.priority for j in self._claimed_ahead.values())
         return self._last_priority is not None and priority > self._last_priority
 
     def start(self, job_id: str) -> Lease:
         """Its task was handed to a worker."""
-        self._running[job_id] = self._waiting.pop(job_id)
+        self._running[job_id] = self._claimed_ahead.pop(job_id)
         self._aged.discard(job_id)
         return self._leases[job_id]
 
-    def unwait(self, job_id: str) -> Job | None:
-        """Take a waiting job out of the buffer (cancelled, lost or handed back): it will
-        not start. None if it is not waiting."""
-        job = self._waiting.pop(job_id, None)
+    def withdraw(self, job_id: str) -> Job | None:
+        """Take a job claimed ahead out of the buffer (cancelled, lost or handed back): it
+        will not start. None if it is not in the buffer."""
+        job = self._claimed_ahead.pop(job_id, None)
         self._aged.discard(job_id)
         if job is not None:
             self._leases.pop(job_id, None)
@@ -178,7 +179,7 @@ class Holdings:
         gone = self._gone.pop(job_id, None)
         if gone is not None:
             gone.set()
-        self._waiting.pop(job_id, None)
+        self._claimed_ahead.pop(job_id, None)
         self._aged.discard(job_id)
         self._running.pop(job_id, None)
         self._leases.pop(job_id, None)
@@ -192,22 +193,22 @@ class Holdings:
         return sum(1 for job in self._jobs.values() if job.queue == queue)
 
     def active(self, queue: str | None = None) -> int:
-        """Jobs waiting or running (in `queue`, or in all queues): the leases the
+        """Jobs claimed ahead or running (in `queue`, or in all queues): the leases the
         concurrency-plus-prefetch rule counts."""
-        jobs = [*self._waiting.values(), *self._running.values()]
+        jobs = [*self._claimed_ahead.values(), *self._running.values()]
         return len(jobs) if queue is None else sum(1 for job in jobs if job.queue == queue)
 
     def running_count(self, queue: str | None = None) -> int:
-        """Tasks running now (in `queue`, or in all queues): never more than the slots."""
+        """Tasks running now (in `queue`, or in all queues): never more than the workers."""
         if queue is None:
             return len(self._running)
         return sum(1 for job in self._running.values() if job.queue == queue)
 
     def finishing_count(self) -> int:
-        return len(self._jobs) - len(self._waiting) - len(self._running)
+        return len(self._jobs) - len(self._claimed_ahead) - len(self._running)
 
     def lease(self, job_id: str) -> Lease | None:
-        """The lease of a job waiting or running here (None once its task has ended)."""
+        """The lease of a job claimed ahead or running here (None once its task has ended)."""
         return self._leases.get(job_id)
 
     def job(self, job_id: str) -> Job | None:
@@ -216,11 +217,11 @@ class Holdings:
     def jobs(self) -> list[Job]:
         return list(self._jobs.values())
 
-    def waiting(self) -> list[Job]:
-        return sorted(self._waiting.values(), key=_claim_order)
+    def claimed_ahead(self) -> list[Job]:
+        return sorted(self._claimed_ahead.values(), key=_claim_order)
 
     def running(self) -> list[Lease]:
-        """The leases to renew: waiting and running jobs."""
+        """The leases to renew: jobs claimed ahead and running."""
         return list(self._leases.values())
 
     def lease_since(self, job_id: str) -> float:
@@ -229,7 +230,7 @@ class Holdings:
         return self._since.get(job_id, -float("inf"))
 
     def is_running(self, job_id: str) -> bool:
-        """Whether the job is held and not yet finishing (waiting or running)."""
+        """Whether the job is held and not yet finishing (claimed ahead or running)."""
         return job_id in self._leases
 
     # -- cancel requests that may arrive before the claim's answer ---------------------------

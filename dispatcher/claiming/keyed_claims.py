@@ -1,40 +1,28 @@
 """Claims in a keyed queue (per-key concurrency or rate, or fair claiming), as one dispatcher
-makes them: the turns of each queue's keys (`dispatcher.key_turns`) pick the candidates,
+makes them: the turns of each queue's keys (`dispatcher.claiming.key_turns`) pick the candidates,
 and what a take shows of the keys (full, out of starts) makes them wait their turn."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from brook.common.domain.models import Doc, Job
 from brook.common.domain.queues import BlockReason, QueueDoc
-from brook.common.store.jobs import JobStore
+from brook.common.store.jobs import JobStore, OfKey, Tagged
 from brook.common.store.queues import Taken
-from brook.dispatcher.key_turns import KeyTurns, interleave
+from brook.dispatcher.claiming.key_turns import KeyTurns, interleave
+from brook.dispatcher.claiming.queue_gates import Clock, QueueGates
 
 # A claim without slots has no `claim_by` to meet.
 NO_CLAIM_DEADLINE = datetime(9999, 1, 1, tzinfo=UTC)
 
 
-class Clock(Protocol):
-    """The server's clock as seen from here (`brook.common.store.clock.ServerClock`)."""
-
-    def now(self) -> float: ...
-
-
-class Gate(Protocol):
-    """How a keyed queue is closed when every key waits, and told of a claim
-    (`brook.dispatcher.limits.Gates`)."""
-
-    def close(self, queue: str, reason: BlockReason, at: float | None, gen: int) -> bool: ...
-
-    def claimed(self, queue: str) -> None: ...
-
 
 class KeyedClaims:
-    def __init__(self, store: JobStore, clock: Clock, gates: Gate) -> None:
+    def __init__(self, store: JobStore, clock: Clock, gates: QueueGates) -> None:
         self.store = store
         self.clock = clock
         self.gates = gates
@@ -71,8 +59,8 @@ class KeyedClaims:
     async def candidates(
         self, queue: str, want: int, tasks: frozenset[str], gen: int
     ) -> tuple[list[Doc], bool]:
-        """A keyed queue's candidates, by turns across its keys (`dispatcher.key_turns`), and
-        whether the queue may have run dry."""
+        """A keyed queue's candidates, by turns across its keys
+        (`dispatcher.claiming.key_turns`), and whether the queue may have run dry."""
         turns = self.turns.setdefault(queue, KeyTurns())
         turns.look_started()
         refreshed = False
@@ -169,14 +157,15 @@ class KeyedClaims:
         turns.wait(timestamps(doc.key_waits(keys, now)), gen)
 
     async def claim_slotless(
-        self, queue: str, docs: list[Doc], tag: str, owner: str, lease_s: float
+        self, queue: str, docs: list[Doc], owner: str, lease_s: float
     ) -> list[Job]:
         """A queue claimed fairly with nothing to count (`QueueLimits.slotless`): these
         candidates, in the turns' order, claimed directly (no slots to take, settle or give
         back: one write fewer per claim, none per finished job); the keys served go to the
         back of the turns."""
         ids = [str(d["_id"]) for d in docs]
-        jobs = await self.store.claim_tagged(owner, lease_s, ids, tag, NO_CLAIM_DEADLINE)
+        ask = Tagged(ids=ids, tag=secrets.token_hex(8), before=NO_CLAIM_DEADLINE)
+        jobs = (await self.store.claim(owner, lease_s, ask)).jobs
         self.gates.claimed(queue)
         turns = self.turns.get(queue)
         if turns is not None:
@@ -188,7 +177,7 @@ class KeyedClaims:
     ) -> list[Job]:
         """A slotless queue's new key: its best due job claimed directly (one write, its key
         to the back of the turns)."""
-        job = await self.store.claim_of_key(owner, lease_s, queue, key, tasks=tasks)
+        job = (await self.store.claim(owner, lease_s, OfKey(queue=queue, key=key, tasks=tasks))).job
         self.gates.claimed(queue)
         if job is None:
             return []

@@ -1,7 +1,7 @@
 """`started_at` of long tasks, written while they run.
 
-A claim is a lease, not a start (the job may wait in the prefetch buffer), so `started_at`
-is the task's real start as this dispatcher measured it. A short task's start costs no
+A claim is a lease, not a start (the job may wait among the jobs claimed ahead), so
+`started_at` is the task's real start as this dispatcher measured it. A short task's start costs no
 write of its own: it goes with its outcome. A task still running after `MARK_AFTER_S`
 gets its start written now, so a long job shows when it started; the starts due together
 go in one `bulk_write`, each fenced like every write of a running job (and only where

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
@@ -47,7 +47,7 @@ from brook.common.runtime.backoff import Backoff
 from brook.common.runtime.log_events import Event, emit, job_fields
 from brook.common.runtime.metrics import TRIGGER_HISTORY_LOST, TRIGGER_JOBS
 from brook.common.store.db import is_history_lost
-from brook.common.store.failover_retry import ride_out
+from brook.common.store.failover_retry import persist
 from brook.common.store.jobs import JobStore, buffered
 from brook.common.store.pipelines import INVALIDATING
 from brook.common.store.triggers import TriggerStore
@@ -57,20 +57,10 @@ SAVE_EVERY_S = 1.0  # an idle stream's newer token is saved at most this often
 MAX_RENEW_S = 2.0  # the lease is renewed (and `paused` read) at least this often
 MAX_POLL_S = 1.0  # a standby tries to take the lease at least this often
 
-T = TypeVar("T")
 
-
-class LeaseLost(Exception):
+class FollowerDisplaced(Exception):
     """Another follower holds the trigger now."""
 
-
-async def _persist(op: str, fn: Callable[[], Awaitable[T]]) -> T:
-    async def boxed() -> tuple[T]:
-        return (await fn(),)
-
-    result = await ride_out(op, boxed)
-    assert result is not None, "ride_out without a deadline returns only on success"
-    return result[0]
 
 
 class TriggerFollower:
@@ -116,7 +106,7 @@ class TriggerFollower:
             )
             try:
                 await self._lead(state)
-            except LeaseLost:
+            except FollowerDisplaced:
                 self.leading = False
                 emit(Event.TRIGGER_LEASE_LOST, level="warning", trigger=self.name, owner=self.owner)
 
@@ -145,8 +135,8 @@ class TriggerFollower:
         last_change_at: datetime | None = None,
     ) -> TriggerState:
         """Renew the lease (and save `token`, whose changes all have their jobs); through a
-        failover. `LeaseLost` if another follower holds it now."""
-        state = await _persist(
+        failover. `FollowerDisplaced` if another follower holds it now."""
+        state = await persist(
             "trigger.checkpoint",
             lambda: self.store.checkpoint(
                 self.name,
@@ -159,7 +149,7 @@ class TriggerFollower:
             ),
         )
         if state is None:
-            raise LeaseLost(self.name)
+            raise FollowerDisplaced(self.name)
         self._renewed = time.monotonic()
         if token is not None:
             self._token, self._saved_at = token, self._renewed
@@ -198,11 +188,11 @@ class TriggerFollower:
         # Recorded first, then said: whoever reads the trigger after the log line or the
         # metric finds `history_lost` counted (a leader that lost its lease says nothing;
         # the next one finds the token gone too and says it).
-        state = await _persist(
+        state = await persist(
             "trigger.history_lost", lambda: self.store.lost_history(self.name, self.owner)
         )
         if state is None:
-            raise LeaseLost(self.name)
+            raise FollowerDisplaced(self.name)
         TRIGGER_HISTORY_LOST.labels(trigger=self.name).inc()
         emit(
             Event.TRIGGER_HISTORY_LOST,
@@ -286,7 +276,7 @@ class TriggerFollower:
         had made already included: the count moves with the token, in the same write, so
         each change is counted by the one save that moves the token past it."""
         specs = [self._spec(c) for c in changes]
-        submitted = await _persist("trigger.submit", lambda: self.jobs.submit_many(specs))
+        submitted = await persist("trigger.submit", lambda: self.jobs.submit_many(specs))
         new = 0
         for s in submitted:
             if s.created:
@@ -351,7 +341,7 @@ class TriggerRunner:
     async def run(self) -> None:
         if not self.triggers:
             return
-        await _persist("triggers.declare", lambda: self.store.declare(self.triggers, self.owner))
+        await persist("triggers.declare", lambda: self.store.declare(self.triggers, self.owner))
         for t in self.triggers:
             emit(
                 Event.TRIGGER_DECLARED,

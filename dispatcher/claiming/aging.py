@@ -14,7 +14,7 @@ of priority q due more than (q - p + 1) x interval after it: it starts no later 
 check interval after that point (and the tasks running then: once claimed, it goes to
 the next free worker before the jobs claimed ahead by stored priority, `Holdings.aged`).
 Jobs due before it, of any priority, still go first: they have aged as long as it has.
-Limited queues (`dispatcher.limits`) are claimed in their own order, without aging.
+Limited queues (`dispatcher.claiming.limits`) are claimed in their own order, without aging.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 
 from brook.common.domain.models import Doc, Job
+from brook.common.store.jobs import Tagged
 from brook.dispatcher.wiring import Wiring
 
 AGED_LOOK = 8
@@ -81,6 +82,5 @@ class Aging:
             return []
         ids = [str(d["_id"]) for d in ahead[:room]]
         before = now + timedelta(seconds=self.lease_seconds)
-        return await self.store.claim_tagged(
-            self.owner, self.lease_seconds, ids, secrets.token_hex(8), before
-        )
+        ask = Tagged(ids=ids, tag=secrets.token_hex(8), before=before)
+        return (await self.store.claim(self.owner, self.lease_seconds, ask)).jobs

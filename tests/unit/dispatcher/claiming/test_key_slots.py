@@ -1,4 +1,4 @@
-"""Per-key slots held on the jobs (`dispatcher.key_slots`), without a database: which
+"""Per-key slots held on the jobs (`dispatcher.claiming.key_slots`), without a database: which
 index each candidate asks for, and which queues' running jobs take a slot another way
 when their limits change."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any, cast
 
 from brook.common.domain.queues import QueueLimits, key_slot
-from brook.dispatcher.key_slots import Held, KeySlots, moved
+from brook.dispatcher.claiming.key_slots import KeySlots, SlotsHeld, moved
 
 
 def slots() -> KeySlots:
-    held: dict[tuple[str, int], Held] = {}
+    held: dict[tuple[str, int], SlotsHeld] = {}
     none = cast(Any, None)
     return KeySlots(none, "d1", 30, none, none, none, held, none)
 

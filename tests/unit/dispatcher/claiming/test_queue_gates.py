@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from brook.dispatcher.limits import Gates
+from brook.dispatcher.claiming.queue_gates import QueueGates
 
 
 async def test_a_closed_queue_opens_on_news_and_a_claim_that_raced_news_does_not_close_it() -> None:
@@ -13,7 +13,7 @@ async def test_a_closed_queue_opens_on_news_and_a_claim_that_raced_news_does_not
             return 1000.0
 
     opened: list[str] = []
-    gates = Gates(Clock(), opened.append)
+    gates = QueueGates(Clock(), opened.append)
     gen = gates.generation("q")
     gates.open("q")  # a slot freed while the claim was looking
     assert not gates.close("q", "full", None, gen) and gates.is_open("q")

@@ -30,8 +30,9 @@ from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import Spawn
 from brook.common.store.failover_retry import ride_out
 from brook.common.store.jobs import JobStore, Lease, RunTimes
-from brook.dispatcher.dependents import Dependents
-from brook.dispatcher.steps import StepKeeper
+from brook.dispatcher.attempts.dependents import Dependents
+from brook.dispatcher.attempts.outcome_log import log_outcome, outcome_label
+from brook.dispatcher.attempts.step_keeper import StepKeeper
 
 VerdictKind = Literal["applied", "lost", "refused", "deadline"]
 
@@ -57,26 +58,6 @@ class Verdict:
     kind: VerdictKind
     job: Job | None = None
     detail: str = ""
-
-
-_REASONS: dict[VerdictKind, tuple[str, str]] = {
-    "lost": ("warning", "lease lost: another attempt or owner holds the job"),
-    "deadline": ("error", "could not record before the deadline; the watchdog will requeue it"),
-}
-
-
-def _outcome(verdict: Verdict, outcome: Outcome) -> str:
-    """The `outcome` label of `brook_jobs_total` for an attempt's end."""
-    if verdict.kind != "applied":
-        return "discarded"
-    done = verdict.job
-    if done is None or done.status == JobStatus.COMPLETED:
-        return "completed"
-    if done.status == JobStatus.PENDING:
-        if outcome.kind == "suspended":
-            return "suspended"
-        return "released" if outcome.kind in RELEASES else "retried"
-    return done.status.value  # failed, cancelled
 
 
 class Outcomes:
@@ -150,8 +131,8 @@ class Outcomes:
             return self._committed(job, fields)
         if verdict.kind == "deadline":
             verdict = await self._learn(lease, outcome, verdict)
-        self._log(verdict, outcome, fields)
-        count_outcome(job, _outcome(verdict, outcome))
+        log_outcome(verdict, outcome, fields)
+        count_outcome(job, outcome_label(verdict, outcome))
         if verdict.job is not None and verdict.job.has_dependents:
             self._parent_ended(verdict.job)
         return verdict
@@ -337,69 +318,3 @@ class Outcomes:
     def _backoff(self, job: Job) -> float:
         s = self.settings
         return backoff_delay(job.attempts, s.retry_base_seconds, s.retry_cap_seconds)
-
-    def _log_unapplied(self, verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -> None:
-        """The outcome was not written: why, and what becomes of the job."""
-        level, reason = _REASONS.get(verdict.kind, _REASONS["deadline"])
-        if outcome.kind in RELEASES and verdict.kind == "deadline":
-            emit(
-                Event.JOB_RELEASE_FAILED,
-                level="warning",
-                **fields,
-                reason="no primary before the shutdown deadline; the lease expires and the"
-                " watchdog requeues it",
-            )
-            return
-        emit(
-            Event.JOB_RESULT_DISCARDED,
-            level=level,
-            **fields,
-            outcome=outcome.kind,
-            reason=reason,
-        )
-
-    def _log(self, verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -> None:
-        if verdict.kind != "applied":
-            self._log_unapplied(verdict, outcome, fields)
-            return
-        done = verdict.job
-        if done is None or done.status == JobStatus.COMPLETED:
-            emit(Event.JOB_COMPLETED, **fields)
-        elif done.status == JobStatus.CANCELLED:
-            emit(Event.JOB_CANCELLED, **fields)
-        elif outcome.kind == "suspended" and done.status == JobStatus.PENDING:
-            waiting = done.waiting_for or {}
-            until = waiting.get("until")
-            emit(
-                Event.JOB_SUSPENDED,
-                **fields,
-                waiting=waiting.get("kind"),
-                key=waiting.get("key"),
-                step=waiting.get("step"),
-                until=until.isoformat() if until is not None else None,
-            )
-        elif outcome.kind == "shutdown":
-            emit(Event.JOB_RELEASED, **fields, reason="dispatcher shutting down")
-        elif outcome.kind == "handed_back":
-            emit(
-                Event.JOB_RELEASED,
-                **fields,
-                reason="no worker free soon enough after its claim for its queue's rate",
-            )
-        elif done.status == JobStatus.PENDING:
-            emit(
-                Event.JOB_RETRY_SCHEDULED,
-                level="warning",
-                **fields,
-                error_type=(done.error or {}).get("type"),
-                run_at=done.run_at.isoformat(),
-                max_attempts=done.max_attempts,
-            )
-        else:
-            emit(
-                Event.JOB_FAILED,
-                level="error",
-                **fields,
-                error_type=(done.error or {}).get("type"),
-                error_message=(done.error or {}).get("message"),
-            )

@@ -5,30 +5,29 @@ freed worker) are counted as signals; the claimer loop claims while there is roo
 last look may have left due work behind. A future `run_at` arms one timer, on the server's
 clock, for the earliest due job.
 
-Room: a dispatcher holds at most its slots plus its prefetch in waiting or running jobs
-(per queue with `BROOK_QUEUES`). It claims ahead, so a worker that reports a result finds
-its next job already leased, but only about `AHEAD_S` of work (see `Holdings.ahead`): a
-long task's round trips cost nothing worth hiding, and a job held ahead behind long tasks
-would wait where another dispatcher could run it.
+Room (`room.py`): a dispatcher holds at most its workers plus its prefetch in jobs claimed
+ahead or running (per queue with `BROOK_QUEUES`). It claims ahead, so a worker that reports
+a result finds its next job already leased, but only about `AHEAD_S` of work (see
+`Holdings.ahead`): a long task's round trips cost nothing worth hiding, and a job held
+ahead behind long tasks would wait where another dispatcher could run it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from pymongo.errors import PyMongoError
 
 from brook.common.domain.models import Job
-from brook.common.domain.queues import RATE_START_MARGIN_S
 from brook.common.runtime.log_events import Event, emit
 from brook.common.runtime.metrics import CLAIMS
 from brook.common.runtime.supervision import spawn_logged
-from brook.common.store.clock import ServerClock
-from brook.dispatcher.aging import Aging
-from brook.dispatcher.limits import Limits
+from brook.dispatcher.claiming.due_timer import DueTimer
+from brook.dispatcher.claiming.limits import Limits
+from brook.dispatcher.claiming.policies import Admission, AdmitAll, KeyOnly, Take
+from brook.dispatcher.claiming.room import Room, Target, TargetTurns
 from brook.dispatcher.wiring import Wiring
 
 MAX_BATCH = 64
@@ -36,77 +35,24 @@ MAX_BATCH = 64
 # is slower to take completions than the workers are to produce them).
 MAX_FINISHING = 256
 
-# A claimed job, and when (`time.monotonic()`) its claim was sent: its lease runs from no
-# earlier than that, by the server's clock.
-StartJob = Callable[[Job, float], None]
-NextDue = Callable[[], Awaitable[datetime | None]]
-# A claim's target: one queue, or None for "every queue" (BROOK_QUEUES unset).
-Target = str | None
-
-
-def _claimed(job: Job) -> None:
-    CLAIMS.inc()
-
-
-class DueTimer:
-    """One timer for the earliest due job; firing it is a reason to look for work."""
-
-    def __init__(self, next_due: NextDue, clock: ServerClock, fire: Callable[[], None]) -> None:
-        self.next_due = next_due
-        self.clock = clock
-        self.fire = fire
-        self.rearm = True  # after the next empty look, ask the store for the next due time
-        self._handle: asyncio.TimerHandle | None = None
-        self._at: float | None = None
-        self._misses = 0
-
-    def at(self, server_ts: float) -> None:
-        if self._at is not None and self._at <= server_ts and self._handle is not None:
-            return  # an earlier timer is armed already
-        self.cancel()
-        self._at = server_ts
-        delay = max(server_ts - self.clock.now(), 0.0)
-        self._handle = asyncio.get_running_loop().call_later(delay, self._fired)
-
-    async def arm_for_next_due(self) -> None:
-        self.rearm = False
-        try:
-            due = await self.next_due()
-        except PyMongoError:
-            return  # the sweep re-arms it
-        if due is None:
-            return
-        at = due.timestamp()
-        if at <= self.clock.now():
-            # Due by our estimate but not claimable: clock estimate off or another dispatcher
-            # raced us. Back off a little so this never turns into a busy loop.
-            self._misses += 1
-            at = self.clock.now() + min(0.005 * 2**self._misses, 1.0)
-        else:
-            self._misses = 0
-        self.at(at)
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._handle = None
-        self._at = None
-
-    def _fired(self) -> None:
-        self._handle = None
-        self._at = None
-        self.rearm = True
-        self.fire()
 
 
 class Claimer:
     """Claims only jobs whose task this dispatcher runs, in the queues it serves: with
-    `BROOK_QUEUES`, each queue up to its own slots; without, every queue within the
-    concurrency. A queue with cluster-wide limits is its own target, claimed through its
-    slots (`dispatcher.limits`); the plain claims leave it out."""
+    `BROOK_QUEUES`, each queue up to its own workers; without, every queue within the
+    concurrency. A queue with cluster-wide limits is its own target, claimed by the policy
+    its limits choose (`Limits.policy`); the plain claims leave it out."""
 
-    def __init__(self, wiring: Wiring, start: StartJob, limits: Limits) -> None:
-        """`start` takes each claimed job (it waits for a worker in `holdings`)."""
+    def __init__(
+        self,
+        wiring: Wiring,
+        start: Take,
+        limits: Limits,
+        admission: Admission | None = None,
+        refuse: Take | None = None,
+    ) -> None:
+        """`start` takes each claimed job (it waits for a worker in `holdings`); `refuse`
+        hands back one the `admission` check does not let start (default: all start)."""
         self.settings = settings = wiring.settings
         self.store = wiring.store
         self.owner = wiring.owner
@@ -116,8 +62,12 @@ class Claimer:
         self.queues: Mapping[str, int] | None = settings.queues
         self.limits = limits
         limits.on_open = self._limits_opened
+        limits.take = self._take
+        self.admission: Admission = admission or AdmitAll()
+        self.refuse: Take = refuse or start
         # Worker processes free now (the dispatcher sets it: the runner's count).
         self.free_workers: Callable[[], int] = lambda: self.settings.worker_slots
+        self.room = Room(wiring, limits, lambda: self.free_workers())
         self.clock = clock = wiring.clock
         self.timer = DueTimer(self._next_due, clock, self._due_timer_fired)
         self._wake = asyncio.Event()
@@ -138,15 +88,10 @@ class Claimer:
         self._batch = 1
         # News of a job that outranks all claimed ahead, or of a new key: its target, and
         # the key to claim from (None: the target's best job).
-        self._urgent: dict[Target, tuple[str | None] | None] = {}
-        # The targets in turn order: one that claimed goes to the back, so targets that
-        # share the dispatcher's slots (every queue, without BROOK_QUEUES) take turns
-        # filling them, and no queue's backlog keeps another's jobs from being claimed.
-        self._turns: list[Target] = []
+        self._urgent: dict[Target, KeyOnly] = {}
+        self.turns = TargetTurns()
         self._claiming = False  # a look's claims are in flight
         self._jump: asyncio.Task[None] | None = None  # an urgent claim beside them
-        aging = settings.priority_aging_seconds
-        self.aging = Aging(wiring, aging) if aging is not None else None
 
     def runs(self, task: object, queue: object) -> bool:
         """Whether a job of this task in this queue is one this dispatcher would claim."""
@@ -188,7 +133,7 @@ class Claimer:
         due job that outranks every job claimed ahead, or whose key or queue has nothing
         held here while other work fills the buffer, is claimed at once, alone, even while
         a batch claim is in flight (one such claim at a time, so the dispatcher holds at
-        most one job over its slots plus prefetch), not when the buffer would next be
+        most one job over its workers plus prefetch), not when the buffer would next be
         refilled."""
         if queue is not None:
             self.limits.saw(queue, key)
@@ -220,7 +165,7 @@ class Claimer:
         """A due job of a target (a queue claimed on its own, or the queues without limits
         together) with nothing claimed or running here, while other targets hold this
         dispatcher's shared workers: its turn comes first, as a new key's does, not after
-        the claims ahead of it (with `BROOK_QUEUES` every queue has slots of its own)."""
+        the claims ahead of it (with `BROOK_QUEUES` every queue has workers of its own)."""
         if self.queues is not None or queue is None or not self.limits.limited():
             return False
         target = self.target_of(queue)
@@ -228,14 +173,14 @@ class Claimer:
             return False  # told already; or nothing held, so the next look claims it
         return not self.holdings.holds_any(lambda j: self.target_of(j.queue) == target)
 
-    async def _claim_urgent(self, target: Target, only: tuple[str | None] | None) -> None:
+    async def _claim_urgent(self, target: Target, only: KeyOnly) -> None:
         """Claim one job of `target` beside the claim in flight: the best due job of the new
         key `only` (its job, not the next in turn), or of the target."""
         if self._stopping or (target is not None and not self._may_claim(target)):
             return
         # Only while claiming ahead at all, and at most one over: a batch in flight fills
         # at most the room there was when it was sent.
-        if self._room_of(target, urgent=True) > 0:
+        if self.room.of(target, urgent=True) > 0:
             self._urgent.pop(target, None)
             await self._claim_for(target, 1, only)
 
@@ -254,7 +199,8 @@ class Claimer:
         self.timer.rearm = True
         self.signal()
 
-    def slot_freed(self) -> None:
+    def worker_freed(self) -> None:
+        """A worker (or room in the buffer) may be free: look again if there may be work."""
         if self._maybe_more or self._stopping:
             self._wake.set()
 
@@ -280,71 +226,20 @@ class Claimer:
             tasks=self.tasks, queues=self.queues, exclude=closed, after=after
         )
 
-    def _slots(self, target: Target) -> int:
-        """The slots of a target: its own with `BROOK_QUEUES`; without, the dispatcher's,
-        which the limited queues share with the rest (`_active`)."""
-        if self.queues is None or target is None:
-            return self.settings.worker_slots
-        return self.queues.get(target, 0)
-
-    def _active(self, target: Target) -> int:
-        return self.holdings.active(target if self.queues is not None else None)
-
-    def _room(self, slots: int, active: int, urgent: bool) -> int:
-        """Room for a target with `slots` slots holding `active` waiting or running jobs:
-        up to its slots plus its prefetch (while it claims ahead). A target whose workers
-        all have a job waits until half its prefetch is free, so it refills the buffer in
-        batches (one claim per several jobs), not one job per claim. For a job that
-        outranks every job claimed ahead (`urgent`), room for one even in a full buffer,
-        while it claims ahead at all: at most one lease over slots plus prefetch."""
-        extra = self.holdings.ahead(slots, self.settings.prefetch_for(slots))
-        room = slots + extra - active
-        if urgent:
-            return max(room, 1 if extra > 0 and active <= slots + extra else 0)
-        if active >= slots and room < (extra + 1) // 2:
-            return 0
-        return room
-
-    def _room_of(self, target: Target, urgent: bool = False) -> int:
-        room = self._room(self._slots(target), self._active(target), urgent)
-        if self.limits.rated(target):
-            # A rate counts claims, and a claimed job must start within a margin of its
-            # claim (`Limits.start_by`; it goes to a worker before any other): claim only for
-            # the workers free now or soon by the recent tasks' pace.
-            soon = self.holdings.frees_within(self._slots(target), RATE_START_MARGIN_S / 2)
-            rated = self.holdings.count_waiting(lambda j: self.limits.start_by(j) is not None)
-            room = min(room, self.free_workers() + soon - rated)
-        # A keyed queue claims ahead as any other: turns across keys decide what is claimed,
-        # a new key's job is claimed at once, alone (`_new_key`), and the hand-off starts the
-        # job whose key runs least here first (`Holdings.next_waiting`), so a key's new job
-        # does not wait behind the buffer.
-        return room
-
     def _rooms(self) -> list[Target]:
         """Targets to look at: room (finishing jobs no longer count: their task is over,
-        only the outcome write is left), news of work, and (a limited queue) a slot may be
-        free. A limited queue's jobs claimed ahead hold its cluster-wide slots: a slot
-        counts a leased job, waiting or running."""
+        only the outcome write is left), news of work, and (a limited queue) a queue slot may
+        be free. A limited queue's jobs claimed ahead hold its cluster-wide queue slots: a
+        queue slot counts a leased job, claimed ahead or running."""
         if self.holdings.finishing_count() >= MAX_FINISHING:
             return []
         return [
             t
-            for t in self._in_turn(self._targets)
+            for t in self.turns.order(self._targets)
             if t not in self._dry
             and (t is None or self._may_claim(t))
-            and self._room_of(t, t in self._urgent) > 0
+            and self.room.of(t, t in self._urgent) > 0
         ]
-
-    def _in_turn(self, targets: set[Target]) -> list[Target]:
-        """`targets` in turn order: the one that claimed longest ago first (new ones first of
-        all, in a fixed order)."""
-        new = sorted((t for t in targets if t not in self._turns), key=lambda t: t or "")
-        self._turns = new + [t for t in self._turns if t in targets]
-        return list(self._turns)
-
-    def _took_turn(self, targets: list[Target]) -> None:
-        """These targets claimed: each goes to the back of the turns."""
-        self._turns = [t for t in self._turns if t not in targets] + targets
 
     def _may_claim(self, queue: str) -> bool:
         return not self.limits.is_limited(queue) or self.limits.may_claim(queue)
@@ -366,13 +261,13 @@ class Claimer:
         try:
             for target in targets:
                 hurry = target in urgent
-                room = self._room_of(target, hurry)  # the claims before this took some
+                room = self.room.of(target, hurry)  # the claims before this took some
                 if room > 0:
                     n = 1 if hurry else room
                     results[target] = await self._claim_for(target, n, urgent.get(target))
         finally:
             self._claiming = False
-        self._took_turn([t for t, got in results.items() if True in got])
+        self.turns.took([t for t, got in results.items() if True in got])
         if not results:
             return False
         filled = all(all(got) for got in results.values())
@@ -397,93 +292,36 @@ class Claimer:
         return True
 
     async def _claim_for(
-        self, target: Target, room: int, only: tuple[str | None] | None = None
+        self, target: Target, room: int, only: KeyOnly = None
     ) -> list[bool | None]:
+        """Claim up to `room` jobs of `target` by its policy: True per job claimed, None for
+        room the target could not fill (it ran dry, or is closed), False for room lost to
+        another dispatcher's race."""
         if target is not None and self.limits.is_limited(target):
-            return await self._claim_limited(target, min(room, MAX_BATCH), only)
-        # Claims in flight together overlap their round trips. Start with one and double
-        # while every claim finds a job (a backlog); one event then costs one claim. A job
-        # that outranks all claimed ahead is claimed alone: one round trip, the quickest.
-        n = min(room, self._batch)
-        if not self._vague and self._news > 0:
-            n = min(n, self._news)  # only announced jobs are known to be due
-        return await self._claim(target, n)
-
-    async def _claim_limited(
-        self, queue: str, n: int, only: tuple[str | None] | None = None
-    ) -> list[bool | None]:
-        """Claim up to `n` jobs of a limited queue through its slots (one write for all);
-        in a keyed queue, with `only`, of that key."""
-        sent = time.monotonic()
+            n = min(room, MAX_BATCH)  # one write takes the queue slots for all
+        else:
+            # Claims in flight together overlap their round trips. Start with one and double
+            # while every claim finds a job (a backlog); one event then costs one claim. A
+            # job that outranks all claimed ahead is claimed alone: one round trip.
+            n = min(room, self._batch)
+            if not self._vague and self._news > 0:
+                n = min(n, self._news)  # only announced jobs are known to be due
         try:
-            got = await self.limits.claim(queue, n, self.tasks, only=only)
+            got = await self.limits.policy(target).claim(n, only)
         except PyMongoError as exc:
             await self._claim_failed(exc)
             return [False]
-        for job in got.jobs:
-            _claimed(job)
-            self.start(job, sent)
-        await self.limits.settle(got)
         unfilled: bool | None = None if got.dry or got.blocked else False
         return [True] * len(got.jobs) + [unfilled] * (n - len(got.jobs))
 
-    async def _scope(self, target: Target) -> tuple[frozenset[str], frozenset[str] | None]:
-        """For a claim across every queue: the limited queues to leave out, and the queues
-        it may take from (None: any)."""
-        if target is not None:
-            return frozenset(), None
-        return self.limits.limited(), await self.limits.plain_queues()
-
-    async def _claim(self, target: Target, n: int) -> list[bool | None]:
-        """Claim up to `n` jobs in one write (one job: a `findOneAndUpdate`, the quickest);
-        True per job claimed, None for room the queue could not fill, False for room lost
-        to another dispatcher's race."""
-        try:
-            exclude, among = await self._scope(target)
-            aged = await self._claim_aged(n, target, exclude, among)
-            n -= len(aged)
-            if n == 0:
-                return [True] * len(aged)
-            owner, lease, tasks = self.owner, self.settings.lease_seconds, self.tasks
-            sent = time.monotonic()
-            if n == 1:
-                job = await self.store.claim(
-                    owner, lease, tasks=tasks, queue=target, exclude=exclude, among=among
-                )
-                jobs, dry = ([job], False) if job is not None else ([], True)
-            else:
-                jobs, dry = await self.store.claim_many(
-                    owner, lease, n, tasks=tasks, queue=target, exclude=exclude, among=among
-                )
-        except PyMongoError as exc:
-            await self._claim_failed(exc)
-            return [False]
-        self.limits.adopt_strays(jobs)
-        for job in jobs:
-            _claimed(job)
+    def _take(self, job: Job, sent: float) -> None:
+        """A job a policy won: it waits for a worker, if the admission check lets it start
+        here; else it is handed back at once."""
+        CLAIMS.inc()
+        if self.admission.admits(job):
             self.start(job, sent)
-        unfilled: bool | None = None if dry else False
-        return [True] * (len(aged) + len(jobs)) + [unfilled] * (n - len(jobs))
-
-    async def _claim_aged(
-        self,
-        n: int,
-        target: Target,
-        exclude: frozenset[str],
-        among: frozenset[str] | None,
-    ) -> list[Job]:
-        """With priority aging, the old jobs whose effective priority beats the claim
-        order's first (at most once per check interval), claimed first."""
-        if self.aging is None:
-            return []
-        sent = time.monotonic()
-        aged = await self.aging.claim(n, queue=target, exclude=exclude, among=among)
-        self.limits.adopt_strays(aged)
-        for job in aged:
-            _claimed(job)
-            self.holdings.aged(job.id)  # before the jobs claimed ahead by stored priority
-            self.start(job, sent)
-        return aged
+        else:
+            self.refuse(job, sent)
 
     async def _claim_failed(self, exc: PyMongoError) -> None:
         """No primary (or similar): wait a little, look again."""

@@ -1,0 +1,130 @@
+"""The hand-off: what becomes of a claimed job until a worker takes it, and after.
+
+A claimed job (the claimer's `start`) waits in `Holdings` until a worker is free (at once,
+when one is): the best job claimed ahead goes first, a job of a queue with a rate before
+any other (it must start within a margin of its claim, or it is handed back). Its attempt
+then runs as a supervised task (`attempts/runs.py`). A held job is stopped here too: its
+worker killed, or, still claimed ahead, handed back with its end written.
+"""
+
+from __future__ import annotations
+
+import time
+
+from brook.common.domain.models import Job
+from brook.common.protocol.runner import KillReason, Runner
+from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.store.jobs import Lease
+from brook.dispatcher.attempts.leases import LeaseKeeper
+from brook.dispatcher.attempts.runs import Runs
+from brook.dispatcher.claiming.claimer import Claimer
+from brook.dispatcher.claiming.limits import Limits
+from brook.dispatcher.wiring import Wiring
+
+# Time allowed from a hand-off to the task's start in its worker (a pipe write away).
+HAND_OFF_S = 0.02
+
+
+class HandOff:
+    """Its parts (`claimer`, `limits`, `leases`, `runs`) are set by `Dispatcher`, which
+    builds them around this hand-off's callbacks."""
+
+    claimer: Claimer
+    limits: Limits
+    leases: LeaseKeeper
+    runs: Runs
+
+    def __init__(self, wiring: Wiring, runner: Runner) -> None:
+        self.settings = wiring.settings
+        self.owner = wiring.owner
+        self.clock = wiring.clock
+        self.holdings = wiring.holdings
+        self.spawn = wiring.spawn
+        self.runner = runner
+        self.closing = False  # the dispatcher is shutting down: nothing starts any more
+
+    def claimed(self, job: Job, sent: float) -> None:
+        """A claimed job (the claimer's callback), its claim sent at `sent`: it waits for a
+        free worker."""
+        if self.holdings.job(job.id) is not None:
+            # An earlier attempt of it is still held here: the server gave this one, so
+            # that one's lease is over. It is stopped, and this one waits until it is gone.
+            self.stop(job.id, "lease_lost")
+            self.spawn(self._claimed_after_older(job, sent), f"job:{job.id}")
+            return
+        lease = self.holdings.add(job, sent)
+        emit(
+            Event.JOB_CLAIMED,
+            **job_fields(job),
+            owner=self.owner,
+            priority=job.priority,
+            lag_ms=round((self.clock.now() - job.run_at.timestamp()) * 1000, 2),
+        )
+        if self.closing:  # a claim that was in flight when the shutdown began
+            self.stop(job.id, "shutdown")
+            return
+        if self.leases.fence_if_overdue(lease):
+            return  # its claim's answer came back after its lease may have ended
+        if self.holdings.cancel_was_seen(job.id):
+            self.leases.cancel(job.id)
+        self.fill_workers()
+
+    def refused(self, job: Job, sent: float) -> None:
+        """A claimed job the admission check does not let start here: handed back at once."""
+        self.holdings.add(job, sent)
+        self.stop(job.id, "handed_back")
+
+    async def _claimed_after_older(self, job: Job, sent: float) -> None:
+        await self.holdings.gone(job.id)
+        self.claimed(job, sent)  # fenced there if the wait outlasted its lease
+
+    def _free_workers_by_queue(self) -> dict[str, int] | None:
+        queues = self.settings.queues
+        if queues is None:
+            return None
+        return {q: n - self.holdings.running_count(q) for q, n in queues.items()}
+
+    def fill_workers(self) -> None:
+        """Start jobs claimed ahead, best first, on free workers, within each queue's workers
+        (`BROOK_QUEUES`): never more tasks at once than workers."""
+        while not self.closing and self.runner.free_slots() > 0:
+            # A job of a queue with a rate first: it must start within a margin of its claim.
+            job = self.holdings.next_claimed_ahead(
+                self._free_workers_by_queue(),
+                first=lambda j: self.limits.latest_start(j) is not None,
+                keyed=self.limits.keyed,
+                line=self.claimer.target_of,
+            )
+            if job is None:
+                return
+            latest = self.limits.latest_start(job)
+            if latest is not None and time.monotonic() + HAND_OFF_S > latest:
+                self.stop(job.id, "handed_back")  # too late for its queue's rate
+                continue
+            worker = self.runner.reserve()
+            if worker is None:
+                return
+            lease = self.holdings.start(job.id)
+            self.spawn(self.runs.execute(worker, job, lease), f"job:{job.id}")
+
+    def stop(self, job_id: str, reason: KillReason) -> bool:
+        """Stop a held job: kill its worker; or, if it is still claimed ahead, take it out of
+        the buffer and write its end (cancelled, handed back; a lost lease writes nothing)."""
+        job = self.holdings.withdraw(job_id)
+        if job is None:
+            return self.runner.kill(job_id, reason)
+        lease = Lease(job_id=job.id, attempt=job.attempts, has_dependents=job.has_dependents)
+        self.spawn(self.runs.end_unstarted(job, lease, reason), f"job:{job.id}")
+        self.claimer.worker_freed()
+        return True
+
+    def worker_freed(self) -> None:
+        self.fill_workers()
+        self.claimer.worker_freed()
+
+    def ended(self, job: Job, over: bool) -> None:
+        """A job is no longer held here; `over`: its attempt is over in MongoDB too, so its
+        queue or key slot (if any) may go."""
+        self.holdings.drop(job.id)
+        self.limits.finished(job, over=over)
+        self.claimer.worker_freed()
