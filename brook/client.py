@@ -1,7 +1,7 @@
 """The Python API: `Client` (blocking) and `AsyncClient` (asyncio).
 
 Both write to MongoDB directly, through the same code as the HTTP API
-(`brook.common.operations.client_core`): the same validation and messages, the same task-name
+(`brook.common.client.core`): the same validation and messages, the same task-name
 check, the same store. `Client` is not a second copy of `AsyncClient`: each of its methods
 runs the `AsyncClient` coroutine of the same name on a private event-loop thread.
 
@@ -27,10 +27,10 @@ from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
 
+from brook.common.client.core import BlockingSessions, ClientCore, Submitting
+from brook.common.client.task_directory import TaskDirectory
 from brook.common.domain.errors import InvalidSession
 from brook.common.domain.models import Doc
-from brook.common.operations.client_core import BlockingSessions, ClientCore, Submitting
-from brook.common.operations.task_directory import TaskDirectory
 from brook.common.runtime.blocking import Coro, LoopThread, T, blocking, blocking_or_in_session
 from brook.common.runtime.settings import Settings, load_settings
 from brook.common.store.db import database, make_client, sync_database

@@ -22,7 +22,7 @@ from brook.common.domain.triggers import Trigger
 from brook.common.protocol.runner import Runner
 from brook.common.runtime import tracing
 from brook.common.runtime.log import configure_logging
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.metrics import serve_metrics
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
@@ -114,9 +114,9 @@ def run_dispatcher(settings: Settings) -> int:
             if stop.is_set():
                 # Second Ctrl-C: exit now. Running jobs come back at lease expiry; the
                 # workers die with this process (PR_SET_PDEATHSIG).
-                emit(Event.DISPATCHER_STOPPING, signal=sig.name, now=True)
+                log_event(Event.DISPATCHER_STOPPING, signal=sig.name, now=True)
                 exit_now(130)
-            emit(Event.DISPATCHER_STOPPING, signal=sig.name)
+            log_event(Event.DISPATCHER_STOPPING, signal=sig.name)
             stop.set()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -124,7 +124,7 @@ def run_dispatcher(settings: Settings) -> int:
         try:
             await serve_dispatcher(settings, stop, tasks, schedules=schedules, triggers=triggers)
         except Exception as exc:
-            emit(
+            log_event(
                 Event.DISPATCHER_CRASHED,
                 level="error",
                 error=f"{type(exc).__name__}: {exc}",

@@ -47,7 +47,7 @@ from brook.common.protocol.runner import (
     StepAck,
     StepRecord,
 )
-from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import Supervisor
 from brook.common.store.failover_retry import ride_out
@@ -175,7 +175,7 @@ class Dispatcher:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set, then shut down by a hard deadline. A crash of any
         loop or per-job task stops the dispatcher too, and is raised."""
-        emit(
+        log_event(
             Event.DISPATCHER_STARTED,
             owner=self.owner,
             concurrency=self.settings.worker_slots,
@@ -200,7 +200,7 @@ class Dispatcher:
         for crash in crashes:
             if crash.done() and not crash.cancelled() and (exc := crash.exception()) is not None:
                 raise exc
-        emit(Event.DISPATCHER_STOPPED, owner=self.owner)
+        log_event(Event.DISPATCHER_STOPPED, owner=self.owner)
 
     async def _start_up(self) -> None:
         # Worker processes start while this one talks to MongoDB; jobs claimed before a
@@ -226,7 +226,7 @@ class Dispatcher:
         self.loops.spawn(self.schedules.run(), "schedules")
         self.loops.spawn(self.triggers.run(), "triggers")
         await workers
-        emit(Event.DISPATCHER_READY, owner=self.owner, workers=self.runner.free_slots())
+        log_event(Event.DISPATCHER_READY, owner=self.owner, workers=self.runner.free_slots())
 
     async def _shutdown(self) -> None:
         """Stop claiming → let running jobs finish within the grace period → stop the rest
@@ -237,7 +237,7 @@ class Dispatcher:
         self.claimer.stop()
         self.hand_off.closing = True
         self.outcomes.cut_off(deadline)
-        emit(
+        log_event(
             Event.DISPATCHER_STOPPING,
             owner=self.owner,
             running=self.holdings.running_count(),
@@ -251,7 +251,7 @@ class Dispatcher:
             self.hand_off.stop(lease.job_id, "shutdown")
         await self.supervisor.wait(max(deadline - time.monotonic(), 0.0))
         for job in self.holdings.jobs():
-            emit(
+            log_event(
                 Event.JOB_RELEASE_FAILED,
                 level="warning",
                 **job_fields(job),

@@ -13,7 +13,7 @@ import time
 
 from brook.common.domain.models import Job
 from brook.common.protocol.runner import KillReason, Runner
-from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.store.jobs import Lease
 from brook.dispatcher.attempts.leases import LeaseKeeper
 from brook.dispatcher.attempts.runs import Runs
@@ -53,7 +53,7 @@ class HandOff:
             self.spawn(self._claimed_after_older(job, sent), f"job:{job.id}")
             return
         lease = self.holdings.add(job, sent)
-        emit(
+        log_event(
             Event.JOB_CLAIMED,
             **job_fields(job),
             owner=self.owner,

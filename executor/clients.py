@@ -12,8 +12,8 @@ from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
 
-from brook.common.operations.client_core import BlockingSessions, ClientCore
-from brook.common.operations.task_directory import TaskDirectory
+from brook.common.client.core import BlockingSessions, ClientCore
+from brook.common.client.task_directory import TaskDirectory
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client, make_sync_client, sync_database
 from brook.common.store.jobs import JobStore

@@ -31,9 +31,9 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
+from brook.common.client.core import ClientCore, Submitting
 from brook.common.domain.errors import SignalTimeout
 from brook.common.domain.steps import check_signal_key, check_step_name, seconds_of
-from brook.common.operations.client_core import ClientCore, Submitting
 from brook.common.runtime import tracing
 from brook.common.runtime.blocking import Coro, T, blocking_or_in_session, delegating, drive, run_on
 from brook.common.runtime.log import get_logger

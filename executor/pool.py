@@ -46,7 +46,7 @@ from brook.common.protocol.runner import (
     WorkerSlot,
 )
 from brook.common.runtime.backoff import exponential
-from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import Spawn, spawn_logged
 from brook.executor.forking import start_method
@@ -225,7 +225,7 @@ class WorkerPool:
             worker.kill_reason = reason
         if worker.exited.done():
             return
-        emit(
+        log_event(
             Event.WORKER_KILLED,
             worker=worker.name,
             pid=worker.pid,
@@ -249,7 +249,7 @@ class WorkerPool:
         if msg == READY:
             worker.ready = True
             self._spawn_failures = 0
-            emit(Event.WORKER_STARTED, worker=worker.name, pid=worker.pid)
+            log_event(Event.WORKER_STARTED, worker=worker.name, pid=worker.pid)
             self.on_free()
             return
         if isinstance(msg, ProgressReport):
@@ -313,7 +313,7 @@ class WorkerPool:
             self._settle(worker, _death_outcome(worker, code))
         elif not worker.ready:
             self._spawn_failures += 1
-            emit(
+            log_event(
                 Event.WORKER_CRASHED,
                 level="error",
                 worker=worker.name,
@@ -322,7 +322,7 @@ class WorkerPool:
                 during="startup",
             )
         else:
-            emit(Event.WORKER_STOPPED, worker=worker.name, pid=worker.pid, exitcode=code)
+            log_event(Event.WORKER_STOPPED, worker=worker.name, pid=worker.pid, exitcode=code)
         if not self._closing:
             self._respawn_later()
 
@@ -390,7 +390,7 @@ def _death_outcome(worker: _Worker, code: int | None) -> Outcome:
     if reason is not None:
         return Outcome(kind=reason, exitcode=code, tx_session=tx)
     sig = _signal_name(code)
-    emit(
+    log_event(
         Event.WORKER_CRASHED,
         level="warning",
         worker=worker.name,

@@ -26,7 +26,7 @@ from typing import Any
 from brook.common.domain.errors import DuplicateStep, LeaseLost, StepError
 from brook.common.domain.steps import check_steps_total, encode_step_result
 from brook.common.protocol.runner import RunJob, StepAck, StepRecord, Suspend
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 
 # A sleep replayed this close to its wake time waits in its worker instead of ending the
 # run again (a dispatcher's reading of the server clock errs by a round trip).
@@ -88,7 +88,7 @@ class Journal:
         self.used.add(name)
         if name in self.recorded:
             self.replayed += 1
-            emit(Event.STEP_REPLAYED, step=name)
+            log_event(Event.STEP_REPLAYED, step=name)
             return True, self.recorded[name]
         return False, None
 

@@ -24,9 +24,9 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import PyMongoError
 from pymongo.synchronous.client_session import ClientSession
 
+from brook.common.client.core import log_submitted
 from brook.common.domain.errors import LeaseLost
 from brook.common.domain.models import Doc
-from brook.common.operations.client_core import log_submitted
 from brook.common.protocol.runner import RunJob, TxOpened
 from brook.common.runtime.blocking import drive
 from brook.common.runtime.settings import Settings

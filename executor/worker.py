@@ -31,7 +31,7 @@ from brook.common.domain.errors import Retry
 from brook.common.protocol.runner import RunJob, Suspend
 from brook.common.runtime import tracing
 from brook.common.runtime.log import configure_logging
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.settings import Settings
 from brook.common.store.transactions import TxEnd
 from brook.executor.context import SyncTaskContext, TaskContext
@@ -222,7 +222,7 @@ async def _run_one(
     set_current(journal)
     try:
         with tx.current():
-            emit(Event.TASK_STARTED)
+            log_event(Event.TASK_STARTED)
             done = await _attempt(msg, settings, reporter, tx, journal, send)
             return dataclasses.replace(
                 done, steps_replayed=journal.replayed, steps_committed=journal.committed
@@ -251,23 +251,25 @@ async def _attempt(
     except Suspended as pause:
         await tx.abandon()
         waiting = pause.suspend.waiting
-        emit(Event.TASK_FINISHED, ok=True, suspended=waiting.get("kind"), step=waiting.get("step"))
+        log_event(
+            Event.TASK_FINISHED, ok=True, suspended=waiting.get("kind"), step=waiting.get("step")
+        )
         return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, suspend=pause.suspend)
     except Retry as exc:
         await tx.abandon()
-        emit(Event.TASK_FINISHED, ok=False, error_type="Retry", delay=exc.delay)
+        log_event(Event.TASK_FINISHED, ok=False, error_type="Retry", delay=exc.delay)
         return _failed(msg, error_doc(exc), retry_delay=exc.delay)
     except Exception as exc:
         await tx.abandon()
         step = failed_step(exc)
         if step is not None:
-            emit(Event.STEP_FAILED, level="warning", step=step, error_type=type(exc).__name__)
-        emit(Event.TASK_FINISHED, ok=False, error_type=type(exc).__name__)
+            log_event(Event.STEP_FAILED, level="warning", step=step, error_type=type(exc).__name__)
+        log_event(Event.TASK_FINISHED, ok=False, error_type=type(exc).__name__)
         return _failed(msg, error_doc(exc))
     if tx.opened:
         progress = reporter.take_last() if reporter is not None else None
         return _transaction_done(msg, await tx.finish(result, progress), result)
-    emit(Event.TASK_FINISHED, ok=True)
+    log_event(Event.TASK_FINISHED, ok=True)
     return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, result=result)
 
 
@@ -279,16 +281,16 @@ def _transaction_done(msg: RunJob, end: TxEnd, result: Any) -> JobDone:
     """What the dispatcher hears of an attempt that committed (or not) in its own
     transaction."""
     if end.kind == "committed":
-        emit(Event.TASK_FINISHED, ok=True, transaction="committed")
+        log_event(Event.TASK_FINISHED, ok=True, transaction="committed")
         return JobDone(
             job_id=msg.job_id, attempt=msg.attempt, ok=True, result=result, tx="committed"
         )
     if end.kind == "lost":
-        emit(Event.TASK_FINISHED, ok=False, error_type="LeaseLost", transaction="aborted")
+        log_event(Event.TASK_FINISHED, ok=False, error_type="LeaseLost", transaction="aborted")
         error = {"type": "LeaseLost", "message": "the lease was lost; the transaction aborted"}
         return _failed(msg, error, tx="lost")
     error = end.error or {"type": "TransactionAborted", "message": end.kind}
-    emit(Event.TASK_FINISHED, ok=False, error_type=error["type"], transaction=end.kind)
+    log_event(Event.TASK_FINISHED, ok=False, error_type=error["type"], transaction=end.kind)
     return _failed(msg, error, tx="unknown" if end.kind == "unknown" else None)
 
 

@@ -7,9 +7,9 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from brook.common.client.core import ClientCore
 from brook.common.domain.errors import InvalidInput
 from brook.common.domain.models import JobSpec
-from brook.common.operations.client_core import ClientCore
 from brook.common.store.jobs import JobStore
 from brook.ingest.state import ApiState
 from brook.ingest.validation import judge, load_body, parse_batch, parse_submit

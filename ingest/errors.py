@@ -9,13 +9,13 @@ from fastapi.responses import JSONResponse
 from pymongo.errors import PyMongoError
 
 from brook.common.domain.errors import InvalidInput
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 
 RETRY_AFTER_S = "2"
 
 
 async def _mongo_down(_: Request, exc: Exception) -> JSONResponse:
-    emit(Event.MONGO_UNAVAILABLE, level="warning", op="api", error=str(exc)[:200])
+    log_event(Event.MONGO_UNAVAILABLE, level="warning", op="api", error=str(exc)[:200])
     return JSONResponse(
         {"detail": "database unavailable (no primary); retry shortly"},
         status_code=503,

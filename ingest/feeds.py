@@ -22,7 +22,7 @@ from sse_starlette import ServerSentEvent
 
 from brook.common.domain.models import Doc
 from brook.common.domain.status import JobStatus
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.store.jobs import JobStore
 from brook.ingest.caps import Slots
 from brook.ingest.eventids import EventIds
@@ -92,7 +92,7 @@ class Feed:
         except Closed as exc:
             yield _sse(comment=f"closing: {exc}; reconnect with Last-Event-ID")
         except PyMongoError as exc:
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="events", error=str(exc)[:200])
+            log_event(Event.MONGO_UNAVAILABLE, level="warning", op="events", error=str(exc)[:200])
             yield _sse(
                 comment="closing: database unavailable; reconnect with Last-Event-ID"
             )
@@ -169,7 +169,9 @@ class Feed:
         """The jobs as they are now, with the position `at` (events after it follow)."""
         if reset is not None:
             SSE_RESETS.inc()
-            emit(Event.SSE_RESET, level="warning", reason=reset.reason, job_id=self.filter.job_id)
+            log_event(
+                Event.SSE_RESET, level="warning", reason=reset.reason, job_id=self.filter.job_id
+            )
             since = datetime.fromtimestamp((reset.since_ms - RESET_SLACK_MS) / 1000, UTC)
             body = {"reason": reset.reason, "since": since.isoformat()}
             yield _sse(data=json.dumps(body), event=RESET_EVENT, id=self.ids.encode(at))

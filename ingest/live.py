@@ -39,7 +39,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from brook.common.domain.models import DEFAULT_QUEUE, Doc, Job
 from brook.common.runtime.backoff import Backoff
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
 from brook.common.store.db import is_history_lost, is_transient
 from brook.common.store.jobs import JobStore, buffered
@@ -181,7 +181,7 @@ async def build_event(store: JobStore, change: Mapping[str, Any]) -> LiveEvent |
     try:
         return live_event(Position(token=change["_id"], wall_ms=ms), doc)
     except (KeyError, ValueError, TypeError) as exc:
-        emit(Event.STREAM_ERROR, level="warning", stream=STREAM, error=f"not a job: {exc!r}")
+        log_event(Event.STREAM_ERROR, level="warning", stream=STREAM, error=f"not a job: {exc!r}")
         return None
 
 
@@ -317,10 +317,10 @@ class Hub:
                 if is_history_lost(exc):
                     self._restart(f"history lost: {exc}")
                     continue
-                emit(Event.STREAM_ERROR, level="warning", stream=STREAM, error=str(exc)[:300])
+                log_event(Event.STREAM_ERROR, level="warning", stream=STREAM, error=str(exc)[:300])
                 await asyncio.sleep(backoff.next())
             except PyMongoError as exc:
-                emit(Event.STREAM_ERROR, level="warning", stream=STREAM, error=str(exc)[:300])
+                log_event(Event.STREAM_ERROR, level="warning", stream=STREAM, error=str(exc)[:300])
                 await asyncio.sleep(backoff.next())
 
     async def _follow(self, backoff: Backoff) -> None:
@@ -343,10 +343,10 @@ class Hub:
             full_document="whenAvailable",
         ) as stream:
             if token is None:
-                emit(Event.STREAM_OPENED, stream=STREAM)
+                log_event(Event.STREAM_OPENED, stream=STREAM)
             elif switching is None:
                 STREAM_RESUMES.labels(stream=STREAM).inc()
-                emit(Event.STREAM_RESUMED, stream=STREAM)
+                log_event(Event.STREAM_RESUMED, stream=STREAM)
             backoff.reset()
             # A lean stream moves past changes a client wants: once one came, it moves no
             # further, and the whole stream resumes from here (the change in hand too).
@@ -406,7 +406,7 @@ class Hub:
         except OperationFailure as exc:
             if is_transient(exc):
                 raise
-            emit(Event.MONGO_REFUSED, level="warning", op="enable_post_images", error=str(exc))
+            log_event(Event.MONGO_REFUSED, level="warning", op="enable_post_images", error=str(exc))
         self._images = True
 
     def _advance(self, token: Mapping[str, Any] | None) -> None:
@@ -433,7 +433,9 @@ class Hub:
         for sub in behind:
             self.unsubscribe(sub)
             SSE_DROPPED.inc()
-            emit(Event.SSE_CLIENT_DROPPED, level="warning", reason=sub.closed, **asdict(sub.filter))
+            log_event(
+                Event.SSE_CLIENT_DROPPED, level="warning", reason=sub.closed, **asdict(sub.filter)
+            )
 
     def _restart(self, reason: str, *, why: Event | None = Event.STREAM_HISTORY_LOST) -> None:
         """The stream cannot go on from its position: start afresh, and drop every client
@@ -441,7 +443,7 @@ class Hub:
         if why is Event.STREAM_HISTORY_LOST:
             STREAM_HISTORY_LOST.labels(stream=STREAM).inc()
         if why is not None:
-            emit(why, level="warning", stream=STREAM, reason=reason[:300])
+            log_event(why, level="warning", stream=STREAM, reason=reason[:300])
         self.ready.clear()
         self._images = False  # a dropped collection comes back without them
         self.position = None

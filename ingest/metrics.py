@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from brook.common.domain.models import DEFAULT_QUEUE
 from brook.common.domain.status import JobStatus
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.metrics import MAX_QUEUE_LABELS, OTHER_QUEUES
 from brook.common.store.jobs import JobStore
 
@@ -108,7 +108,7 @@ class DepthCache:
         error = None if task.cancelled() else task.exception()
         if error is not None:
             # The last figures stand until MongoDB answers.
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="count", error=str(error)[:200])
+            log_event(Event.MONGO_UNAVAILABLE, level="warning", op="count", error=str(error)[:200])
 
     async def _load(self) -> Depth:
         self.aggregations += 1

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
+from brook.common.client.core import ClientCore
+from brook.common.client.task_directory import TaskDirectory
 from brook.common.domain.models import Doc, JobSpec
-from brook.common.operations.client_core import ClientCore
-from brook.common.operations.task_directory import TaskDirectory
 from brook.common.runtime.group_commit import GroupCommit
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
 from brook.common.store.jobs import JobStore, Submitted
@@ -75,8 +75,10 @@ async def open_state(
     try:
         await asyncio.wait_for(store.ensure_indexes(), INDEX_TIMEOUT_S)
     except (PyMongoError, TimeoutError) as exc:
-        emit(Event.MONGO_UNAVAILABLE, level="warning", op="ensure_indexes", error=str(exc)[:200])
-    emit(
+        log_event(
+            Event.MONGO_UNAVAILABLE, level="warning", op="ensure_indexes", error=str(exc)[:200]
+        )
+    log_event(
         Event.API_STARTED,
         host=settings.api_host,
         port=settings.api_port,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from brook.common.runtime.backoff import exponential
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.settings import Settings
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
                     started_rs = rs
                 t0 = time.monotonic()
                 uri = rs.up()
-                emit(
+                log_event(
                     Event.MONGO_UP,
                     uri=uri,
                     seconds=round(time.monotonic() - t0, 2),
@@ -65,7 +65,7 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
 
             for role in ("dispatcher", "api"):
                 children[role] = spawn(role)
-            emit(
+            log_event(
                 Event.UP_STARTED,
                 api=f"http://{settings.api_host}:{settings.api_port}",
                 pids={r: p.pid for r, p in children.items()},
@@ -74,13 +74,13 @@ def cmd_up(settings: Settings, _: argparse.Namespace) -> int:
     except _Interrupted:
         pass
     finally:
-        emit(Event.UP_STOPPING, signal=signals.first_name)
+        log_event(Event.UP_STOPPING, signal=signals.first_name)
         grace_ends = (signals.first_at or time.monotonic()) + settings.shutdown_grace_seconds
         _stop_children(children, signals, grace_ends + ROLE_MARGIN_S)
         if started_rs is not None:
             _stop_replset(started_rs, signals, grace_ends + MONGO_MARGIN_S)
-            emit(Event.MONGO_DOWN)
-        emit(Event.UP_STOPPED)
+            log_event(Event.MONGO_DOWN)
+        log_event(Event.UP_STOPPED)
     return 130 if signals.count > 1 else code
 
 
@@ -185,7 +185,7 @@ def _supervise(
             now = time.monotonic()
             recent = [t for t in restarts[role] if now - t < RESTART_WINDOW_S]
             if len(recent) >= RESTART_LIMIT:
-                emit(
+                log_event(
                     Event.UP_GIVING_UP,
                     level="error",
                     role=role,
@@ -195,7 +195,7 @@ def _supervise(
                 )
                 return 1
             delay = exponential(len(recent), 0.5, 10.0)
-            emit(
+            log_event(
                 Event.UP_CHILD_EXITED,
                 level="warning",
                 role=role,
@@ -210,7 +210,7 @@ def _supervise(
                 break
             restarts[role] = [*recent, time.monotonic()]
             children[role] = spawn(role)
-            emit(Event.UP_CHILD_RESTARTED, role=role, pid=children[role].pid)
+            log_event(Event.UP_CHILD_RESTARTED, role=role, pid=children[role].pid)
         time.sleep(0.2)
     return 0
 
@@ -238,7 +238,7 @@ def _stop_children(
             deadline = min(deadline, time.monotonic() + HURRY_S)
         if time.monotonic() >= deadline:
             for role, proc in alive.items():
-                emit(Event.UP_KILL, level="error", role=role, pid=proc.pid)
+                log_event(Event.UP_KILL, level="error", role=role, pid=proc.pid)
                 proc.kill()
             for proc in alive.values():
                 proc.wait()

@@ -110,7 +110,7 @@ requested_by: ContextVar[str] = ContextVar("brook_requested_by", default="python
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 
 
-def emit(event: Event, *, level: str = "info", **fields: Any) -> None:
+def log_event(event: Event, *, level: str = "info", **fields: Any) -> None:
     """Log one event from the fixed vocabulary (nothing at all below the configured level:
     the per-job lines cost nothing in a process logging at WARNING)."""
     if enabled(_LEVELS.get(level, 50)):

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from prometheus_client import Counter, Histogram, disable_created_metrics, start_http_server
 
 from brook.common.domain.models import DEFAULT_QUEUE
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.settings import Settings
 
 # One series per counter, not a second `_created` one per label set.
@@ -141,7 +141,7 @@ def serve_metrics(settings: Settings) -> MetricsServer | None:
     try:
         server, _thread = start_http_server(settings.metrics_port, addr=settings.metrics_host)
     except OSError as exc:
-        emit(
+        log_event(
             Event.METRICS_UNAVAILABLE,
             level="error",
             host=settings.metrics_host,
@@ -150,5 +150,5 @@ def serve_metrics(settings: Settings) -> MetricsServer | None:
             hint="give each dispatcher on a host its own BROOK_METRICS_PORT",
         )
         return None
-    emit(Event.METRICS_LISTENING, host=settings.metrics_host, port=settings.metrics_port)
+    log_event(Event.METRICS_LISTENING, host=settings.metrics_host, port=settings.metrics_port)
     return MetricsServer(port=settings.metrics_port, _server=server)

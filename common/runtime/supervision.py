@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 
@@ -22,7 +22,7 @@ def _report(task: asyncio.Task[None]) -> BaseException | None:
         return None
     exc = task.exception()
     if exc is not None:
-        emit(
+        log_event(
             Event.BACKGROUND_CRASHED,
             level="error",
             task=task.get_name(),

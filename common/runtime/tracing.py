@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 
 Carrier = dict[str, str]
 TRACER = "brook"
@@ -64,7 +64,7 @@ def configure(role: str) -> bool:
     try:
         from brook.common.runtime import tracing_sdk
     except ImportError as exc:
-        emit(
+        log_event(
             Event.TRACING_UNAVAILABLE,
             level="warning",
             error=str(exc),

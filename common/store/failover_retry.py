@@ -11,7 +11,7 @@ from typing import TypeVar
 from pymongo.errors import PyMongoError
 
 from brook.common.runtime.backoff import Backoff
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.store.db import is_transient
 
 T = TypeVar("T")
@@ -40,7 +40,7 @@ async def ride_out(op: str, fn: Callable[[], Awaitable[T]], *, until: float = ma
         except PyMongoError as exc:
             if not is_transient(exc):
                 raise
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op=op, error=str(exc)[:200])
+            log_event(Event.MONGO_UNAVAILABLE, level="warning", op=op, error=str(exc)[:200])
             await asyncio.sleep(min(backoff.next(), max(until - time.monotonic(), 0.0)))
 
 

@@ -17,8 +17,8 @@ from collections.abc import Collection
 
 from pymongo.errors import PyMongoError
 
-from brook.common.operations.dependents import Via, settle
-from brook.common.runtime.log_events import Event, emit
+from brook.common.client.dependents import Via, settle
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import Spawn
 from brook.common.store.failover_retry import ride_out
@@ -54,7 +54,7 @@ class Dependents:
         try:
             await ride_out("settle", lambda: settle(self.store, job_ids, via=via), until=until)
         except PyMongoError as exc:  # not transient; the sweep tries again
-            emit(Event.MONGO_REFUSED, level="error", op="settle", error=str(exc)[:300])
+            log_event(Event.MONGO_REFUSED, level="error", op="settle", error=str(exc)[:300])
 
     async def sweep(self) -> int:
         """Settle finished parents whose dependents are still unsettled; how many."""

@@ -24,7 +24,7 @@ from prometheus_client import Counter
 from pymongo.errors import PyMongoError
 
 from brook.common.protocol.runner import KillReason
-from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.runtime.metrics import (
     LEASE_RENEWALS,
     LEASES_LOST,
@@ -67,7 +67,7 @@ class LeaseKeeper:
     def cancel(self, job_id: str) -> None:
         """Stop the worker of a held job whose cancel was requested."""
         job = self.holdings.job(job_id)
-        emit(Event.JOB_CANCEL_REQUESTED, **(job_fields(job) if job else {"job_id": job_id}))
+        log_event(Event.JOB_CANCEL_REQUESTED, **(job_fields(job) if job else {"job_id": job_id}))
         self.kill(job_id, "cancelled")
 
     def cancel_requested(self, job_id: str) -> None:
@@ -97,7 +97,7 @@ class LeaseKeeper:
             with pymongo.timeout(self.settings.heartbeat_seconds):
                 lost = await self.store.renew(self.owner, leases, self.settings.lease_seconds)
         except PyMongoError as exc:
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="renew", error=str(exc)[:200])
+            log_event(Event.MONGO_UNAVAILABLE, level="warning", op="renew", error=str(exc)[:200])
             return
         for lease in leases:
             if lease.job_id not in lost:
@@ -166,7 +166,7 @@ class LeaseKeeper:
         """This attempt's lease is over (or may be): stop it once, saying why."""
         self._expired.add(_key(lease))
         job = self.holdings.job(lease.job_id)
-        emit(
+        log_event(
             event,
             level="warning",
             **(job_fields(job) if job else {"job_id": lease.job_id}),

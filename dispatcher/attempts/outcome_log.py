@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from brook.common.domain.status import JobStatus
 from brook.common.protocol.runner import RELEASES, Outcome
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 
 if TYPE_CHECKING:
     from brook.dispatcher.attempts.outcomes import Verdict, VerdictKind
@@ -36,7 +36,7 @@ def _log_unapplied(verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -
     """The outcome was not written: why, and what becomes of the job."""
     level, reason = _REASONS.get(verdict.kind, _REASONS["deadline"])
     if outcome.kind in RELEASES and verdict.kind == "deadline":
-        emit(
+        log_event(
             Event.JOB_RELEASE_FAILED,
             level="warning",
             **fields,
@@ -44,7 +44,7 @@ def _log_unapplied(verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -
             " watchdog requeues it",
         )
         return
-    emit(
+    log_event(
         Event.JOB_RESULT_DISCARDED,
         level=level,
         **fields,
@@ -60,13 +60,13 @@ def log_outcome(verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -> N
         return
     done = verdict.job
     if done is None or done.status == JobStatus.COMPLETED:
-        emit(Event.JOB_COMPLETED, **fields)
+        log_event(Event.JOB_COMPLETED, **fields)
     elif done.status == JobStatus.CANCELLED:
-        emit(Event.JOB_CANCELLED, **fields)
+        log_event(Event.JOB_CANCELLED, **fields)
     elif outcome.kind == "suspended" and done.status == JobStatus.PENDING:
         waiting = done.waiting_for or {}
         until = waiting.get("until")
-        emit(
+        log_event(
             Event.JOB_SUSPENDED,
             **fields,
             waiting=waiting.get("kind"),
@@ -75,15 +75,15 @@ def log_outcome(verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -> N
             until=until.isoformat() if until is not None else None,
         )
     elif outcome.kind == "shutdown":
-        emit(Event.JOB_RELEASED, **fields, reason="dispatcher shutting down")
+        log_event(Event.JOB_RELEASED, **fields, reason="dispatcher shutting down")
     elif outcome.kind == "handed_back":
-        emit(
+        log_event(
             Event.JOB_RELEASED,
             **fields,
             reason="no worker free soon enough after its claim for its queue's rate",
         )
     elif done.status == JobStatus.PENDING:
-        emit(
+        log_event(
             Event.JOB_RETRY_SCHEDULED,
             level="warning",
             **fields,
@@ -92,7 +92,7 @@ def log_outcome(verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -> N
             max_attempts=done.max_attempts,
         )
     else:
-        emit(
+        log_event(
             Event.JOB_FAILED,
             level="error",
             **fields,

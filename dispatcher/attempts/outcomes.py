@@ -24,7 +24,7 @@ from brook.common.domain.status import JobStatus
 from brook.common.protocol.runner import RELEASES, Outcome
 from brook.common.runtime.backoff import Backoff, backoff_delay
 from brook.common.runtime.group_commit import GroupCommit
-from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.runtime.metrics import JOB_DURATION, count_outcome
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import Spawn
@@ -109,16 +109,16 @@ class Outcomes:
         if outcome.kind == "lease_lost":
             if await self._completed_by(lease):
                 return self._committed(job, fields)
-            emit(Event.JOB_RESULT_DISCARDED, level="warning", **fields, reason="lease lost")
+            log_event(Event.JOB_RESULT_DISCARDED, level="warning", **fields, reason="lease lost")
             return Verdict(kind="lost")
         if outcome.kind == "timeout":
-            emit(Event.JOB_TIMED_OUT, level="warning", **fields, timeout_s=job.timeout_s)
+            log_event(Event.JOB_TIMED_OUT, level="warning", **fields, timeout_s=job.timeout_s)
         if outcome.kind == "ok":
             verdict = await self._completions.submit((lease, outcome.result, ran))
         else:
             verdict = await self._write(job, lease, outcome, ran)
         if verdict.kind == "refused":
-            emit(
+            log_event(
                 Event.MONGO_REFUSED,
                 level="error",
                 op="record",
@@ -148,7 +148,7 @@ class Outcomes:
     def _committed(self, job: Job, fields: dict[str, Any]) -> Verdict:
         """The task's own transaction wrote the completion (fenced by attempt and owner)
         together with its writes: there is nothing left to write, only to log."""
-        emit(Event.JOB_COMPLETED, **fields, transaction=True)
+        log_event(Event.JOB_COMPLETED, **fields, transaction=True)
         count_outcome(job, "completed")
         # That write was not fenced on the job having no dependents (`complete_many`), so
         # whether a child was attached since the claim is not known here: settle anyway
@@ -180,9 +180,11 @@ class Outcomes:
                 until=self._until(),
             )
         except PyMongoError as exc:
-            emit(Event.MONGO_REFUSED, level="warning", op="end_transaction", error=str(exc)[:300])
+            log_event(
+                Event.MONGO_REFUSED, level="warning", op="end_transaction", error=str(exc)[:300]
+            )
             return
-        emit(Event.TRANSACTION_ENDED, **fields)
+        log_event(Event.TRANSACTION_ENDED, **fields)
 
     async def _write(
         self, job: Job, lease: Lease, outcome: Outcome, ran: RunTimes | None

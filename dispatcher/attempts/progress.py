@@ -17,7 +17,7 @@ import contextlib
 from pymongo.errors import PyMongoError
 
 from brook.common.protocol.runner import ProgressReport
-from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.runtime.supervision import Spawn
 from brook.common.store.jobs import JobStore, Lease
 
@@ -71,11 +71,11 @@ class ProgressKeeper:
         try:
             written = await self.store.set_progress_many(self.owner, items)
         except PyMongoError as exc:
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="progress", error=str(exc)[:200])
+            log_event(Event.MONGO_UNAVAILABLE, level="warning", op="progress", error=str(exc)[:200])
             return
         for r in batch:
             if r.job_id not in written:
-                emit(
+                log_event(
                     Event.PROGRESS_DISCARDED,
                     level="warning",
                     **job_fields(r),

@@ -16,7 +16,7 @@ from datetime import datetime
 
 from pymongo.errors import PyMongoError
 
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.supervision import Spawn
 from brook.common.store.clock import ServerClock
 from brook.common.store.jobs import JobStore, Lease
@@ -50,4 +50,4 @@ class StartMarks:
                 await self.store.mark_started(self.owner, batch)
             except PyMongoError as exc:
                 error = str(exc)[:200]
-                emit(Event.MONGO_UNAVAILABLE, level="warning", op="mark_started", error=error)
+                log_event(Event.MONGO_UNAVAILABLE, level="warning", op="mark_started", error=error)

@@ -25,7 +25,7 @@ from pymongo.errors import PyMongoError
 
 from brook.common.domain.models import Job, whole_ms
 from brook.common.protocol.runner import StepAck, StepRecord, Suspend
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.metrics import STEPS
 from brook.common.runtime.supervision import Spawn
 from brook.common.store.clock import ServerClock
@@ -75,15 +75,15 @@ class StepKeeper:
                 until=until,
             )
         except PyMongoError as exc:  # not transient: refused
-            emit(Event.MONGO_REFUSED, level="error", op="step", error=str(exc)[:300], **fields)
+            log_event(Event.MONGO_REFUSED, level="error", op="step", error=str(exc)[:300], **fields)
             reply(_ack(step, ok=False, error=f"MongoDB refused it: {str(exc)[:500]}"))
             return
         if written == "recorded":
-            emit(Event.STEP_RECORDED, **fields, size=step.size)
+            log_event(Event.STEP_RECORDED, **fields, size=step.size)
             STEPS.labels(task=step.task, how="run").inc()
             reply(_ack(step, ok=True, result=result))
         elif written == "lost":
-            emit(Event.STEP_DISCARDED, level="warning", **fields, reason="lease lost")
+            log_event(Event.STEP_DISCARDED, level="warning", **fields, reason="lease lost")
             reply(_ack(step, ok=False, error="lease lost"))
         else:
             reply(_ack(step, ok=False, error="no primary in time"))
@@ -104,7 +104,7 @@ class StepKeeper:
         if suspend.waiting.get("kind") == "signal" and isinstance(key, str):
             sent, _ = await self.signals.get(key)
             if sent and await self.store.wake_signal_waiters(key, job.id):
-                emit(Event.JOB_WOKEN, job_id=job.id, task=job.task, key=key)
+                log_event(Event.JOB_WOKEN, job_id=job.id, task=job.task, key=key)
         return done
 
 

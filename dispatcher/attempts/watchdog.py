@@ -15,7 +15,7 @@ from pymongo.errors import PyMongoError
 
 from brook.common.domain.errors import LeaseLost
 from brook.common.runtime.backoff import backoff_delay
-from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.runtime.metrics import LEASES_EXPIRED, count_outcome
 from brook.common.store.jobs import ExpiredLease
 from brook.dispatcher.attempts.dependents import Dependents
@@ -54,7 +54,7 @@ class Watchdog:
         try:
             await self.sweep()
         except PyMongoError as exc:
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="sweep", error=str(exc)[:200])
+            log_event(Event.MONGO_UNAVAILABLE, level="warning", op="sweep", error=str(exc)[:200])
 
     async def sweep(self) -> None:
         """Requeue expired leases, stop workers of cancelled jobs, settle the dependents of
@@ -70,7 +70,7 @@ class Watchdog:
         self.holdings.forget_old_cancels()
         parents = await self.dependents.sweep()
         if requeued or parents:
-            emit(Event.SWEEP_DONE, requeued=requeued, parents_settled=parents)
+            log_event(Event.SWEEP_DONE, requeued=requeued, parents_settled=parents)
         self.swept()
 
     async def _requeue(self, lease: ExpiredLease) -> bool:
@@ -82,14 +82,14 @@ class Watchdog:
             try:
                 await self.store.kill_sessions([lease.tx_session])
             except PyMongoError as exc:
-                emit(
+                log_event(
                     Event.MONGO_UNAVAILABLE,
                     level="warning",
                     op="end_transaction",
                     error=str(exc)[:200],
                 )
             else:
-                emit(Event.TRANSACTION_ENDED, **job_fields(lease), owner=lease.owner)
+                log_event(Event.TRANSACTION_ENDED, **job_fields(lease), owner=lease.owner)
         delay = backoff_delay(lease.attempt, s.retry_base_seconds, s.retry_cap_seconds)
         try:
             job = await self.store.requeue_expired(lease, delay)
@@ -97,7 +97,7 @@ class Watchdog:
             return False  # renewed or finished meanwhile
         LEASES_EXPIRED.inc()
         count_outcome(lease, "expired")
-        emit(
+        log_event(
             Event.LEASE_EXPIRED,
             level="warning",
             **job_fields(lease),

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pymongo.errors import PyMongoError
 
 from brook.common.domain.models import Job
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.metrics import CLAIMS
 from brook.common.runtime.supervision import spawn_logged
 from brook.dispatcher.claiming.due_timer import DueTimer
@@ -325,6 +325,6 @@ class Claimer:
 
     async def _claim_failed(self, exc: PyMongoError) -> None:
         """No primary (or similar): wait a little, look again."""
-        emit(Event.MONGO_UNAVAILABLE, level="warning", op="claim", error=str(exc)[:200])
+        log_event(Event.MONGO_UNAVAILABLE, level="warning", op="claim", error=str(exc)[:200])
         await asyncio.sleep(0.5)
         self.signal()

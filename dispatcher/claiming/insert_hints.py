@@ -29,7 +29,7 @@ from typing import Any
 from pymongo.errors import OperationFailure, PyMongoError
 
 from brook.common.runtime.backoff import Backoff
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.store.db import is_transient
 from brook.common.store.jobs import JobStore
 from brook.common.store.pipelines import oplog_insert_as_change
@@ -103,7 +103,7 @@ class InsertHints:
                 await self._follow(backoff)
             except OperationFailure as exc:  # `_follow` has stopped the announcements
                 if exc.code in UNAVAILABLE_CODES and not is_transient(exc):
-                    emit(
+                    log_event(
                         Event.HINTS_UNAVAILABLE,
                         level="warning",
                         code=exc.code,
@@ -111,9 +111,9 @@ class InsertHints:
                         detail="new jobs are heard of from the change stream alone",
                     )
                     return
-                emit(Event.HINTS_ERROR, level="warning", code=exc.code, error=str(exc)[:300])
+                log_event(Event.HINTS_ERROR, level="warning", code=exc.code, error=str(exc)[:300])
             except PyMongoError as exc:  # no primary for now: a failover
-                emit(Event.HINTS_ERROR, level="warning", error=str(exc)[:300])
+                log_event(Event.HINTS_ERROR, level="warning", error=str(exc)[:300])
             await asyncio.sleep(backoff.next())
 
     async def _follow(self, backoff: Backoff) -> None:
@@ -122,7 +122,7 @@ class InsertHints:
         cursor = await self.store.new_pending(self.tasks, max_await_ms=self.max_await_ms)
         try:
             self.announced.active = True
-            emit(Event.HINTS_OPENED)
+            log_event(Event.HINTS_OPENED)
             while cursor.alive:
                 async for entry in cursor:
                     backoff.reset()

@@ -24,7 +24,7 @@ from pymongo.errors import PyMongoError
 
 from brook.common.domain.models import Doc, Job
 from brook.common.domain.queues import QueueLimits, key_slot
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.store.jobs import Claimed, HoldingKeySlots, JobStore, OfKey
 from brook.dispatcher.claiming.keyed_claims import KeyedClaims, key_of
 from brook.dispatcher.claiming.policies import Got, KeyOnly
@@ -144,7 +144,9 @@ class KeySlots:
         if got.refused is not None:
             _, _, key = got.refused.split(":", 2)
             self.keys.wait(queue, {key: self.clock.now() + KEY_HELD_ELSEWHERE_S}, gen)
-            emit(Event.KEY_HELD_ELSEWHERE, level="debug", queue=queue, key=key, slot=got.refused)
+            log_event(
+                Event.KEY_HELD_ELSEWHERE, level="debug", queue=queue, key=key, slot=got.refused
+            )
             dry = False  # the claim stopped at that key: the others may have more
         return Got(jobs=got.jobs, dry=dry and len(got.jobs) < n)
 
@@ -230,7 +232,9 @@ class KeySlots:
         try:
             took = await self.store.take_key_slot(self.owner, job.id, job.attempts, slot)
         except PyMongoError as exc:
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="take_slot", error=str(exc)[:200])
+            log_event(
+                Event.MONGO_UNAVAILABLE, level="warning", op="take_slot", error=str(exc)[:200]
+            )
             took = False
         if not took:
             held = self.held.get(slots_key(job))
@@ -238,4 +242,4 @@ class KeySlots:
                 self.held[slots_key(job)] = SlotsHeld(queue=held.queue, tag=held.tag)
             self.free(job.queue, *at)
             return
-        emit(Event.SLOTS_ADOPTED, queue=job.queue, jobs=[job.id], slot=slot)
+        log_event(Event.SLOTS_ADOPTED, queue=job.queue, jobs=[job.id], slot=slot)

@@ -25,7 +25,7 @@ from pymongo.errors import PyMongoError
 from brook.common.domain.models import Job
 from brook.common.domain.queues import QueueDoc, QueueLimits
 from brook.common.runtime.backoff import Backoff
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.store.jobs import JobStore
 from brook.common.store.queues import CONFIG_FIELDS, QueueStore
 from brook.dispatcher.claiming.aging import Aging
@@ -185,7 +185,7 @@ class Limits:
         for queue in sorted(changed):
             self._policies.pop(queue, None)
             limits = new.get(queue)
-            emit(
+            log_event(
                 Event.QUEUE_LIMITS_SEEN,
                 queue=queue,
                 concurrency=limits.concurrency if limits else None,
@@ -265,7 +265,9 @@ class Limits:
                         if change is not None:
                             await self._on_change(change)
             except PyMongoError as exc:
-                emit(Event.STREAM_ERROR, level="warning", stream="queues", error=str(exc)[:300])
+                log_event(
+                    Event.STREAM_ERROR, level="warning", stream="queues", error=str(exc)[:300]
+                )
                 await asyncio.sleep(backoff.next())
 
     async def _on_change(self, change: Mapping[str, Any]) -> None:
@@ -285,7 +287,9 @@ class Limits:
             try:
                 await self.refresh()
             except PyMongoError as exc:
-                emit(Event.MONGO_UNAVAILABLE, level="warning", op="limits", error=str(exc)[:200])
+                log_event(
+                    Event.MONGO_UNAVAILABLE, level="warning", op="limits", error=str(exc)[:200]
+                )
                 continue
             self.queue_slots.suspect.update(self._limited)
             self.pending.stale()

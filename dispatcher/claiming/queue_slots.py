@@ -26,7 +26,7 @@ from pymongo.errors import PyMongoError
 from brook.common.domain.models import Job
 from brook.common.domain.queues import RATE_START_MARGIN_S, QueueDoc, QueueLimits
 from brook.common.runtime.group_commit import GroupCommit
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.store.jobs import Tagged
 from brook.common.store.queues import Pruned, QueueStore, Taken
 from brook.dispatcher.claiming.key_slots import SlotsHeld, slots_key
@@ -161,7 +161,7 @@ class QueueSlots:
         except PyMongoError as exc:
             # Until a prune frees them after `claim_by`, the lost jobs' slots stay taken and
             # the won jobs count as starts at `claim_by`: late, never early.
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="settle", error=str(exc)[:200])
+            log_event(Event.MONGO_UNAVAILABLE, level="warning", op="settle", error=str(exc)[:200])
 
     async def _take(
         self,
@@ -244,7 +244,7 @@ class QueueSlots:
     def _reclaimed(self, queue: str, pruned: Pruned) -> None:
         if not pruned.slots:
             return
-        emit(
+        log_event(
             Event.SLOTS_RECLAIMED,
             level="warning",
             queue=queue,
@@ -272,9 +272,9 @@ class QueueSlots:
         try:
             await self.queues.adopt(queue, entries)
         except PyMongoError as exc:
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="adopt", error=str(exc)[:200])
+            log_event(Event.MONGO_UNAVAILABLE, level="warning", op="adopt", error=str(exc)[:200])
             return
-        emit(Event.SLOTS_ADOPTED, queue=queue, jobs=[e[0] for e in entries])
+        log_event(Event.SLOTS_ADOPTED, queue=queue, jobs=[e[0] for e in entries])
 
     async def release(self, held: SlotsHeld, job_id: str) -> None:
         """Give back the queue slot of a job whose final write landed (group-committed)."""
@@ -291,7 +291,7 @@ class QueueSlots:
         try:
             await releases.submit((job_id, held.tag))
         except PyMongoError as exc:
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="release", error=str(exc)[:200])
+            log_event(Event.MONGO_UNAVAILABLE, level="warning", op="release", error=str(exc)[:200])
             return
         self.gates.open(held.queue)
 

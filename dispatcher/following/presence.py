@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from pymongo.errors import PyMongoError
 
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.store.failover_retry import ride_out
 from brook.dispatcher.wiring import Wiring
 
@@ -48,7 +48,9 @@ class Presence:
                 if not await self.store.presence.seen(self.owner):
                     await self._announce()  # removed meanwhile (by hand, or long frozen)
             except PyMongoError as exc:
-                emit(Event.MONGO_UNAVAILABLE, level="warning", op="presence", error=str(exc)[:200])
+                log_event(
+                    Event.MONGO_UNAVAILABLE, level="warning", op="presence", error=str(exc)[:200]
+                )
 
     async def retire(self) -> None:
         """At shutdown, best effort (the caller bounds it in time): otherwise the document

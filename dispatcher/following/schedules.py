@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from brook.common.domain.models import JobSpec
 from brook.common.domain.schedules import Schedule, ScheduleState
-from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.store.clock import ServerClock
 from brook.common.store.failover_retry import persist
 from brook.common.store.jobs import JobStore
@@ -79,7 +79,7 @@ class ScheduleRunner:
         for s in self.schedules.values():
             self._next[s.name] = s.next_tick(now)
             missed = self._missed(s, states.get(s.name), now)
-            emit(
+            log_event(
                 Event.SCHEDULE_DECLARED,
                 schedule=s.name,
                 cron=s.cron,
@@ -94,7 +94,7 @@ class ScheduleRunner:
             if s.catch_up == "latest":
                 late.append((s, missed))
             else:
-                emit(
+                log_event(
                     Event.SCHEDULE_MISSED,
                     schedule=s.name,
                     catch_up=s.catch_up,
@@ -143,7 +143,7 @@ class ScheduleRunner:
         fields = job_fields(job) | {"schedule": s.name, "tick": tick.isoformat()}
         if not submitted.created:
             # Another dispatcher got there first: the usual case, and the point.
-            emit(Event.JOB_DEDUPLICATED, level="debug", **fields)
+            log_event(Event.JOB_DEDUPLICATED, level="debug", **fields)
             return
-        emit(Event.JOB_SUBMITTED, **fields, catch_up=catch_up, run_at=job.run_at.isoformat())
+        log_event(Event.JOB_SUBMITTED, **fields, catch_up=catch_up, run_at=job.run_at.isoformat())
         await persist("schedule.ticked", lambda: self.store.ticked(s.name, tick, job.id))

@@ -15,7 +15,7 @@ from typing import Any
 from pymongo.errors import OperationFailure, PyMongoError
 
 from brook.common.runtime.backoff import Backoff
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
 from brook.common.store.db import is_history_lost
 from brook.common.store.jobs import JobStore
@@ -67,7 +67,9 @@ class TokenSaver:
             await self.store.tokens.save(self.name, DISPATCHER_PIPELINE_VERSION, token)
             self._saved = token
         except PyMongoError as exc:
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="save_token", error=str(exc)[:200])
+            log_event(
+                Event.MONGO_UNAVAILABLE, level="warning", op="save_token", error=str(exc)[:200]
+            )
             self._dirty.set()  # `run` tries again after its interval
 
 
@@ -98,18 +100,20 @@ class StreamFollower:
                 token = await self._follow(token, backoff)
             except OperationFailure as exc:
                 if not is_history_lost(exc):
-                    emit(Event.STREAM_ERROR, level="warning", code=exc.code, error=str(exc)[:300])
+                    log_event(
+                        Event.STREAM_ERROR, level="warning", code=exc.code, error=str(exc)[:300]
+                    )
                     await asyncio.sleep(backoff.next())
                     continue
                 STREAM_HISTORY_LOST.labels(stream=STREAM).inc()
-                emit(
+                log_event(
                     Event.STREAM_HISTORY_LOST, level="warning", code=exc.code, error=str(exc)[:300]
                 )
                 token = None
                 await self._drop_token()
                 await self.on_reset()
             except PyMongoError as exc:
-                emit(Event.STREAM_ERROR, level="warning", error=str(exc)[:300])
+                log_event(Event.STREAM_ERROR, level="warning", error=str(exc)[:300])
                 await asyncio.sleep(backoff.next())
 
     async def _follow(
@@ -122,7 +126,7 @@ class StreamFollower:
         ) as stream:
             if token is not None:
                 STREAM_RESUMES.labels(stream=STREAM).inc()
-            emit(
+            log_event(
                 Event.STREAM_RESUMED if token is not None else Event.STREAM_OPENED,
                 version=DISPATCHER_PIPELINE_VERSION,
             )
@@ -131,7 +135,7 @@ class StreamFollower:
             while stream.alive:
                 change = await stream.try_next()
                 if change is not None and change["operationType"] in INVALIDATING:
-                    emit(Event.STREAM_INVALIDATED, level="warning", op=change["operationType"])
+                    log_event(Event.STREAM_INVALIDATED, level="warning", op=change["operationType"])
                     await self._drop_token()
                     await self.on_reset()
                     return None
@@ -146,7 +150,7 @@ class StreamFollower:
             try:
                 return await self.store.tokens.load(self.name, DISPATCHER_PIPELINE_VERSION)
             except PyMongoError as exc:
-                emit(
+                log_event(
                     Event.MONGO_UNAVAILABLE, level="warning", op="load_token", error=str(exc)[:200]
                 )
                 await asyncio.sleep(1.0)
@@ -155,4 +159,6 @@ class StreamFollower:
         try:
             await self.store.tokens.drop(self.name)
         except PyMongoError as exc:
-            emit(Event.MONGO_UNAVAILABLE, level="warning", op="drop_token", error=str(exc)[:200])
+            log_event(
+                Event.MONGO_UNAVAILABLE, level="warning", op="drop_token", error=str(exc)[:200]
+            )

@@ -44,7 +44,7 @@ from brook.common.domain.triggers import (
 )
 from brook.common.runtime import tracing
 from brook.common.runtime.backoff import Backoff
-from brook.common.runtime.log_events import Event, emit, job_fields
+from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.runtime.metrics import TRIGGER_HISTORY_LOST, TRIGGER_JOBS
 from brook.common.store.db import is_history_lost
 from brook.common.store.failover_retry import persist
@@ -97,7 +97,7 @@ class TriggerFollower:
         while True:
             state = await self._acquire()
             self.leading = True
-            emit(
+            log_event(
                 Event.TRIGGER_FOLLOWING,
                 trigger=self.name,
                 owner=self.owner,
@@ -108,14 +108,16 @@ class TriggerFollower:
                 await self._lead(state)
             except FollowerDisplaced:
                 self.leading = False
-                emit(Event.TRIGGER_LEASE_LOST, level="warning", trigger=self.name, owner=self.owner)
+                log_event(
+                    Event.TRIGGER_LEASE_LOST, level="warning", trigger=self.name, owner=self.owner
+                )
 
     async def release(self) -> None:
         """Give the lease up (at shutdown, once `run` was cancelled: it could take the lease
         again), so another dispatcher follows on at once."""
         if self.leading:
             await self.store.release(self.name, self.owner)
-            emit(Event.TRIGGER_RELEASED, trigger=self.name, owner=self.owner)
+            log_event(Event.TRIGGER_RELEASED, trigger=self.name, owner=self.owner)
 
     async def _acquire(self) -> TriggerState:
         while True:
@@ -125,7 +127,9 @@ class TriggerFollower:
                     return state
             except PyMongoError as exc:
                 error = str(exc)[:200]
-                emit(Event.MONGO_UNAVAILABLE, level="warning", op="trigger.acquire", error=error)
+                log_event(
+                    Event.MONGO_UNAVAILABLE, level="warning", op="trigger.acquire", error=error
+                )
             await asyncio.sleep(self.poll_s)
 
     async def _checkpoint(
@@ -170,7 +174,7 @@ class TriggerFollower:
                 if is_history_lost(exc):
                     state = await self._history_lost(exc)
                     continue
-                emit(
+                log_event(
                     Event.TRIGGER_ERROR,
                     level="warning",
                     trigger=self.name,
@@ -180,7 +184,9 @@ class TriggerFollower:
                 await asyncio.sleep(backoff.next())
                 state = await self._checkpoint()
             except PyMongoError as exc:
-                emit(Event.TRIGGER_ERROR, level="warning", trigger=self.name, error=str(exc)[:300])
+                log_event(
+                    Event.TRIGGER_ERROR, level="warning", trigger=self.name, error=str(exc)[:300]
+                )
                 await asyncio.sleep(backoff.next())
                 state = await self._checkpoint()
 
@@ -194,7 +200,7 @@ class TriggerFollower:
         if state is None:
             raise FollowerDisplaced(self.name)
         TRIGGER_HISTORY_LOST.labels(trigger=self.name).inc()
-        emit(
+        log_event(
             Event.TRIGGER_HISTORY_LOST,
             level="warning",
             trigger=self.name,
@@ -215,7 +221,7 @@ class TriggerFollower:
             start_at=self._start_at,
             max_await_ms=self.max_await_ms,
         ) as stream:
-            emit(
+            log_event(
                 Event.TRIGGER_OPENED,
                 trigger=self.name,
                 collection=self.trigger.collection,
@@ -253,7 +259,7 @@ class TriggerFollower:
         wanted = [c for c in changes if c["operationType"] in self.trigger.operations]
         for change in changes:
             if change["operationType"] in INVALIDATING:
-                emit(
+                log_event(
                     Event.TRIGGER_INVALIDATED,
                     level="warning",
                     trigger=self.name,
@@ -281,9 +287,13 @@ class TriggerFollower:
         for s in submitted:
             if s.created:
                 new += 1
-                emit(Event.JOB_SUBMITTED, **job_fields(s.job), queue=s.job.queue, trigger=self.name)
+                log_event(
+                    Event.JOB_SUBMITTED, **job_fields(s.job), queue=s.job.queue, trigger=self.name
+                )
             else:  # a change replayed after a takeover: its job exists
-                emit(Event.JOB_DEDUPLICATED, level="debug", **job_fields(s.job), trigger=self.name)
+                log_event(
+                    Event.JOB_DEDUPLICATED, level="debug", **job_fields(s.job), trigger=self.name
+                )
         if new:
             TRIGGER_JOBS.labels(trigger=self.name).inc(new)
         return len(submitted)
@@ -343,7 +353,7 @@ class TriggerRunner:
             return
         await persist("triggers.declare", lambda: self.store.declare(self.triggers, self.owner))
         for t in self.triggers:
-            emit(
+            log_event(
                 Event.TRIGGER_DECLARED,
                 trigger=t.name,
                 collection=t.collection,

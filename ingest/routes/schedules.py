@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path
 from fastapi.responses import JSONResponse
 
 from brook.common.domain.errors import ScheduleNotFound
-from brook.common.runtime.log_events import Event, emit, requested_by
+from brook.common.runtime.log_events import Event, log_event, requested_by
 from brook.common.store.schedules import ScheduleStore
 from brook.ingest.deps import State
 from brook.ingest.encoding import json_response
@@ -42,7 +42,7 @@ async def _set_paused(schedules: ScheduleStore, name: str, paused: bool) -> JSON
     except ScheduleNotFound:
         raise HTTPException(404, f"no schedule {name!r}") from None
     event = Event.SCHEDULE_PAUSED if paused else Event.SCHEDULE_RESUMED
-    emit(event, schedule=name, by=requested_by.get())
+    log_event(event, schedule=name, by=requested_by.get())
     return json_response(state.to_api(datetime.now(UTC)))
 
 

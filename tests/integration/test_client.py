@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from brook import AsyncClient, Client, InvalidInput, JobConflict, JobNotFound, WaitTimeout
+from brook.common.client.task_directory import TaskDirectory
 from brook.common.domain.models import JobSpec
 from brook.common.domain.status import ALLOWED, RETRIES, TRANSITIONS, JobStatus
-from brook.common.operations.task_directory import TaskDirectory
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
 from brook.common.store.fields import HISTORY_CAP

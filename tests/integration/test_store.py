@@ -10,10 +10,10 @@ from typing import Any, TypeVar
 
 import pytest
 
+from brook.common.client.dependents import settle
 from brook.common.domain.errors import JobConflict, JobNotFound, LeaseLost
 from brook.common.domain.models import Job, JobSpec
 from brook.common.domain.status import TRANSITIONS, JobStatus
-from brook.common.operations.dependents import settle
 from brook.common.store.jobs import BestDue, JobStore, Lease, RunTimes
 from brook.common.store.queries import CLAIM_FILTER, CLAIM_SORT
 

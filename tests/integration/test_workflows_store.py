@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from brook import AsyncClient, Client, InvalidInput
+from brook.common.client.dependents import settle
 from brook.common.domain.models import Job
 from brook.common.domain.status import JobStatus
-from brook.common.operations.dependents import settle
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
 from brook.common.store.jobs import BestDue, JobStore, Lease

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection
 
-from brook.common.operations.dependents import Via
+from brook.common.client.dependents import Via
 from brook.dispatcher.attempts import dependents
 
 _settle = dependents.Dependents.parents_ended

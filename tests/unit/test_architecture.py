@@ -6,7 +6,7 @@ in `brook/`), and nothing, product, tests or benchmarks, imports them by any oth
 roles (`ingest`, `dispatcher`, `executor`) depend on `common` and never on each other, nothing
 below the top (`brook` itself: the CLI, the client, the role wiring) imports it, and
 `common`'s rooms stand on floors: `domain` at the bottom, then `runtime`, `store`,
-`operations`; `protocol` needs only `domain`. The dispatcher has three rooms of its own
+`client`; `protocol` needs only `domain`. The dispatcher has three rooms of its own
 (`claiming`, `attempts`, `following`) under its top (`dispatcher.py`, `hand_off.py`,
 `wiring.py`): a room imports only itself and `wiring`, never another room nor the rest of the
 top. An import that points up a floor (or a room that imports a role) fails here, naming the
@@ -25,7 +25,7 @@ COMMON_FLOORS = {
     "domain": set(),
     "runtime": {"domain"},
     "store": {"domain", "runtime"},
-    "operations": {"domain", "runtime", "store"},
+    "client": {"domain", "runtime", "store"},
     "protocol": {"domain"},
 }
 ROLES = {"ingest", "dispatcher", "executor"}

@@ -37,7 +37,7 @@ UNTRACED_PATH = """
 
     import brook
     from brook.common.domain.models import JobSpec
-    from brook.common.operations.client_core import _stamped
+    from brook.common.client.core import _stamped
     from brook.common.protocol.runner import RunJob
     from brook.common.runtime import tracing
     from brook.common.runtime.settings import Settings
@@ -103,7 +103,7 @@ def test_a_run_continues_its_submitters_trace_with_its_wait_and_links_in_memory(
         trace.set_tracer_provider(provider)
 
         from brook.common.domain.models import JobSpec
-        from brook.common.operations.client_core import _stamped
+        from brook.common.client.core import _stamped
         from brook.common.protocol.runner import RunJob
         from brook.common.runtime import tracing
         from brook.common.runtime.settings import Settings

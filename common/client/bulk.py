@@ -20,17 +20,17 @@ from typing import Any
 
 import structlog
 
+from brook.common.client.dependents import settle
 from brook.common.domain.bulk import BulkAction, JobFilter, validate_bulk
 from brook.common.domain.errors import JobConflict, JobNotFound
 from brook.common.domain.models import Doc, Job
-from brook.common.operations.dependents import settle
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.store.jobs import JobStore
 
 
 def _log(event: Event, doc: Doc) -> None:
     if structlog.is_configured():
-        emit(
+        log_event(
             event,
             job_id=str(doc["_id"]),
             attempt=int(doc.get("attempts", 0)),

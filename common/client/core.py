@@ -25,6 +25,9 @@ from pymongo.errors import PyMongoError
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
+from brook.common.client.bulk import BulkOperations
+from brook.common.client.dependents import recheck, settle
+from brook.common.client.task_directory import TaskDirectory
 from brook.common.domain.errors import InvalidInput, JobNotFound, StepError, WaitTimeout
 from brook.common.domain.models import DEFAULT_QUEUE, Doc, Job, JobSpec
 from brook.common.domain.queues import validate_queue_update
@@ -32,12 +35,9 @@ from brook.common.domain.status import TERMINAL, JobStatus
 from brook.common.domain.steps import check_signal_key, check_signal_payload
 from brook.common.domain.validation import validate_batch, validate_spec
 from brook.common.domain.workflows import external_parents, unknown_parents_detail
-from brook.common.operations.bulk import BulkOperations
-from brook.common.operations.dependents import recheck, settle
-from brook.common.operations.task_directory import TaskDirectory
 from brook.common.runtime import tracing
 from brook.common.runtime.backoff import Backoff
-from brook.common.runtime.log_events import Event, emit, job_fields, requested_by
+from brook.common.runtime.log_events import Event, job_fields, log_event, requested_by
 from brook.common.runtime.settings import WEEK_S
 from brook.common.store.db import is_transient
 from brook.common.store.jobs import JobStore, Submitted
@@ -425,10 +425,10 @@ class ClientCore(Submitting, BulkOperations):
         await self._queues.set_limits(name, fields)
         if structlog.is_configured():
             by = requested_by.get()
-            emit(Event.QUEUE_UPDATED, queue=name, by=by, **fields)
+            log_event(Event.QUEUE_UPDATED, queue=name, by=by, **fields)
             if "paused" in fields:
                 event = Event.QUEUE_PAUSED if fields["paused"] else Event.QUEUE_RESUMED
-                emit(event, queue=name, by=by)
+                log_event(event, queue=name, by=by)
         return next(q for q in await self.queues() if q.name == name)
 
     # -- change one job ------------------------------------------------------------------------
@@ -457,7 +457,7 @@ class ClientCore(Submitting, BulkOperations):
         await self._ensure_indexes()  # the jobs waiting on a key are found by index
         await self._signals.put(key, payload, self.signal_retention_s)
         woken = await self._store.wake_signal_waiters(key)
-        emit(Event.SIGNAL_SENT, key=key, woken=woken)
+        log_event(Event.SIGNAL_SENT, key=key, woken=woken)
         return woken
 
     async def retry(self, job_id: str) -> Job:
@@ -562,7 +562,7 @@ def _emit(event: Event, job: Job, **fields: Any) -> None:
     # Brook's own processes configure logging; a program using the client logs Brook's
     # events only if it configured structlog itself.
     if structlog.is_configured():
-        emit(event, **job_fields(job), by=requested_by.get(), **fields)
+        log_event(event, **job_fields(job), by=requested_by.get(), **fields)
 
 
 def log_submitted(submitted: Submitted) -> None:

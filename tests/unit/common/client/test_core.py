@@ -18,7 +18,7 @@ def job(job_id: str, queue: str) -> Job:
 def test_a_state_change_is_logged_with_who_asked_for_it() -> None:
     from structlog.testing import capture_logs
 
-    from brook.common.operations.client_core import log_submitted
+    from brook.common.client.core import log_submitted
     from brook.common.runtime.log_events import requested_by
     from brook.common.store.jobs import Submitted
 

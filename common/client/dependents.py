@@ -16,7 +16,7 @@ from typing import Any, Literal
 import structlog
 
 from brook.common.domain.status import JobStatus
-from brook.common.runtime.log_events import Event, emit
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.store.jobs import JobStore, Settled, Submitted
 
 Via = Literal["completion", "failure", "cancel", "submit", "retry", "sweep"]
@@ -79,10 +79,10 @@ def _log(child: Settled, via: Via) -> None:
         "via": via,
     }
     if child.status == JobStatus.PENDING:
-        emit(Event.JOB_UNBLOCKED, **fields)
+        log_event(Event.JOB_UNBLOCKED, **fields)
     else:
         error = child.error or {}
-        emit(
+        log_event(
             Event.JOB_DEPENDENCY_FAILED,
             level="warning",
             **fields,
