@@ -121,7 +121,7 @@ class Dispatcher:
         """The claimer, and the cluster-wide queue limits it claims within."""
         limits = Limits(wiring, QueueStore(wiring.store.db))
         claimer = Claimer(wiring, hand_off.claimed, limits, refuse=hand_off.refused)
-        claimer.free_workers = self.runner.free_slots
+        claimer.free_workers = self.runner.free_workers
         hand_off.claimer, hand_off.limits = claimer, limits
         self.announced = Announced()
         self.hints = InsertHints(wiring.store, wiring.tasks, self.announced, self._on_change)
@@ -226,7 +226,7 @@ class Dispatcher:
         self.loops.spawn(self.schedules.run(), "schedules")
         self.loops.spawn(self.triggers.run(), "triggers")
         await workers
-        log_event(Event.DISPATCHER_READY, owner=self.owner, workers=self.runner.free_slots())
+        log_event(Event.DISPATCHER_READY, owner=self.owner, workers=self.runner.free_workers())
 
     async def _shutdown(self) -> None:
         """Stop claiming → let running jobs finish within the grace period → stop the rest

@@ -87,7 +87,7 @@ class HandOff:
     def fill_workers(self) -> None:
         """Start jobs claimed ahead, best first, on free workers, within each queue's workers
         (`BROOK_QUEUES`): never more tasks at once than workers."""
-        while not self.closing and self.runner.free_slots() > 0:
+        while not self.closing and self.runner.free_workers() > 0:
             # A job of a queue with a rate first: it must start within a margin of its claim.
             job = self.holdings.next_claimed_ahead(
                 self._free_workers_by_queue(),

@@ -5,7 +5,7 @@ Brook supervises its own long-lived `aiomultiprocess.Process` children instead:
 
 * each worker has a private pipe; the parent always knows which job each process holds;
 * the parent watches each process's sentinel, so a death (crash, SIGKILL, OOM) is seen
-  within milliseconds, the job's waiter gets a `crashed` outcome and the slot is refilled;
+  within milliseconds, the job's waiter gets a `crashed` outcome and the worker is replaced;
 * timeouts, cancellations and lost leases are enforced by the parent killing the process;
 * a running task's progress reports come up the same pipe and go to `on_progress`; the
   session of a transaction it opens comes too, and goes with its outcome; so do its
@@ -39,11 +39,11 @@ from brook.common.protocol.runner import (
     KillReason,
     Outcome,
     ProgressReport,
+    ReservedWorker,
     RunJob,
     StepAck,
     StepRecord,
     TxOpened,
-    WorkerSlot,
 )
 from brook.common.runtime.backoff import exponential
 from brook.common.runtime.log_events import Event, job_fields, log_event
@@ -82,7 +82,7 @@ class _Worker:
         return pid
 
 
-class PoolSlot(WorkerSlot):
+class PoolReservation(ReservedWorker):
     """A reserved idle worker; hand it a job with `WorkerPool.run`, or give it back."""
 
     def __init__(self, worker: _Worker) -> None:
@@ -172,31 +172,31 @@ class WorkerPool:
         for task in list(self._tasks):
             task.cancel()
 
-    # -- slots -----------------------------------------------------------------------------
+    # -- workers ---------------------------------------------------------------------------
 
     @staticmethod
     def _idle(w: _Worker) -> bool:
         return w.ready and not w.reserved and w.job is None and w.kill_reason is None
 
-    def free_slots(self) -> int:
+    def free_workers(self) -> int:
         return sum(1 for w in self._workers.values() if self._idle(w))
 
-    def reserve(self) -> PoolSlot | None:
+    def reserve(self) -> PoolReservation | None:
         if self._closing:
             return None
         for w in self._workers.values():
             if self._idle(w):
                 w.reserved = True
-                return PoolSlot(w)
+                return PoolReservation(w)
         return None
 
-    def unreserve(self, slot: WorkerSlot) -> None:
-        _worker_of(slot).reserved = False
+    def unreserve(self, reserved: ReservedWorker) -> None:
+        _worker_of(reserved).reserved = False
 
     # -- running ---------------------------------------------------------------------------
 
-    async def run(self, slot: WorkerSlot, job: RunJob, timeout: float | None) -> Outcome:
-        worker = _worker_of(slot)
+    async def run(self, reserved: ReservedWorker, job: RunJob, timeout: float | None) -> Outcome:
+        worker = _worker_of(reserved)
         worker.job = job
         worker.tx_session = None
         waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
@@ -220,7 +220,7 @@ class WorkerPool:
 
     def _kill(self, worker: _Worker, reason: KillReason) -> None:
         if reason == "shutdown":
-            self._closing = True  # the owner is going away: refill no slot
+            self._closing = True  # the owner is going away: replace no worker
         if worker.kill_reason is None:
             worker.kill_reason = reason
         if worker.exited.done():
@@ -408,9 +408,9 @@ def _death_outcome(worker: _Worker, code: int | None) -> Outcome:
     )
 
 
-def _worker_of(slot: WorkerSlot) -> _Worker:
-    assert isinstance(slot, PoolSlot), f"not a slot of this pool: {slot!r}"
-    return slot.worker
+def _worker_of(reserved: ReservedWorker) -> _Worker:
+    assert isinstance(reserved, PoolReservation), f"not a worker of this pool: {reserved!r}"
+    return reserved.worker
 
 
 def _job_log(job: RunJob | None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from brook.cli.output import JsonObject, die, print_json
+from brook.cli.printing import JsonObject, die, print_json
 from brook.common.domain.status import TERMINAL, JobStatus
 from brook.common.runtime.settings import Settings
 from brook.terminal import safe

@@ -24,7 +24,7 @@ from brook.cli.api_commands import (
     cmd_triggers,
     cmd_watch,
 )
-from brook.cli.output import JsonObject, die
+from brook.cli.printing import JsonObject, die
 from brook.cli.serve import cmd_api, cmd_dispatcher, cmd_mongo
 from brook.cli.up import cmd_up
 from brook.common.domain.errors import BrookError

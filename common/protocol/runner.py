@@ -137,12 +137,12 @@ class ProgressReport:
     message: str | None = None
 
 
-class WorkerSlot:
+class ReservedWorker:
     """A reserved idle worker: the runner's own handle, opaque to the dispatcher."""
 
 
 class Runner(Protocol):
-    """Worker slots that run jobs in isolated processes (implemented by `executor.pool`)."""
+    """Workers that run jobs in isolated processes (implemented by `executor.pool`)."""
 
     on_free: Callable[[], None]
     on_progress: Callable[[ProgressReport], None]
@@ -154,12 +154,14 @@ class Runner(Protocol):
 
     async def close(self, timeout: float = 5.0) -> None: ...
 
-    def free_slots(self) -> int: ...
+    def free_workers(self) -> int: ...
 
-    def reserve(self) -> WorkerSlot | None: ...
+    def reserve(self) -> ReservedWorker | None: ...
 
-    def unreserve(self, slot: WorkerSlot) -> None: ...
+    def unreserve(self, reserved: ReservedWorker) -> None: ...
 
-    async def run(self, slot: WorkerSlot, job: RunJob, timeout: float | None) -> Outcome: ...
+    async def run(
+        self, reserved: ReservedWorker, job: RunJob, timeout: float | None
+    ) -> Outcome: ...
 
     def kill(self, job_id: str, reason: KillReason) -> bool: ...

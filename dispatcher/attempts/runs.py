@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pymongo.errors import PyMongoError
 
 from brook.common.domain.models import Job
-from brook.common.protocol.runner import KillReason, Outcome, RunJob, Runner, WorkerSlot
+from brook.common.protocol.runner import KillReason, Outcome, ReservedWorker, RunJob, Runner
 from brook.common.runtime import tracing
 from brook.common.runtime.metrics import JOB_WAIT
 from brook.common.store.jobs import Lease, RunTimes
@@ -55,7 +55,7 @@ class Runs:
         finally:
             self.ended(job, over)
 
-    async def execute(self, worker: WorkerSlot, job: Job, lease: Lease) -> None:
+    async def execute(self, worker: ReservedWorker, job: Job, lease: Lease) -> None:
         timeout = job.timeout_s or self.settings.default_timeout_s
         run = RunJob(
             job_id=job.id,

@@ -87,12 +87,12 @@ async def test_three_dispatchers_never_run_more_than_three_jobs_of_a_queue_limit
 async def test_a_rate_of_20_per_2_seconds_holds_in_every_window_without_busy_waiting(
     cluster: Cluster, store: JobStore
 ) -> None:
-    await QueueStore(store.db).set_limits("quota", {"rate": {"limit": 20, "per_seconds": 2}})
+    await QueueStore(store.db).set_limits("rated", {"rate": {"limit": 20, "per_seconds": 2}})
     dispatchers = [cluster.dispatcher(BROOK_CONCURRENCY="4") for _ in range(2)]
     before = await queue_ops(store)
-    ids = await submit(store, "noop", 80, queue="quota")
+    ids = await submit(store, "noop", 80, queue="rated")
     await wait_all_terminal(store, 80, timeout=90)
-    docs = await queue_jobs(store, "quota")
+    docs = await queue_jobs(store, "rated")
     claims = [a.start for a in attempts(docs)]  # a job handed back unstarted is claimed again
     assert len(claims) >= 80
     assert max_starts_in_window(claims, 2.0) <= 20
@@ -108,7 +108,7 @@ async def test_a_rate_of_20_per_2_seconds_holds_in_every_window_without_busy_wai
     # try), not thousands.
     ops = await queue_ops(store) - before
     assert ops < 80 * 6, ops
-    await wait_slots_free(store, "quota")
+    await wait_slots_free(store, "rated")
     report = await check_history(
         store, ids, await settled_logs(store, lambda: all_logs(*dispatchers))
     )

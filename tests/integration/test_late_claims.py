@@ -17,7 +17,7 @@ from typing import Any
 from structlog.testing import capture_logs
 
 from brook.common.domain.models import JobSpec
-from brook.common.protocol.runner import Outcome, RunJob, WorkerSlot
+from brook.common.protocol.runner import Outcome, ReservedWorker, RunJob
 from brook.common.runtime.settings import Settings
 from brook.common.store.jobs import Claimed, JobStore
 from brook.common.store.records import ExpiredLease
@@ -28,16 +28,16 @@ class OverlapRunner(HeldRunner):
     """A HeldRunner that records every attempt it starts, and any start of a job whose
     earlier attempt it still runs."""
 
-    def __init__(self, slots: int) -> None:
-        super().__init__(slots)
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
         self.attempts: list[tuple[str, int]] = []
         self.overlaps: list[tuple[str, int]] = []
 
-    async def run(self, slot: WorkerSlot, job: RunJob, timeout: float | None) -> Outcome:
+    async def run(self, reserved: ReservedWorker, job: RunJob, timeout: float | None) -> Outcome:
         if job.job_id in self.running:
             self.overlaps.append((job.job_id, job.attempt))
         self.attempts.append((job.job_id, job.attempt))
-        return await super().run(slot, job, timeout)
+        return await super().run(reserved, job, timeout)
 
 
 async def test_a_claim_answered_after_its_lease_ran_out_starts_nothing(

@@ -243,13 +243,13 @@ async def test_prune_frees_what_is_over_and_keeps_what_runs_or_may_still_be_clai
 
 async def test_the_rate_counts_recorded_starts_and_claims_in_flight(store: JobStore) -> None:
     queues = QueueStore(store.db)
-    await queues.set_limits("quota", {"rate": {"limit": 3, "per_seconds": 1.5}})
-    ids = await pending(store, 5, "quota")
-    first = await claim_through_slots(store, queues, "quota", 2, rated=True)
+    await queues.set_limits("rated", {"rate": {"limit": 3, "per_seconds": 1.5}})
+    ids = await pending(store, 5, "rated")
+    first = await claim_through_slots(store, queues, "rated", 2, rated=True)
     assert len(first) == 2
-    in_flight = await queues.take("quota", owner="d2", tag="t2", jobs=ids[2:4], claim_window_s=5)
+    in_flight = await queues.take("rated", owner="d2", tag="t2", jobs=ids[2:4], claim_window_s=5)
     assert len(in_flight.slots) == 1  # 2 starts + this one = the limit
-    refused = await queues.take("quota", owner="d3", tag="t3", jobs=ids[4:], claim_window_s=5)
+    refused = await queues.take("rated", owner="d3", tag="t3", jobs=ids[4:], claim_window_s=5)
     assert not refused.slots and refused.queue is not None
     reason, at = refused.queue.blocked(now())
     # The claim in flight counts as a start at its claim_by (the latest it could start), so
@@ -257,7 +257,7 @@ async def test_the_rate_counts_recorded_starts_and_claims_in_flight(store: JobSt
     # 1.5 s + RATE_START_MARGIN_S: a claimed job starts within that margin of its claim).
     window = timedelta(seconds=1.5 + RATE_START_MARGIN_S)
     assert reason == "rate" and at == min(refused.queue.starts) + window
-    usage = (await queues.usage())["quota"]
+    usage = (await queues.usage())["rated"]
     assert usage.in_window == 3 and usage.in_use == 3
 
 

@@ -16,10 +16,10 @@ from brook.common.protocol.runner import (
     KillReason,
     Outcome,
     ProgressReport,
+    ReservedWorker,
     RunJob,
     StepAck,
     StepRecord,
-    WorkerSlot,
 )
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
@@ -27,16 +27,16 @@ from brook.common.store.jobs import JobStore
 from brook.dispatcher.dispatcher import Dispatcher
 
 
-class _Slot(WorkerSlot):
+class _Reserved(ReservedWorker):
     def __init__(self, n: int) -> None:
         self.n = n
 
 
 class HeldRunner:
-    """`slots` workers whose tasks run until `finish(job_id)` (or at once, with `auto`)."""
+    """`workers` workers whose tasks run until `finish(job_id)` (or at once, with `auto`)."""
 
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
         self.busy: set[int] = set()
         self.reserved: set[int] = set()
         self.running: dict[str, asyncio.Future[Outcome]] = {}
@@ -55,24 +55,24 @@ class HeldRunner:
     async def close(self, timeout: float = 5.0) -> None:
         return None
 
-    def free_slots(self) -> int:
-        return self.slots - len(self.busy | self.reserved)
+    def free_workers(self) -> int:
+        return self.workers - len(self.busy | self.reserved)
 
-    def reserve(self) -> WorkerSlot | None:
-        for n in range(self.slots):
+    def reserve(self) -> ReservedWorker | None:
+        for n in range(self.workers):
             if n not in self.busy and n not in self.reserved:
                 self.reserved.add(n)
-                return _Slot(n)
+                return _Reserved(n)
         return None
 
-    def unreserve(self, slot: WorkerSlot) -> None:
-        assert isinstance(slot, _Slot)
-        self.reserved.discard(slot.n)
+    def unreserve(self, reserved: ReservedWorker) -> None:
+        assert isinstance(reserved, _Reserved)
+        self.reserved.discard(reserved.n)
 
-    async def run(self, slot: WorkerSlot, job: RunJob, timeout: float | None) -> Outcome:
-        assert isinstance(slot, _Slot)
-        self.reserved.discard(slot.n)
-        self.busy.add(slot.n)
+    async def run(self, reserved: ReservedWorker, job: RunJob, timeout: float | None) -> Outcome:
+        assert isinstance(reserved, _Reserved)
+        self.reserved.discard(reserved.n)
+        self.busy.add(reserved.n)
         self.most_at_once = max(self.most_at_once, len(self.busy))
         self.started.append(job.job_id)
         done: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
@@ -84,7 +84,7 @@ class HeldRunner:
             outcome = await done
         finally:
             self.running.pop(job.job_id, None)
-            self.busy.discard(slot.n)
+            self.busy.discard(reserved.n)
         # Report each task as a short one (1 ms), however long the test holds it: the
         # dispatcher then keeps claiming ahead at full depth (see `Holdings.ahead`).
         return Outcome(kind=outcome.kind, started=started, ended=started + 0.001)
@@ -171,7 +171,7 @@ async def held(store: JobStore) -> int:
     return await store.jobs.count_documents({"status": "running"})
 
 
-async def test_a_dispatcher_holds_slots_plus_prefetch_leases_and_runs_no_more_than_its_slots(
+async def test_a_dispatcher_holds_its_workers_plus_prefetch_leases_and_runs_no_more_than_its_workers(
     settings: Settings, store: JobStore
 ) -> None:
     settings = settings.model_copy(update={"prefetch": 3})
