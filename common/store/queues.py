@@ -389,13 +389,13 @@ class QueueStore:
         # the same best jobs, and each takes slots for different ones.
         named = {"$in": ["$$this.job", {"$ifNull": ["$slots.job", []]}]}
         free = {"$filter": {"input": lit(new), "cond": {"$not": [named]}}}
-        with_deadline = {
+        with_claim_by = {
             "$map": {
                 "input": free,
                 "in": {"$mergeObjects": ["$$this", {"claim_by": claim_by}]},
             }
         }
-        taken = {"$cond": [{"$gt": [room, 0]}, _per_key(with_deadline, room), []]}
+        taken = {"$cond": [{"$gt": [room, 0]}, _per_key(with_claim_by, room), []]}
         doc = await self.queues.find_one_and_update(
             {"_id": name},
             [

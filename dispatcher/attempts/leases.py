@@ -112,7 +112,7 @@ class LeaseKeeper:
 
     # -- leases not renewed in time -----------------------------------------------------------
 
-    def _deadline(self, lease: Lease) -> float:
+    def _expires_at(self, lease: Lease) -> float:
         """When, on `time.monotonic()`, to stop the job's worker: before its lease may be
         over by the server's clock, allowing for clock drift and the kill."""
         seconds = self.settings.lease_seconds
@@ -127,7 +127,7 @@ class LeaseKeeper:
         while True:
             now = time.monotonic()
             pending = [
-                self._deadline(lease)
+                self._expires_at(lease)
                 for lease in self.holdings.running()
                 if _key(lease) not in self._expired
             ]
@@ -140,7 +140,7 @@ class LeaseKeeper:
         held = set()
         for lease in self.holdings.running():
             held.add(_key(lease))
-            if _key(lease) not in self._expired and self._deadline(lease) <= now:
+            if _key(lease) not in self._expired and self._expires_at(lease) <= now:
                 self._fence(lease)
         self._expired &= held
 
@@ -148,7 +148,7 @@ class LeaseKeeper:
         """A lease just claimed whose claim's answer came back so late (a partition, a
         failover) that the lease may be over by the server's clock already: stop it before
         its task starts. True if it was."""
-        if self._deadline(lease) > time.monotonic():
+        if self._expires_at(lease) > time.monotonic():
             return False
         self._fence(lease)
         return True

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 _REASONS: dict[VerdictKind, tuple[str, str]] = {
     "lost": ("warning", "lease lost: another attempt or owner holds the job"),
-    "deadline": ("error", "could not record before the deadline; the watchdog will requeue it"),
+    "no_primary": ("error", "could not record before the deadline; the watchdog will requeue it"),
 }
 
 
@@ -34,8 +34,8 @@ def outcome_label(verdict: Verdict, outcome: Outcome) -> str:
 
 def _log_unapplied(verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -> None:
     """The outcome was not written: why, and what becomes of the job."""
-    level, reason = _REASONS.get(verdict.kind, _REASONS["deadline"])
-    if outcome.kind in RELEASES and verdict.kind == "deadline":
+    level, reason = _REASONS.get(verdict.kind, _REASONS["no_primary"])
+    if outcome.kind in RELEASES and verdict.kind == "no_primary":
         log_event(
             Event.JOB_RELEASE_FAILED,
             level="warning",

@@ -34,7 +34,7 @@ from brook.dispatcher.attempts.dependents import Dependents
 from brook.dispatcher.attempts.outcome_log import log_outcome, outcome_label
 from brook.dispatcher.attempts.step_keeper import StepKeeper
 
-VerdictKind = Literal["applied", "lost", "refused", "deadline"]
+VerdictKind = Literal["applied", "lost", "refused", "no_primary"]
 
 # Under load (completions waiting when a write returns), the next completion write waits
 # this long to carry more: a completion write is a replication round, which costs the set
@@ -53,7 +53,7 @@ LEARN_AFTER_DEADLINE_S = 60.0
 class Verdict:
     """What became of an outcome write: `applied` (with the job as written), `lost` (another
     attempt or owner holds the job), `refused` (MongoDB rejected the write itself, with its
-    reason) or `deadline` (no primary in time; the watchdog requeues the job)."""
+    reason) or `no_primary` (none before the write's deadline; the watchdog requeues the job)."""
 
     kind: VerdictKind
     job: Job | None = None
@@ -129,7 +129,7 @@ class Outcomes:
             outcome = Outcome(kind="error")
         if verdict.kind == "lost" and await self._completed_by(lease):
             return self._committed(job, fields)
-        if verdict.kind == "deadline":
+        if verdict.kind == "no_primary":
             verdict = await self._learn(lease, outcome, verdict)
         log_outcome(verdict, outcome, fields)
         count_outcome(job, outcome_label(verdict, outcome))
@@ -197,7 +197,7 @@ class Outcomes:
             return await self._lost_or_ours(lease)
         except PyMongoError as exc:  # not transient: retrying would fail the same way
             return Verdict(kind="refused", detail=str(exc))
-        return Verdict(kind="deadline") if done is None else Verdict(kind="applied", job=done)
+        return Verdict(kind="no_primary") if done is None else Verdict(kind="applied", job=done)
 
     async def _learn(self, lease: Lease, outcome: Outcome, verdict: Verdict) -> Verdict:
         """No primary took the outcome's write before its deadline, but an earlier try of it
@@ -206,7 +206,7 @@ class Outcomes:
         this attempt running, its fate is not known yet (a new primary's majority view may
         not show the write yet, or nobody has ended the attempt): read again, until the
         write shows, or the watchdog has requeued the job at lease expiry. Applied by this
-        attempt: the write's verdict; else, or still unknown: `deadline`."""
+        attempt: the write's verdict; else, or still unknown: `no_primary`."""
         until = min(
             time.monotonic() + max(LEARN_AFTER_DEADLINE_S, self.settings.lease_seconds * 6),
             self._cutoff,
@@ -287,7 +287,7 @@ class Outcomes:
         except PyMongoError as exc:  # not transient
             return [Verdict(kind="refused", detail=str(exc))] * len(items)
         if written is None:
-            return [Verdict(kind="deadline")] * len(items)
+            return [Verdict(kind="no_primary")] * len(items)
         # After the completions are written: a dispatcher that dies before this leaves
         # their dependents to the sweep.
         self.dependents.parents_ended(written.parents, "completion")
@@ -314,7 +314,7 @@ class Outcomes:
         except LeaseLost:
             return Verdict(kind="lost")
         except PyMongoError as exc:
-            return Verdict(kind="deadline", detail=str(exc))
+            return Verdict(kind="no_primary", detail=str(exc))
         return Verdict(kind="applied", job=done)
 
     def _backoff(self, job: Job) -> float:

@@ -116,7 +116,7 @@ async def test_a_completion_that_never_applied_is_discarded_once_the_watchdog_re
         await store.requeue_expired(expired, 0.0)
 
     kind, events = await record_through_an_outage(dispatcher, store, lease, 3 * LEASE_S, watchdog)
-    assert kind == "deadline", events
+    assert kind == "no_primary", events
     assert "job.completed" not in events and events.count("job.result_discarded") == 1, events
     job = await store.get(lease.job_id)
     assert job.status == JobStatus.PENDING and job.attempts == lease.attempt

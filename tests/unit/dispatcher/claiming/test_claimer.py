@@ -134,7 +134,7 @@ async def test_a_lease_whose_claim_answered_late_is_fenced_from_when_the_claim_w
     keeper = LeaseKeeper(wiring, lambda job_id, reason: True)
     lease = holdings.lease("j1")
     assert lease is not None
-    assert keeper._deadline(lease) < store.applied[0] + settings.lease_seconds
+    assert keeper._expires_at(lease) < store.applied[0] + settings.lease_seconds
 
 
 async def test_a_job_of_a_queue_with_nothing_held_here_is_claimed_first_and_from_its_queue() -> (
