@@ -6,8 +6,8 @@
 Importing `brook` opens no connection and starts nothing: a `Client` connects when it
 is created, and a task module only registers its tasks. `brook.executor`,
 `brook.dispatcher`, `brook.ingest` and `brook.common` are internal packages; the top of
-`brook` sits above them and none of them imports it, so a task module that imports `brook` is loaded without a cycle by the API,
-a dispatcher and each worker process.
+`brook` sits above them and none of them imports it, so a task module that imports
+`brook` is loaded without a cycle by the API, a dispatcher and each worker process.
 
 Each name is imported when it is first used (PEP 562), not with the package: the `brook`
 command imports `brook.cli`, and a command that only speaks HTTP (`brook ls`, `brook
