@@ -151,6 +151,13 @@ _run_tmp: run_tmp.RunTmp | None = None
 
 def pytest_configure(config: pytest.Config) -> None:
     global _run_tmp
+    if os.environ.get("BROOK_TEST_LEAKS") == "1":
+        # Hunting leaks: a socket dropped unclosed fails again (pyproject.toml lists it as
+        # a warning otherwise), wherever it surfaces.
+        config.addinivalue_line(
+            "filterwarnings",
+            "error:Exception ignored in. <socket\\.socket:pytest.PytestUnraisableExceptionWarning",
+        )
     if _WORKER:  # a worker inherits TMPDIR from the controller
         return
     workers = getattr(config.option, "numprocesses", None)
