@@ -41,6 +41,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from brook.replset import pid_alive
+
 # A Unix socket's path holds 107 bytes. The longest names the run's processes bind in
 # their temp dir: multiprocessing's "/pymp-XXXXXXXX/listener-XXXXXXXX" (32 bytes) and
 # Chromium's "/.org.chromium.Chromium.XXXXXX/SingletonSocket" (45).
@@ -119,18 +121,8 @@ def _remove_finished_runs(home: Path) -> None:
     folder."""
     for old in home.glob("run-*-*"):
         pid = old.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove(path: Path, attempts: int = 20) -> bool:
