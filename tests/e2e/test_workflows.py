@@ -17,6 +17,10 @@ from tests.support.checker import check_history, settled_logs
 from tests.support.procs import BrookProcess, wait_until
 
 TASKS = "tests.tasks.basic,tests.tasks.workflow"
+# Tests of the path that settles a parent's dependents (its completion or failure): the
+# dispatcher's sweep (every second in tests) runs at start and not again within the test, so
+# it cannot settle a child first, in the few ms between the parent's write and the settle.
+NO_SWEEP = {"BROOK_SWEEP_SECONDS": "60"}
 
 
 def events(procs: list[BrookProcess], name: str, job_id: str) -> list[dict[str, Any]]:
@@ -47,7 +51,7 @@ async def test_a_diamond_in_one_batch_runs_d_once_after_b_and_c_and_d_sees_both_
     cluster: Cluster, http: httpx.Client, store: JobStore
 ) -> None:
     api = cluster.api(BROOK_TASKS=TASKS)
-    disp = cluster.dispatcher(BROOK_TASKS=TASKS)
+    disp = cluster.dispatcher(BROOK_TASKS=TASKS, **NO_SWEEP)
     a, b, c, d = batch(
         http,
         {"task": "step", "ref": "a", "payload": {"name": "a", "seconds": 1.5}},
@@ -78,7 +82,7 @@ async def test_a_failed_parent_cancels_its_child_with_dependency_failed(
     cluster: Cluster, http: httpx.Client, store: JobStore
 ) -> None:
     api = cluster.api(BROOK_TASKS=TASKS)
-    disp = cluster.dispatcher(BROOK_TASKS=TASKS)
+    disp = cluster.dispatcher(BROOK_TASKS=TASKS, **NO_SWEEP)
     a, b, c, d = batch(
         http,
         {"task": "noop", "ref": "a"},
@@ -155,14 +159,14 @@ async def test_a_child_submitted_by_its_running_parent_runs_after_it(
     cluster: Cluster, http: httpx.Client, store: JobStore
 ) -> None:
     cluster.api(BROOK_TASKS=TASKS)
-    disp = cluster.dispatcher(BROOK_TASKS=TASKS)
+    disp = cluster.dispatcher(BROOK_TASKS=TASKS, **NO_SWEEP)
     parent = http.post("/jobs", json={"task": "spawn_dependent", "payload": {"seconds": 0.5}})
     parent_id = parent.json()["id"]
-    spawned = wait_terminal(http, parent_id)
-    assert spawned["status"] == "completed" and spawned["result"]["status"] == "waiting"
-    child = wait_terminal(http, spawned["result"]["child"])
+    parent_done = wait_terminal(http, parent_id)
+    assert parent_done["status"] == "completed" and parent_done["result"]["status"] == "waiting"
+    child = wait_terminal(http, parent_done["result"]["child"])
     assert child["status"] == "completed"
-    assert child["result"]["parents"] == {parent_id: spawned["result"]}
+    assert child["result"]["parents"] == {parent_id: parent_done["result"]}
     # The dispatcher's claim did not know of the child; its completion found out.
     assert unblocked_line(disp, child["id"])["via"] == "completion"
 
