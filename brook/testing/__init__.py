@@ -1,0 +1,1 @@
+"""Parts for testing applications built on Brook (and Brook itself), shipped with it."""
