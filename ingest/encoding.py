@@ -7,14 +7,14 @@
 The shapes (docs/http-api.md, "Values only BSON can hold"): MongoDB's relaxed extended
 JSON, as `bson.json_util` writes it, for every value JSON cannot hold (a `Decimal128` is
 `{"$numberDecimal": "1.5"}`, a `Regex` `{"$regularExpression": {...}}`, binary data
-`{"$binary": {...}}`, a NaN `{"$numberDouble": "NaN"}`, ...), but for the three the API
-wrote before it had those rules, which keep their shape wherever they are: a datetime is
-an ISO-8601 string, an `ObjectId` its 24 hex digits, a UUID its canonical string. So a date
-a Python `datetime` cannot hold (year 0 or 10000: a `DatetimeMS`) is
-`{"$date": {"$numberLong": "<ms>"}}`, and the `$id` of a `DBRef` is a plain string when it
-is an `ObjectId`. JavaScript `Code` is its text: PyMongo's `Code` is a `str`, which `json`
-writes as a string before any hook sees it, and only a walk of every value in Python (what
-this module avoids) could tell it apart.
+`{"$binary": {...}}`, a NaN `{"$numberDouble": "NaN"}`, ...), but for three types whose
+shape the API has always had, wherever they are: a datetime is an ISO-8601 string, an
+`ObjectId` its 24 hex digits, a UUID its canonical string. So a date a Python `datetime`
+cannot hold (year 0 or 10000: a `DatetimeMS`) is `{"$date": {"$numberLong": "<ms>"}}`,
+and the `$id` of a `DBRef` is a plain string when it is an `ObjectId`. JavaScript `Code`
+is its text: PyMongo's `Code` is a `str`, which `json` writes as a string before any hook
+sees it, and only a walk of every value in Python (what this module avoids) could tell it
+apart.
 """
 
 from __future__ import annotations
