@@ -7,6 +7,9 @@ moves the client's Last-Event-ID forward without an event (browsers and SSE clie
 keep it), so a client whose filter matches nothing for hours still resumes from a recent
 point. When the client's history is no longer in the oplog it gets `event: reset`, then
 the current state of the jobs it watches (changed since its last event), then live ones.
+
+An event's job comes without its payload and result; a feed asked for them (`include`)
+reads them for each event it sends, one job at a time, and adds them to its text.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from brook.common.domain.models import Doc
 from brook.common.domain.status import JobStatus
 from brook.common.runtime.log_events import Event, log_event
 from brook.common.store.jobs import JobStore
+from brook.common.store.pipelines import EVENT_PROJECTION
 from brook.ingest.caps import Slots
+from brook.ingest.encoding import dumps
 from brook.ingest.eventids import EventIds
 from brook.ingest.live import (
     Closed,
@@ -55,6 +60,7 @@ def _sse(**fields: Any) -> ServerSentEvent:
 class FeedOptions:
     per_job: bool  # starts with the current state, skips repeats, ends after a terminal state
     idle_s: float  # how often an idle feed moves the client's Last-Event-ID forward
+    include: frozenset[str] = frozenset()  # of `payload` and `result`: read per job, added
 
 
 class Feed:
@@ -111,7 +117,7 @@ class Feed:
         while not self.done:
             event = await sub.next(self.options.idle_s)
             if event is not None:
-                for sse in self._job(event):
+                async for sse in self._send(event):
                     yield sse
                 continue
             # Nothing queued: every matching event up to the hub's position has been sent.
@@ -123,7 +129,7 @@ class Feed:
     async def _missed(self, sub: Subscription, since: Position) -> AsyncIterator[ServerSentEvent]:
         if sub.replay is not None:
             for event in sub.replay:
-                for sse in self._job(event):
+                async for sse in self._send(event):
                     yield sse
                 if self.done:
                     return
@@ -142,7 +148,7 @@ class Feed:
                     async for sse in self._current_state(sub.start, reset=item):
                         yield sse
                     return
-                for sse in self._job(item):
+                async for sse in self._send(item):
                     yield sse
                 if self.done:
                     return
@@ -150,18 +156,38 @@ class Feed:
             if self.catch_ups is not None:
                 self.catch_ups.give()
 
-    def _job(self, event: LiveEvent, *, current: bool = False) -> list[ServerSentEvent]:
+    async def _send(
+        self, event: LiveEvent, *, current: bool = False
+    ) -> AsyncIterator[ServerSentEvent]:
+        event_id = self._job(event, current=current)
+        if event_id is not None:
+            yield _sse(data=await self._included(event), event=JOB_EVENT, id=event_id)
+
+    def _job(self, event: LiveEvent, *, current: bool = False) -> str | None:
+        """The id to send `event` with, or None when this client is not to get it."""
         if self.done or (self.options.per_job and event.data == self._last_data):
-            return []
+            return None
         at = cluster_time(event.at.key)
         if not current and self._read_at is not None and at is not None and at <= self._read_at:
-            return []  # a change older than the current state this client was sent
+            return None  # a change older than the current state this client was sent
         self._last_data = event.data
         final = self.options.per_job and event.terminal
         self.done = final
         self._floor = max(self._floor, event.at.key)
-        event_id = self.ids.encode(event.at, final=final)
-        return [_sse(data=event.data, event=JOB_EVENT, id=event_id)]
+        return self.ids.encode(event.at, final=final)
+
+    async def _included(self, event: LiveEvent) -> str:
+        """The event's text, with the fields this client asked for as the job holds them
+        now (a job deleted since goes without them)."""
+        if not self.options.include:
+            return event.data
+        doc = await self.store.job_doc(event.job_id, {name: 1 for name in self.options.include})
+        if doc is None:
+            return event.data
+        extra = {name: doc.get(name) for name in sorted(self.options.include)}
+        if "payload" in extra:
+            extra["payload"] = extra["payload"] or {}  # as `Job` reads it
+        return f"{event.data[:-1]},{dumps(extra)[1:]}"  # both are JSON objects
 
     async def _current_state(
         self, at: Position, reset: Reset | None
@@ -176,7 +202,7 @@ class Feed:
             body = {"reason": reset.reason, "since": since.isoformat()}
             yield _sse(data=json.dumps(body), event=RESET_EVENT, id=self.ids.encode(at))
         for doc in await self._now(reset):
-            for sse in self._job(live_event(at, doc), current=True):
+            async for sse in self._send(live_event(at, doc), current=True):
                 yield sse
 
     async def _now(self, reset: Reset | None) -> list[Doc]:
@@ -184,7 +210,7 @@ class Feed:
         if f.job_id is not None:
             # Events from the hub's position on follow, and the hub may lag: those older
             # than this read are in it already, and are not sent again.
-            doc, read_at = await self.store.job_doc_now(f.job_id)
+            doc, read_at = await self.store.job_doc_now(f.job_id, EVENT_PROJECTION)
             if read_at is not None:
                 self._read_at = (read_at.time, read_at.inc)
             return [doc] if doc is not None else []
@@ -196,4 +222,5 @@ class Feed:
             task=f.task,
             status=JobStatus(f.status) if f.status else None,
             limit=RESET_LIMIT,
+            projection=EVENT_PROJECTION,
         )

@@ -8,11 +8,14 @@ figures count (a start, an end), cut down on the server to the few fields they n
 read at most once a `LEAN_PACE_S` (one batch per read), so an API process that nobody
 watches costs next to nothing per job. Switching reopens the
 stream at the hub's position: nothing is missed or seen twice. Every event is encoded once
-(its JSON text is shared by every client) and kept in a ring of the latest ones; each
+(its JSON text is shared by every client) and kept in a ring of the latest ones, bounded in
+events (`RING_SIZE`) and in bytes (`BROOK_LIVE_RING_BYTES`: the oldest go first); each
 client's `Subscription` gets the events its filter matches through a bounded queue. A
 client that falls `BROOK_SSE_BUFFER` events behind is dropped (it reconnects with its
 Last-Event-ID and resumes), so a slow client never slows the others, and memory stays
-bounded however many clients there are.
+bounded however many clients there are. An event carries the job without its payload and
+result (cut on the server, `EVENT_LEFT_OUT`): a client asks for them (`?include=`), and its
+feed reads them per job.
 
 Resuming: an event's position is the change stream's resume token. A position still in
 the ring is replayed from memory. An older one (say, from before this process started) is
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -44,6 +48,8 @@ from brook.common.runtime.metrics import STREAM_HISTORY_LOST, STREAM_RESUMES
 from brook.common.store.db import is_history_lost, is_transient
 from brook.common.store.jobs import JobStore, buffered
 from brook.common.store.pipelines import (
+    EVENT_LEFT_OUT,
+    EVENT_PROJECTION,
     INVALIDATING,
     LEAN_PIPELINE,
     LIVE_PIPELINE,
@@ -55,6 +61,10 @@ from brook.ingest.metrics import SSE_DROPPED
 
 STREAM = "live"  # the `stream` label of this process's change stream in logs and metrics
 RING_SIZE = 2_000  # events kept for resuming from memory (older: a catch-up stream)
+RING_BYTES = 64 * 1024 * 1024  # and their bytes at most (`BROOK_LIVE_RING_BYTES`)
+# What an event holds besides its text (its position, ids, the ring's slot), counted
+# generously: a ring of small events is bounded by the count, not by this.
+EVENT_OVERHEAD = 1024
 CATCH_UP_AWAIT_MS = 200
 LINGER_S = 60.0  # whole events flow on this long after the last client left
 LEAN_AWAIT_MS = 100  # an idle lean stream notices a new client within about this
@@ -115,11 +125,16 @@ class LiveEvent:
     task: str
     queue: str
     status: str
-    data: str  # the job as JSON text, encoded once for every client
+    data: str  # the job as JSON text (without `EVENT_LEFT_OUT`), encoded once for every client
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_VALUES
+
+    @property
+    def size(self) -> int:
+        """What the ring counts of it, in bytes: its text as Python holds it, and the rest."""
+        return sys.getsizeof(self.data) + EVENT_OVERHEAD
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +171,12 @@ def wall_ms(when: datetime) -> int:
     return int(when.timestamp() * 1000)
 
 
+# The top-level fields an event's job leaves out (a step's result is never shown anyway).
+LEFT_OUT = frozenset(name for name in EVENT_LEFT_OUT if "." not in name)
+
+
 def live_event(at: Position, doc: Doc) -> LiveEvent:
+    """The event of a job document (read with `EVENT_PROJECTION`, or cut by the stream)."""
     job = Job.from_doc(doc)
     return LiveEvent(
         at=at,
@@ -164,7 +184,7 @@ def live_event(at: Position, doc: Doc) -> LiveEvent:
         task=job.task,
         queue=job.queue or DEFAULT_QUEUE,
         status=job.status.value,
-        data=job_text(job),
+        data=job_text(job, leave_out=LEFT_OUT),
     )
 
 
@@ -173,7 +193,7 @@ async def build_event(store: JobStore, change: Mapping[str, Any]) -> LiveEvent |
     expired) carries the job as it is now. None for a job deleted since, or not a job."""
     doc = change.get("fullDocument")
     if doc is None:
-        doc = await store.job_doc(str(change["documentKey"]["_id"]))
+        doc = await store.job_doc(str(change["documentKey"]["_id"]), EVENT_PROJECTION)
         if doc is None:
             return None
     wall = change.get("wallTime")
@@ -269,6 +289,7 @@ class Hub:
         *,
         buffer: int,
         ring_size: int = RING_SIZE,
+        ring_bytes: int = RING_BYTES,
         observe: Callable[[Tally], None] | None = None,
         max_await_ms: int = 1000,
         linger_s: float = LINGER_S,
@@ -282,7 +303,10 @@ class Hub:
         self.lean_pace_s = lean_pace_s
         self.position: Position | None = None
         self.ready = asyncio.Event()
-        self._ring: deque[LiveEvent] = deque(maxlen=ring_size)
+        self.ring_size = ring_size
+        self.ring_bytes = ring_bytes
+        self._ring: deque[LiveEvent] = deque()
+        self._ring_used = 0  # the bytes of the events in the ring (`LiveEvent.size`)
         self._floor: Position | None = None  # every event after it, to `position`, is in the ring
         self._by_job: dict[str, set[Subscription]] = {}
         self._others: set[Subscription] = set()
@@ -299,6 +323,10 @@ class Hub:
 
     def count(self) -> int:
         return len(self._others) + sum(len(s) for s in self._by_job.values())
+
+    def ring_used(self) -> tuple[int, int]:
+        """The events in the ring, and their bytes as it counts them."""
+        return len(self._ring), self._ring_used
 
     # -- the one change stream ---------------------------------------------------------------
 
@@ -333,8 +361,7 @@ class Hub:
         self._wanted.clear()
         self._switching = None
         if not full:  # nothing to replay from memory: an older position gets a catch-up
-            self._ring.clear()
-            self._floor = None
+            self._clear_ring()
         token = self.position.token if self.position is not None else None
         async with await self.store.changes(
             LIVE_PIPELINE if full else LEAN_PIPELINE,
@@ -418,9 +445,16 @@ class Hub:
             self._floor = self.position
 
     def _publish(self, event: LiveEvent) -> None:
-        if len(self._ring) == self._ring.maxlen:
-            self._floor = self._ring[0].at
         self._ring.append(event)
+        self._ring_used += event.size
+        # The oldest go first, the newest too when it alone is over the budget: a client
+        # resuming from before `_floor` gets a catch-up stream instead.
+        while self._ring and (
+            len(self._ring) > self.ring_size or self._ring_used > self.ring_bytes
+        ):
+            old = self._ring.popleft()
+            self._ring_used -= old.size
+            self._floor = old.at
         self.position = event.at
         behind: list[Subscription] = []
         for sub in (*self._by_job.get(event.job_id, ()), *self._others):
@@ -447,14 +481,18 @@ class Hub:
         self.ready.clear()
         self._images = False  # a dropped collection comes back without them
         self.position = None
-        self._floor = None
-        self._ring.clear()
+        self._clear_ring()
         for sub in [*self._others, *(s for subs in self._by_job.values() for s in subs)]:
             sub.close(reason)
         self._others.clear()
         self._by_job.clear()
         if self._idle_since is None:
             self._idle_since = time.monotonic()
+
+    def _clear_ring(self) -> None:
+        self._ring.clear()
+        self._ring_used = 0
+        self._floor = None
 
     # -- clients -----------------------------------------------------------------------------
 

@@ -42,8 +42,8 @@ ERROR_SCHEMA: dict[str, Any] = {
 }
 
 _DESCRIPTIONS = {
-    400: "A `Host` this API does not answer to (`BROOK_ALLOWED_HOSTS`), or a bad "
-    "`Last-Event-ID`.",
+    400: "A `Host` this API does not answer to (`BROOK_ALLOWED_HOSTS`), a bad "
+    "`Last-Event-ID`, or an unknown field in `include`.",
     401: "Missing or wrong bearer token (when `BROOK_API_TOKEN` is set).",
     404: "No such job (or other resource).",
     403: "A read-only token (`BROOK_API_READ_TOKEN`) asked for a state change, or a page "

@@ -99,7 +99,12 @@ async def open_state(
             signal_retention_s=settings.signal_retention_seconds,
         ),
         metrics=metrics,
-        hub=Hub(store, buffer=settings.sse_buffer, observe=stats.observe),
+        hub=Hub(
+            store,
+            buffer=settings.sse_buffer,
+            ring_bytes=settings.live_ring_bytes,
+            observe=stats.observe,
+        ),
         stats=stats,
         depth=depth,
         ids=DeploymentIds(store.db),

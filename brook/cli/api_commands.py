@@ -114,7 +114,11 @@ def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
     try:
         view.update(job)
         done = follow(
-            settings, f"/jobs/{job['id']}/events", on_event, deadline=time.monotonic() + timeout
+            settings,
+            f"/jobs/{job['id']}/events",
+            on_event,
+            params={"include": "result"},  # events leave it out unless asked for
+            deadline=time.monotonic() + timeout,
         )
     except StreamFailed as exc:
         die(str(exc))
@@ -154,6 +158,7 @@ def cmd_watch(settings: Settings, args: argparse.Namespace) -> int:
         return args.id is not None and str(data["status"]) in TERMINAL
 
     given = {"status": args.status, "task": args.task, "queue": args.queue}
+    given["include"] = args.include
     params = {k: v for k, v in given.items() if v is not None}
     path = f"/jobs/{args.id}/events" if args.id else "/events"
     try:

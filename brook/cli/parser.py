@@ -240,6 +240,12 @@ def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     w.add_argument("--task")
     w.add_argument("--queue")
     w.add_argument("--json", action="store_true", help="print each job as one JSON line")
+    w.add_argument(
+        "--include",
+        metavar="FIELDS",
+        help="`payload`, `result` or both (comma-separated): add them to each event's job, "
+        "which leaves them out otherwise",
+    )
     w.set_defaults(fn=cmd_watch)
     c = sub.add_parser("cancel", help="cancel a job, or every job a filter names")
     c.add_argument("id", nargs="?", help="one job (or give filters instead)")

@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     metrics_cache_seconds: float = Field(default=2.0, ge=0.0, le=3600.0)
     sse_ping_seconds: float = Field(default=15.0, gt=0.0, le=3600.0)
     sse_buffer: int = Field(default=1000, ge=1, le=1_000_000)  # events queued per SSE client
+    # The bytes of the events an API process keeps for resuming from memory (its live hub's
+    # ring; the oldest go first; 0: none, every resume reads the oplog).
+    live_ring_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=64 * 1024**3)
     # Caps per API process: event streams open at once, catch-ups (a cursor each) at once,
     # and HTTP connections at once (uvicorn answers 503 beyond it).
     sse_max_clients: int = Field(default=1000, ge=1, le=100_000)

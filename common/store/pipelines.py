@@ -22,6 +22,11 @@ TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
 
 # -- the dispatcher: a wake-up for new or requeued work and for cancel requests --------------
 
+# Its `$project` keeps every event a few hundred bytes, whatever the job holds. (No event of
+# it can reach MongoDB's 16 MiB change-event limit anyway: it asks for no post-image, so an
+# event carries one copy of at most one document, the inserted job or the fields an update
+# set, and the server's limit leaves 16 KiB above the 16 MiB a document may hold.)
+
 DISPATCHER_PIPELINE: list[dict[str, Any]] = [
     {
         "$match": {
@@ -67,42 +72,67 @@ DISPATCHER_PIPELINE_VERSION = hashlib.sha1(
 
 # -- the API's live events -------------------------------------------------------------------
 
+# What live events leave out of the job (clients ask for `payload` and `result` per job,
+# `?include=`; the API never shows a step's result), as a projection of a read.
+EVENT_LEFT_OUT = ("payload", "result", "steps.result")
+EVENT_PROJECTION: dict[str, int] = {name: 0 for name in EVENT_LEFT_OUT}
+
 # Every insert and replacement, and every update that changes more than the lease or the
 # clock (a lease renewal is not news to anyone watching).
+#
+# Cut down on the server to what an event is made of: the post-image without what events
+# leave out, and of the update itself only what `Tally` reads. The cut is what keeps an
+# event under MongoDB's 16 MiB: a completion carries its result twice (in the changed
+# fields and in the post-image) beside the payload, and an event over the limit fails the
+# stream at that change, every time it is resumed (6.0 has no
+# `$changeStreamSplitLargeEvent`). It also keeps the payloads off the wire.
 _QUIET_FIELDS = ["lease_expires_at", "updated_at"]
-LIVE_PIPELINE: list[dict[str, Any]] = [
-    {
-        "$match": {
-            "$or": [
-                {"operationType": {"$in": ["insert", "replace", *INVALIDATING]}},
-                {
-                    "operationType": "update",
-                    "$expr": {
-                        "$gt": [
-                            {
-                                "$size": {
-                                    "$setDifference": [
-                                        {
-                                            "$map": {
-                                                "input": {
-                                                    "$objectToArray": (
-                                                        "$updateDescription.updatedFields"
-                                                    )
-                                                },
-                                                "in": "$$this.k",
-                                            }
-                                        },
-                                        _QUIET_FIELDS,
-                                    ]
-                                }
-                            },
-                            0,
-                        ]
-                    },
+_LIVE_MATCH: dict[str, Any] = {
+    "$match": {
+        "$or": [
+            {"operationType": {"$in": ["insert", "replace", *INVALIDATING]}},
+            {
+                "operationType": "update",
+                "$expr": {
+                    "$gt": [
+                        {
+                            "$size": {
+                                "$setDifference": [
+                                    {
+                                        "$map": {
+                                            "input": {
+                                                "$objectToArray": (
+                                                    "$updateDescription.updatedFields"
+                                                )
+                                            },
+                                            "in": "$$this.k",
+                                        }
+                                    },
+                                    _QUIET_FIELDS,
+                                ]
+                            }
+                        },
+                        0,
+                    ]
                 },
-            ]
-        }
+            },
+        ]
     }
+}
+
+LIVE_PIPELINE: list[dict[str, Any]] = [
+    _LIVE_MATCH,
+    {
+        "$project": {
+            "operationType": 1,
+            "wallTime": 1,
+            "documentKey": 1,
+            "fullDocument": 1,
+            "updateDescription.updatedFields.status": 1,
+            "updateDescription.updatedFields.started_at": 1,
+        }
+    },
+    {"$unset": [f"fullDocument.{name}" for name in EVENT_LEFT_OUT]},
 ]
 
 
@@ -140,10 +170,9 @@ LEAN_PIPELINE: list[dict[str, Any]] = [
 def catch_up_pipeline(job_id: str | None) -> list[dict[str, Any]]:
     """`LIVE_PIPELINE`, for one job's changes only when `job_id` is given (a client's own
     catch-up stream)."""
-    pipeline = list(LIVE_PIPELINE)
-    if job_id is not None:
-        pipeline.append({"$match": {"documentKey._id": job_id}})
-    return pipeline
+    if job_id is None:
+        return list(LIVE_PIPELINE)
+    return [_LIVE_MATCH, {"$match": {"documentKey._id": job_id}}, *LIVE_PIPELINE[1:]]
 
 
 # -- one job (a client waiting for its result) -----------------------------------------------

@@ -4,7 +4,8 @@ Both streams are `text/event-stream`: `event: job` with the job as JSON, `event:
 when the client's history was lost; every event's `id:` resumes the stream right after
 it (send it back as `Last-Event-ID`, on this API process or another, after a restart or a
 failover too, as long as the oplog still holds that point). Heartbeats (comment lines)
-keep proxies from closing idle streams.
+keep proxies from closing idle streams. An event's job comes without its `payload` and
+`result` unless `?include=` asks for them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from brook.ingest.deps import State
 from brook.ingest.errors import RETRY_AFTER_S
 from brook.ingest.eventids import EventId, InvalidEventId
 from brook.ingest.feeds import SEP, Feed, FeedOptions
+from brook.ingest.fields import parse_include
 from brook.ingest.live import EventFilter, Hub
 
 READY_WAIT_S = 5.0
@@ -38,6 +40,15 @@ LastEventId = Annotated[
     ),
 ]
 
+Include = Annotated[
+    str | None,
+    Query(
+        max_length=100,
+        description="`payload`, `result` or both (comma-separated): read per job and added "
+        "to each event's job, which leaves them out otherwise.",
+    ),
+]
+
 # One event of the stream (id-only lines, which move Last-Event-ID on, carry no event).
 _EVENT_SCHEMA = {
     "title": "ServerSentEvent",
@@ -47,7 +58,8 @@ _EVENT_SCHEMA = {
         "event": {"type": "string", "enum": ["job", "reset"]},
         "data": {
             "type": "string",
-            "description": "`job`: the job. `reset`: `{reason, since}`, then the current state.",
+            "description": "`job`: the job (without `payload` and `result` unless asked for "
+            "by `include`). `reset`: `{reason, since}`, then the current state.",
             "contentMediaType": "application/json",
             "contentSchema": {"type": "object"},
         },
@@ -132,17 +144,22 @@ async def _respond(
         204: {"description": "The stream already ended at `Last-Event-ID` (a terminal state)."},
     },
 )
-async def job_events(job_id: str, state: State, last_event_id: LastEventId = None) -> Response:
+async def job_events(
+    job_id: str, state: State, last_event_id: LastEventId = None, include: Include = None
+) -> Response:
     """One job's events: its current state first (unless resuming), then one event per
     change (status, attempt, progress, result or error); the stream ends after a terminal
     state."""
+    fields = parse_include(include)
     since = await _since(state, last_event_id)
     if since is not None and since.final:
         return Response(status_code=204)
-    if await state.store.job_doc(job_id) is None:
+    if await state.store.job_doc(job_id, {"_id": 1}) is None:
         raise HTTPException(404, f"no job {job_id}")
     await _ready(state.hub)
-    options = FeedOptions(per_job=True, idle_s=state.settings.sse_ping_seconds)
+    options = FeedOptions(
+        per_job=True, idle_s=state.settings.sse_ping_seconds, include=fields
+    )
     return await _respond(state, EventFilter(job_id=job_id), options, since)
 
 
@@ -153,11 +170,15 @@ async def events(
     task: Annotated[str | None, Query(max_length=200)] = None,
     status: JobStatus | None = None,
     last_event_id: LastEventId = None,
+    include: Include = None,
 ) -> Response:
     """Every change of every matching job (by queue, task and the status it changed to),
     for as long as the client stays."""
+    fields = parse_include(include)
     since = await _since(state, last_event_id)
     await _ready(state.hub)
     flt = EventFilter(queue=queue, task=task, status=status.value if status else None)
-    options = FeedOptions(per_job=False, idle_s=state.settings.sse_ping_seconds)
+    options = FeedOptions(
+        per_job=False, idle_s=state.settings.sse_ping_seconds, include=fields
+    )
     return await _respond(state, flt, options, since)

@@ -470,7 +470,22 @@ async function showOverview() {
 
 // -- one job ---------------------------------------------------------------------------------
 
-const jobView = { stream: null, job: null };
+const jobView = { stream: null, job: null, id: null, body: {}, bodyKey: null, shown: Promise.resolve() };
+
+// A job's events leave its payload and result out: they are read with the job itself
+// (`GET /jobs/{id}`) when they may have changed (a new status or attempt, a debounced
+// submit), kept for the events in between, and the event is shown with them.
+function onJobEvent(job) {
+  jobView.shown = jobView.shown.then(async () => {
+    const key = `${job.status}/${job.attempts}/${job.debounced}`;
+    if (key !== jobView.bodyKey) {
+      const whole = await getJson(`/jobs/${encodeURIComponent(job.id)}`).catch(() => null);
+      if (whole) jobView.body = { payload: whole.payload, result: whole.result };
+      jobView.bodyKey = key;
+    }
+    if (jobView.id === job.id) renderJob({ ...job, ...jobView.body });
+  });
+}
 
 function renderJob(job) {
   jobView.job = job;
@@ -535,6 +550,7 @@ async function showJob(id) {
   $("#overview").hidden = true;
   $("#job").hidden = false;
   $("#job-action-result").textContent = "";
+  Object.assign(jobView, { id, body: {}, bodyKey: null });
   await detectFeatures();
   jobView.stream = openStream(`/jobs/${encodeURIComponent(id)}/events`, {
     onOpen: () => setLive(true),
@@ -547,7 +563,7 @@ async function showJob(id) {
     onEvent: (kind, data) => {
       if (kind !== "job") return;
       const job = JSON.parse(data);
-      renderJob(job);
+      onJobEvent(job);
       if (TERMINAL.has(job.status)) jobView.stream.finish();
     },
   });
@@ -658,7 +674,7 @@ async function showFailures() {
 
 function stopAll() {
   for (const stream of [overview.stream, jobView.stream]) if (stream) stream.stop();
-  overview.stream = jobView.stream = null;
+  overview.stream = jobView.stream = jobView.id = null;
   clearInterval(overview.statsTimer);
 }
 

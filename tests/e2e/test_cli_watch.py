@@ -89,7 +89,7 @@ def test_watch_follows_one_job_to_its_end_or_every_matching_job(
     api(cluster)
     env = cluster.env(**LIVE)
     everything = subprocess.Popen(
-        [sys.executable, "-m", "brook.cli", "watch", "--task", "echo", "--json"],
+        [sys.executable, "-m", "brook.cli", "watch", "--task", "echo", "--json", "--include", "result"],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
@@ -109,7 +109,8 @@ def test_watch_follows_one_job_to_its_end_or_every_matching_job(
             (job_id, "running"),
             (job_id, "completed"),
         ]
-        assert seen[-1]["result"] == {"hello": "world"}
+        assert seen[-1]["result"] == {"hello": "world"}  # asked for: events leave it out
+        assert "payload" not in seen[-1]
     finally:
         everything.terminate()
         everything.wait(10)

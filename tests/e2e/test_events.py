@@ -65,7 +65,9 @@ def test_a_jobs_stream_shows_pending_running_progress_completed_in_order_then_en
     # machine may take a few seconds to open it.
     soon = (datetime.now(UTC) + timedelta(seconds=4)).isoformat()
     [job_id] = submit(http, "steps", payload={"steps": 3, "seconds": 1.5}, run_at=soon)
-    events = read_events(f"{cluster.api_url}/jobs/{job_id}/events", timeout=30)
+    events = read_events(
+        f"{cluster.api_url}/jobs/{job_id}/events", params={"include": "result"}, timeout=30
+    )
     assert {e.event for e in events} == {"job"}  # and then the server ended the stream
     statuses = [e.status for e in events]
     assert statuses[0] == "pending" and statuses[-1] == "completed"

@@ -114,7 +114,11 @@ def test_a_client_that_stops_reading_is_dropped_without_slowing_the_others(
     with socket.socket() as stalled:  # closed however the test ends
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stalled.connect(("127.0.0.1", cluster.port))
-        stalled.sendall(b"GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n")
+        # With the payloads (events leave them out unless asked for): ~50 kB each.
+        stalled.sendall(
+            b"GET /events?include=payload HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Accept: text/event-stream\r\n\r\n"
+        )
         reader = Reader(f"{cluster.api_url}/events", timeout=120)
         assert reader.connected.wait(10)
         wait_until(lambda: value(http.get("/metrics").text, "brook_sse_clients") == 2, timeout=10)

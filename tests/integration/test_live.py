@@ -75,8 +75,15 @@ IDS = EventIds(b"k" * 32)
 decode_id = IDS.decode
 
 
-def feed(hub: Hub, store: JobStore, *, job_id: str | None = None, idle_s: float = 0.2) -> Feed:
-    options = FeedOptions(per_job=job_id is not None, idle_s=idle_s)
+def feed(
+    hub: Hub,
+    store: JobStore,
+    *,
+    job_id: str | None = None,
+    idle_s: float = 0.2,
+    include: frozenset[str] = frozenset(),
+) -> Feed:
+    options = FeedOptions(per_job=job_id is not None, idle_s=idle_s, include=include)
     return Feed(hub, store, EventFilter(job_id=job_id), options, IDS)
 
 
@@ -105,16 +112,27 @@ async def sees_a_whole_job(hub: Hub, store: JobStore) -> Subscription:
 
 async def test_each_event_carries_the_job_as_that_change_left_it(store: JobStore, hub: Hub) -> None:
     stream = feed(hub, store).events(None)
+    asked = feed(hub, store, include=frozenset({"payload", "result"})).events(None)
     first = asyncio.ensure_future(take(stream, 3))
+    first_asked = asyncio.ensure_future(take(asked, 3))
     await asyncio.sleep(0.2)
     job_id = await run_one(store, result={"answer": 42})
     events = await first
     # Three changes in a few milliseconds: post-images, not lookups, so every state shows.
     assert statuses(events) == ["pending", "running", "completed"]
     assert [json.loads(str(e.data))["id"] for e in events] == [job_id] * 3
-    assert json.loads(str(events[2].data))["result"] == {"answer": 42}
     assert len({e.id for e in events}) == 3
+    # Without the payload and the result, unless asked for: then read for each event.
+    assert not any({"payload", "result"} & json.loads(str(e.data)).keys() for e in events)
+    with_them = [json.loads(str(e.data)) for e in await first_asked]
+    assert [(j["status"], j["payload"], j["result"]) for j in with_them][-1] == (
+        "completed",
+        {},
+        {"answer": 42},
+    )
+    assert [e.id for e in events] == [e.id for e in await first_asked]
     await stream.aclose()
+    await asked.aclose()
 
 
 async def test_a_lease_renewal_is_not_an_event(store: JobStore, hub: Hub) -> None:

@@ -142,15 +142,18 @@ class JobReads(JobsCollection):
             counts[queue][str(row["_id"]["status"])] = int(row["n"])
         return dict(sorted(counts.items()))
 
-    async def job_doc(self, job_id: str) -> Doc | None:
-        """The job's stored document, fields this version's `Job` does not know included."""
-        return await self.jobs.find_one({"_id": job_id})
+    async def job_doc(self, job_id: str, projection: Doc | None = None) -> Doc | None:
+        """The job's stored document, fields this version's `Job` does not know included
+        (cut by `projection` when given)."""
+        return await self.jobs.find_one({"_id": job_id}, projection)
 
-    async def job_doc_now(self, job_id: str) -> tuple[Doc | None, Timestamp | None]:
+    async def job_doc_now(
+        self, job_id: str, projection: Doc | None = None
+    ) -> tuple[Doc | None, Timestamp | None]:
         """The job's stored document and the cluster time it was read at: every change up
         to that time is in it."""
         async with self.db.client.start_session(causal_consistency=True) as session:
-            doc = await self.jobs.find_one({"_id": job_id}, session=session)
+            doc = await self.jobs.find_one({"_id": job_id}, projection, session=session)
             return doc, session.operation_time
 
     async def changed_since(
@@ -162,6 +165,7 @@ class JobReads(JobsCollection):
         task: str | None = None,
         status: JobStatus | None = None,
         limit: int = 500,
+        projection: Doc | None = None,
     ) -> list[Doc]:
         """Jobs changed at or after `since`, oldest change first (a client's catch-up after its
         history was lost; rare, and not indexed: it scans what the other filters leave)."""
@@ -174,4 +178,5 @@ class JobReads(JobsCollection):
             query["task"] = task
         if status is not None:
             query["status"] = status.value
-        return await self.jobs.find(query).sort("updated_at", ASCENDING).limit(limit).to_list()
+        cursor = self.jobs.find(query, projection)
+        return await cursor.sort("updated_at", ASCENDING).limit(limit).to_list()
