@@ -119,6 +119,19 @@ async def test_a_search_too_broad_for_its_time_bound_stops_with_search_too_broad
     assert await scale_store.list_jobs(task="task1", queue="q2") == ([], None)
 
 
+async def test_the_store_reads_no_payload_or_result_for_a_listing_unless_asked(
+    scale_store: JobStore,
+) -> None:
+    plain = await scale_store.list_query(limit=3, include=frozenset())
+    assert plain is not None
+    docs = await scale_store.find_cursor(plain).to_list()
+    assert len(docs) == 4 and not any({"payload", "result"} & set(d) for d in docs)
+    asked = await scale_store.list_query(limit=3, include=frozenset({"payload"}))
+    assert asked is not None
+    docs = await scale_store.find_cursor(asked).to_list()
+    assert all("payload" in d and "result" not in d for d in docs)
+
+
 def test_the_api_answers_a_search_too_broad_for_its_bound_422_search_too_broad(
     cluster: Cluster, scale_db: str
 ) -> None:
