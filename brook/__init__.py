@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from brook.errors import LeaseLost as LeaseLost
     from brook.errors import Retry as Retry
     from brook.errors import ScheduleNotFound as ScheduleNotFound
+    from brook.errors import SearchTooBroad as SearchTooBroad
     from brook.errors import SignalTimeout as SignalTimeout
     from brook.errors import StepError as StepError
     from brook.errors import TriggerNotFound as TriggerNotFound

@@ -78,7 +78,11 @@ class AsyncClient(ClientCore):
         self._open(_settings(None, db), mongo_client, owned=False)
 
     def _open(self, settings: Settings, mongo: AsyncMongoClient[Doc], *, owned: bool) -> None:
-        store = JobStore(database(mongo, settings), retention_s=settings.retention_seconds)
+        store = JobStore(
+            database(mongo, settings),
+            retention_s=settings.retention_seconds,
+            query_max_ms=settings.query_max_ms,
+        )
         directory = TaskDirectory(store.presence, registered, open_while_none_live=True)
         super().__init__(store, directory, signal_retention_s=settings.signal_retention_seconds)
         self.settings = settings

@@ -40,7 +40,11 @@ def process_core(settings: Settings) -> ClientCore:
     global _core
     if _core is None:
         db = database(process_client(settings), settings)
-        store = JobStore(db, retention_s=settings.retention_seconds)
+        store = JobStore(
+            db,
+            retention_s=settings.retention_seconds,
+            query_max_ms=settings.query_max_ms,
+        )
         directory = TaskDirectory(store.presence, registered, open_while_none_live=True)
         _core = ClientCore(store, directory, on_staged=note_staged)
     return _core

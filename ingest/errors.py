@@ -1,5 +1,6 @@
 """How the API answers failures: `{"detail": ...}`, and `503` + `Retry-After`, never `500`,
-while MongoDB has no primary."""
+while MongoDB has no primary; a search stopped by its time bound is `422` with `code`
+`search_too_broad`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pymongo.errors import PyMongoError
 
-from brook.common.domain.errors import InvalidInput
+from brook.common.domain.errors import InvalidInput, SearchTooBroad
 from brook.common.runtime.log_events import Event, log_event
 
 RETRY_AFTER_S = "2"
@@ -37,7 +38,15 @@ async def _invalid_job(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": exc.detail}, status_code=422)
 
 
+async def _too_broad(_: Request, exc: Exception) -> JSONResponse:
+    # Not a 503: nothing is down, and the same request would be stopped again.
+    assert isinstance(exc, SearchTooBroad)
+    log_event(Event.SEARCH_TOO_BROAD, level="warning", error=str(exc)[:200])
+    return JSONResponse({"detail": str(exc), "code": exc.code}, status_code=422)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(PyMongoError, _mongo_down)
+    app.add_exception_handler(SearchTooBroad, _too_broad)
     app.add_exception_handler(InvalidInput, _invalid_job)
     app.add_exception_handler(RequestValidationError, _invalid)

@@ -1,25 +1,24 @@
-"""`include`: the fields a list page or an event stream leaves out unless asked for.
-
-A job's `payload` (up to the body limit) and `result` (up to 8 MiB) are most of its bytes,
-so `GET /jobs` pages and live events leave them out; `?include=payload,result` (either or
-both, comma-separated) asks for them, read per job.
-"""
+"""What a client may ask a job listing or a live event to carry beyond its default fields:
+`?include=payload,result` (a job's data, up to megabytes each, is left out unless asked)."""
 
 from __future__ import annotations
 
 from fastapi import HTTPException
 
-INCLUDABLE = ("payload", "result")
+INCLUDABLE = frozenset({"payload", "result"})
 
 
 def parse_include(raw: str | None) -> frozenset[str]:
-    """The names `?include=` asks for; `400` naming the first unknown one."""
+    """The field names of `include` (comma-separated; empty or absent: none); an unknown
+    name is a `400` naming it and the known ones."""
     if raw is None:
         return frozenset()
     names = frozenset(part.strip() for part in raw.split(",") if part.strip())
-    unknown = sorted(names - set(INCLUDABLE))
+    unknown = names - INCLUDABLE
     if unknown:
         raise HTTPException(
-            400, f"include: unknown field {unknown[0]!r}; known: {', '.join(INCLUDABLE)}"
+            400,
+            f"include: unknown field {', '.join(repr(n) for n in sorted(unknown))};"
+            f" known: {', '.join(sorted(INCLUDABLE))}",
         )
     return names

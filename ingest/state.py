@@ -65,7 +65,11 @@ async def open_state(
             settings.server_selection_timeout_ms, API_SERVER_SELECTION_CAP_MS
         ),
     )
-    store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
+    store = JobStore(
+        database(client, settings),
+        retention_s=settings.retention_seconds,
+        query_max_ms=settings.query_max_ms,
+    )
     # The API accepts its own tasks, and those a live dispatcher runs.
     directory = TaskDirectory(store.presence, lambda: known_tasks, open_while_none_live=False)
     depth = DepthCache(store, settings.metrics_cache_seconds)

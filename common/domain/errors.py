@@ -51,6 +51,14 @@ def _readable(detail: ErrorDetail) -> str:
     return "; ".join(parts)
 
 
+class SearchTooBroad(BrookError):
+    """A listing, search or grouping read more than its time bound (`BROOK_QUERY_MAX_MS`)
+    allows before it finished: the filters leave too many jobs to read. The API answers
+    `422` with `code` `search_too_broad`."""
+
+    code = "search_too_broad"
+
+
 class InvalidSession(BrookError, ValueError):
     """A `session=` Brook cannot write with: from another client than the one it wraps, or
     not in a transaction."""

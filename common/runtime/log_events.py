@@ -83,6 +83,7 @@ class Event(StrEnum):
     API_STARTED = "api.started"
     SSE_CLIENT_DROPPED = "sse.client_dropped"  # fell too far behind; it resumes by Last-Event-ID
     SSE_RESET = "sse.reset"  # a client's Last-Event-ID is older than the oplog: told so
+    SEARCH_TOO_BROAD = "search.too_broad"  # a listing stopped by BROOK_QUERY_MAX_MS: 422
     TRACING_UNAVAILABLE = "tracing.unavailable"  # OTEL_* asks for traces; the extra is missing
     METRICS_LISTENING = "metrics.listening"
     METRICS_UNAVAILABLE = "metrics.unavailable"

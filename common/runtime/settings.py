@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     sse_max_clients: int = Field(default=1000, ge=1, le=100_000)
     sse_max_catch_ups: int = Field(default=8, ge=1, le=1000)
     max_connections: int = Field(default=2000, ge=8, le=200_000)
+    # The longest a listing, search or grouping read may run on the server (`maxTimeMS`):
+    # one that needs longer answers `search_too_broad` (the API's job counts, read in the
+    # background, get ten times as long).
+    query_max_ms: int = Field(default=5_000, ge=1, le=600_000)
 
     @field_validator("tasks", mode="before")
     @classmethod

@@ -15,6 +15,7 @@ from brook.common.domain.status import JobStatus
 from brook.common.domain.validation import MAX_BATCH, SubmitJob
 from brook.ingest.deps import Core, Store, batch_body, json_body, submit_body
 from brook.ingest.encoding import job_response, json_response
+from brook.ingest.fields import INCLUDABLE, parse_include
 
 router = APIRouter(tags=["jobs"])
 
@@ -133,7 +134,16 @@ async def get_job(job_id: str, store: Store) -> JSONResponse:
         raise HTTPException(404, f"no job {job_id}") from None
 
 
-@router.get("/jobs")
+_LIST_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "`include` names a field a listing cannot carry"},
+    422: {
+        "description": "a bad filter, or a search too broad to finish within"
+        " `BROOK_QUERY_MAX_MS` (`code` `search_too_broad`)"
+    },
+}
+
+
+@router.get("/jobs", responses=_LIST_ERRORS)
 async def list_jobs(
     store: Store,
     status: JobStatus | None = None,
@@ -145,10 +155,14 @@ async def list_jobs(
     error: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    include: Annotated[str | None, Query(max_length=100)] = None,
 ) -> JSONResponse:
-    """Jobs newest first; pass `next` back as `after` for the following page. Search by
-    `key`, `error` (a piece of the error's type or message, any case) and `since`/`until`
-    (created at or after / before, ISO-8601)."""
+    """Jobs newest first, without `payload` and `result` unless `include` names them
+    (`include=payload,result`); pass `next` back as `after` for the following page.
+    Search by `key`, `error` (the start of the error's type, case-sensitive) and
+    `since`/`until` (created at or after / before, ISO-8601). A search that cannot finish
+    within `BROOK_QUERY_MAX_MS` → `422` `search_too_broad`."""
+    wanted = parse_include(include)
     jobs, nxt = await store.list_jobs(
         status=status,
         task=task,
@@ -159,8 +173,16 @@ async def list_jobs(
         error=error,
         since=_utc(since),
         until=_utc(until),
+        include=wanted,
     )
-    return json_response({"jobs": [j.to_api() for j in jobs], "next": nxt})
+    left_out = sorted(INCLUDABLE - wanted)
+    return json_response({"jobs": [_without(j.to_api(), left_out) for j in jobs], "next": nxt})
+
+
+def _without(job: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    for name in fields:
+        del job[name]
+    return job
 
 
 def _utc(at: datetime | None) -> datetime | None:
@@ -169,7 +191,7 @@ def _utc(at: datetime | None) -> datetime | None:
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
 
 
-@router.get("/failures")
+@router.get("/failures", responses={422: _LIST_ERRORS[422]})
 async def failures(
     store: Store,
     since: datetime | None = None,
@@ -177,7 +199,8 @@ async def failures(
 ) -> JSONResponse:
     """Jobs with an error, grouped by error type and task (the dashboard's failures view):
     `{"groups": [{"error_type", "task", "failed", "retrying", "latest": {"id", "error",
-    "at"}}]}`, the most recent groups first; `since`: failed jobs finished at or after."""
+    "at"}}]}`, the most recent groups first; `since`: failed jobs finished at or after.
+    Too broad to finish within `BROOK_QUERY_MAX_MS` → `422` `search_too_broad`."""
     groups = await store.failure_groups(_utc(since), limit)
     return json_response(
         {

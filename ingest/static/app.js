@@ -606,7 +606,15 @@ function searchQuery() {
 async function runSearch(more = false) {
   const params = more ? new URLSearchParams(searchView.query) : searchQuery();
   if (more && searchView.next) params.set("after", searchView.next);
-  const page = await getJson(`/jobs?${params}`);
+  // A search too broad for the API's time bound answers 422 `search_too_broad`, saying how
+  // to narrow it: shown as it is.
+  const resp = await api(`/jobs?${params}`);
+  const page = await resp.json().catch(() => ({}));
+  $("#search-error").hidden = resp.ok;
+  if (!resp.ok) {
+    $("#search-error").textContent = typeof page.detail === "string" ? page.detail : `search refused: HTTP ${resp.status}`;
+    return;
+  }
   if (!more) searchView.query = searchQuery().toString();
   searchView.next = page.next;
   const rows = page.jobs.map(searchRow);

@@ -1,6 +1,6 @@
 """The dashboard's job search and its failures view, grouped by error type and task, in a
 real headless Chromium (the fixtures of `test_dashboard`): search by task, status, queue,
-key, error text and time; retry a group's failed jobs after a confirmation that shows
+key, error type and time; retry a group's failed jobs after a confirmation that shows
 their count, and cancel a group's retries."""
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ async def test_the_dashboard_searches_jobs_by_each_field(
     assert sorted(search(browser, task="echo")) == sorted(ids[:2])
     assert search(browser, key="acme", status="failed") == [ids[2]]
     assert search(browser, queue="mail") == [ids[0]]
-    assert search(browser, error="DISK") == [ids[2]]  # any case, type or message
+    assert search(browser, error="Demo") == [ids[2]]  # the start of the type: DemoFailure
     assert "disk full" in text(browser, "#search-results tbody tr .msg")
+    assert search(browser, error="demo") == []  # case-sensitive
     assert search(browser, status="completed", task="noop") == [ids[3]]
     later = (datetime.now() + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")  # local time
     assert search(browser, since=later) == []

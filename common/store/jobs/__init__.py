@@ -27,7 +27,7 @@ from brook.common.runtime.settings import WEEK_S
 from brook.common.store.clock import ServerClock
 from brook.common.store.db import ensure_indexes
 from brook.common.store.jobs.attempts import JobAttempts
-from brook.common.store.jobs.base import JOBS, JobsCollection
+from brook.common.store.jobs.base import DEFAULT_QUERY_MAX_MS, JOBS, JobsCollection
 from brook.common.store.jobs.bulk import JobBulk
 from brook.common.store.jobs.candidates import JobCandidates
 from brook.common.store.jobs.changes import JobChanges, buffered
@@ -100,8 +100,9 @@ class JobStore(
         *,
         retention_s: float = WEEK_S,
         clock: ServerClock | None = None,
+        query_max_ms: int = DEFAULT_QUERY_MAX_MS,
     ) -> None:
-        super().__init__(db, retention_s=retention_s, clock=clock)
+        super().__init__(db, retention_s=retention_s, clock=clock, query_max_ms=query_max_ms)
         self.presence = PresenceStore(db)
         self.tokens = TokenStore(db)
 

@@ -15,6 +15,8 @@ from brook.common.store.clock import ServerClock, ServerTime
 from brook.common.store.queries import Write
 
 JOBS = "jobs"
+# How long a listing, search or grouping read may run on the server (`BROOK_QUERY_MAX_MS`).
+DEFAULT_QUERY_MAX_MS = 5_000
 
 
 class JobsCollection:
@@ -24,12 +26,14 @@ class JobsCollection:
         *,
         retention_s: float = WEEK_S,
         clock: ServerClock | None = None,
+        query_max_ms: int = DEFAULT_QUERY_MAX_MS,
     ) -> None:
         self.db = db
         self.jobs: AsyncCollection[Doc] = db[JOBS]
         # How long a finished job without its own `retention_s` is kept (the TTL's input).
         self.retention_s = retention_s
         self.clock = clock if clock is not None else ServerClock(ServerTime(db.client))
+        self.query_max_ms = query_max_ms
 
     async def write_held(self, write: Write, lost: str) -> Job:
         """Run one fenced write of a running attempt and return the job as it left it; no

@@ -87,10 +87,42 @@ INDEXES = [
         unique=True,
         partialFilterExpression={"status": R, "key_slot": {"$type": "string"}},
     ),
-    # Listing, newest first, by status, task or queue.
-    IndexModel([("status", ASCENDING), ("_id", DESCENDING)], name="list_status"),
-    IndexModel([("task", ASCENDING), ("_id", DESCENDING)], name="list_task"),
-    IndexModel([("queue", ASCENDING), ("_id", DESCENDING)], name="list_queue"),
+    # Listing and search (`GET /jobs`), newest first: `created_at`, then `_id`, end every
+    # listing index, so each filter is an equality prefix, `since`/`until` a range on
+    # `created_at`, and the index gives the order (no sort). A filter without a value in the
+    # prefix is made a list of every value (all statuses, the error types a prefix names),
+    # which MongoDB reads as one scan per value merged in order. `created_at` and `_id`
+    # never change, so only `status`, where it is in the key, moves an entry on an update.
+    IndexModel([("created_at", DESCENDING), ("_id", DESCENDING)], name="list_created"),
+    IndexModel(
+        [("status", ASCENDING), ("created_at", DESCENDING), ("_id", DESCENDING)],
+        name="list_status",
+    ),
+    IndexModel(
+        [("task", ASCENDING), ("created_at", DESCENDING), ("_id", DESCENDING)], name="list_task"
+    ),
+    # The queue's counts by status (`GET /queues`, `/metrics`) are read from this index alone.
+    IndexModel(
+        [
+            ("queue", ASCENDING),
+            ("status", ASCENDING),
+            ("created_at", DESCENDING),
+            ("_id", DESCENDING),
+        ],
+        name="list_queue",
+    ),
+    # Jobs with an error, by type (`GET /jobs?error=`, the retrying jobs of `/failures`); the
+    # jobs without one cost it nothing.
+    IndexModel(
+        [
+            ("error.type", ASCENDING),
+            ("status", ASCENDING),
+            ("created_at", DESCENDING),
+            ("_id", DESCENDING),
+        ],
+        name="errors",
+        partialFilterExpression={"error.type": {"$type": "string"}},
+    ),
     # An idempotency key is reserved while its job exists (or until its unique window ends).
     IndexModel(
         [("idempotency_key", ASCENDING)],
@@ -105,10 +137,15 @@ INDEXES = [
         name="failures",
         partialFilterExpression={"status": {"$in": ["cancelled", "failed"]}},
     ),
-    # ... and jobs by key (a bulk cancel of one tenant's jobs; jobs without a key cost it
-    # nothing).
+    # ... and jobs by key (a bulk cancel of one tenant's jobs, a listing by key; jobs without
+    # a key cost it nothing).
     IndexModel(
-        [("key", ASCENDING), ("status", ASCENDING), ("_id", DESCENDING)],
+        [
+            ("key", ASCENDING),
+            ("status", ASCENDING),
+            ("created_at", DESCENDING),
+            ("_id", DESCENDING),
+        ],
         name="by_key",
         partialFilterExpression={"key": {"$type": "string"}},
     ),

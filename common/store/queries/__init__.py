@@ -10,7 +10,9 @@ the server's clock (`$$NOW`); user data goes in as `$literal`, never read as an 
 One module per concern, as the jobs store (`brook.common.store.jobs`) has: `base` (the claim
 order, `Write`, the fences), `submits`, `claims`, `attempts` (a running attempt's lease,
 progress, start and transaction), `steps`, `outcomes`, `commands` (a caller's operations
-on one job and on many) and `workflows`. Every builder is importable from here.
+on one job and on many) and `workflows`; beside them `listing`, the reads that list, search
+and group jobs (the index each reads, its filter and order). Every write builder is
+importable from here.
 """
 
 from brook.common.store.queries.attempts import (
