@@ -51,6 +51,16 @@ async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submi
     return await store.submit_many(specs)
 
 
+async def _ensure_indexes(store: JobStore) -> None:
+    """The indexes, built or checked; without a primary, said and left to a later start."""
+    try:
+        await asyncio.wait_for(store.ensure_indexes(), INDEX_TIMEOUT_S)
+    except (PyMongoError, TimeoutError) as exc:
+        log_event(
+            Event.MONGO_UNAVAILABLE, level="warning", op="ensure_indexes", error=str(exc)[:200]
+        )
+
+
 async def open_state(
     settings: Settings, known_tasks: frozenset[str], metrics: ApiMetrics
 ) -> ApiState:
@@ -76,12 +86,7 @@ async def open_state(
     submits: GroupCommit[JobSpec, Submitted] = GroupCommit(
         lambda specs: _submit_batch(store, specs)
     )
-    try:
-        await asyncio.wait_for(store.ensure_indexes(), INDEX_TIMEOUT_S)
-    except (PyMongoError, TimeoutError) as exc:
-        log_event(
-            Event.MONGO_UNAVAILABLE, level="warning", op="ensure_indexes", error=str(exc)[:200]
-        )
+    await _ensure_indexes(store)
     log_event(
         Event.API_STARTED,
         host=settings.api_host,
