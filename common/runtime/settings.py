@@ -224,13 +224,22 @@ def is_loopback(host: str) -> bool:
 
 
 def check_exposure(settings: Settings) -> None:
-    """Refuse to serve the API open (no token) beyond this machine, unless asked to."""
-    open_ = settings.api_token is None and not settings.allow_no_token
-    if open_ and not is_loopback(settings.api_host):
+    """Refuse to serve the API open (no token) beyond this machine, unless asked to, and
+    then only to the `Host` names it is told (with any name, a page whose name was
+    re-pointed at the API, DNS rebinding, passes the Origin check)."""
+    if settings.api_token is not None or is_loopback(settings.api_host):
+        return
+    if not settings.allow_no_token:
         raise ConfigError(
             f"BROOK_API_HOST: {settings.api_host} is not a loopback address and "
             "BROOK_API_TOKEN is not set; set a token, or BROOK_ALLOW_NO_TOKEN=1 to "
             "serve the API open to the network on purpose"
+        )
+    if not settings.allowed_hosts:
+        raise ConfigError(
+            f"BROOK_ALLOWED_HOSTS: an API open to the network (BROOK_ALLOW_NO_TOKEN=1 on "
+            f"{settings.api_host}) must name the hosts it answers to, or any page a browser "
+            "opens could reach it by DNS rebinding; set them (or a token)"
         )
 
 

@@ -104,7 +104,7 @@ def test_an_empty_or_blank_token_is_refused_at_start_with_one_line_and_exit_2(
             assert "BROOK_API_TOKEN" in line and "empty" in line
 
 
-def test_a_non_loopback_bind_without_a_token_is_refused_unless_allowed_explicitly(
+def test_a_non_loopback_bind_without_a_token_is_refused_unless_allowed_with_its_host_names(
     cluster: Cluster,
 ) -> None:
     for role in ("api", "up"):
@@ -112,9 +112,15 @@ def test_a_non_loopback_bind_without_a_token_is_refused_unless_allowed_explicitl
         assert done.returncode == 2, (role, done.stderr)
         [line] = done.stderr.strip().splitlines()
         assert "BROOK_API_HOST" in line and "BROOK_ALLOW_NO_TOKEN" in line
-    # With a token, or when asked for in so many words, it serves.
-    cluster.api(BROOK_API_HOST="0.0.0.0", BROOK_ALLOW_NO_TOKEN="1")
+        # Asked for, but to any Host name: a rebound name would pass the Origin check.
+        done = cluster.cli(role, BROOK_API_HOST="0.0.0.0", BROOK_ALLOW_NO_TOKEN="1")
+        assert done.returncode == 2, (role, done.stderr)
+        [line] = done.stderr.strip().splitlines()
+        assert "BROOK_ALLOWED_HOSTS:" in line and "DNS rebinding" in line
+    # Asked for in so many words, with the names it answers to, it serves.
+    cluster.api(BROOK_API_HOST="0.0.0.0", BROOK_ALLOW_NO_TOKEN="1", BROOK_ALLOWED_HOSTS="127.0.0.1")
     assert httpx.get(f"{cluster.api_url}/jobs").status_code == 200
+    assert httpx.get(f"{cluster.api_url}/jobs", headers={"Host": "evil.example"}).status_code == 400
 
 
 ADMIN = {"Authorization": "Bearer admin-token"}
