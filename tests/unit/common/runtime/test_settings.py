@@ -143,7 +143,7 @@ def test_an_open_api_may_bind_only_to_loopback_unless_allowed(
     if loopback:
         check_exposure(load_settings())
     else:  # open to the network, to any Host name: DNS rebinding
-        with pytest.raises(ConfigError, match="^BROOK_ALLOWED_HOSTS: .*DNS rebinding"):
+        with pytest.raises(ConfigError, match=r"^BROOK_ALLOWED_HOSTS: .*DNS rebinding"):
             check_exposure(load_settings())
     for hosts in ("brook.internal", "*"):
         monkeypatch.setenv("BROOK_ALLOWED_HOSTS", hosts)
