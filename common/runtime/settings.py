@@ -98,10 +98,14 @@ class Settings(BaseSettings):
     sse_ping_seconds: float = Field(default=15.0, gt=0.0, le=3600.0)
     sse_buffer: int = Field(default=1000, ge=1, le=1_000_000)  # events queued per SSE client
     # Caps per API process: event streams open at once, catch-ups (a cursor each) at once,
-    # and HTTP connections at once (uvicorn answers 503 beyond it).
+    # and HTTP connections held (beyond it, the one idle the longest is closed, or with
+    # none idle the new one's request gets 503: `brook.ingest.connection_guard`).
     sse_max_clients: int = Field(default=1000, ge=1, le=100_000)
     sse_max_catch_ups: int = Field(default=8, ge=1, le=1000)
     max_connections: int = Field(default=2000, ge=8, le=200_000)
+    # How long a connection may sit idle before its request's headers are in (from when it
+    # opens, or from its last response): then it is closed.
+    header_timeout_seconds: float = Field(default=10.0, ge=0.1, le=3600.0)
 
     @field_validator("tasks", mode="before")
     @classmethod

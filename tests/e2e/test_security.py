@@ -450,9 +450,8 @@ def test_connections_beyond_the_cap_get_503_at_once(cluster: Cluster) -> None:
     cluster.api(BROOK_MAX_CONNECTIONS="8", BROOK_SSE_MAX_CLIENTS="100")
     url = cluster.api_url
     with contextlib.ExitStack() as stack:
-        # uvicorn counts the connection asking too: 7 streams, and the 8th connection is one
-        # too many.
-        for _ in range(7):
+        # 8 streams hold every connection allowed, busy: none idle to close for a 9th.
+        for _ in range(8):
             client = stack.enter_context(httpx.Client(timeout=10))
             assert stack.enter_context(client.stream("GET", f"{url}/events")).status_code == 200
         assert httpx.get(f"{url}/jobs", timeout=10).status_code == 503
