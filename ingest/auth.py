@@ -16,6 +16,7 @@ from brook.ingest.state import ApiState
 
 ADMIN = "admin"
 READ = "read"
+NO_TOKEN = "none"
 
 
 def _bearer(request: Request) -> bytes | None:
@@ -45,7 +46,8 @@ def access_of(request: Request, state: ApiState) -> str | None:
 async def require_token(request: Request, state: State) -> None:
     """With `BROOK_API_TOKEN` set, demand `Authorization: Bearer <token>` (`401`); a
     read-only token (`BROOK_API_READ_TOKEN`) may only read (`403` for a state change).
-    The state changes a request asks for are logged with `by` its token's name."""
+    The state changes a request asks for are logged with `by` its token's name (`none`
+    with no token set)."""
     access = access_of(request, state)
     if access is None:
         raise HTTPException(
@@ -54,4 +56,5 @@ async def require_token(request: Request, state: State) -> None:
     if access == READ and request.method not in SAFE_METHODS:
         raise HTTPException(403, "this token may only read")
     request.state.access = access
-    requested_by.set(access)
+    # Who asked, in the audit lines: the token's name, or `none` with tokens off.
+    requested_by.set(access if state.settings.api_token is not None else NO_TOKEN)

@@ -11,6 +11,8 @@ from typing import Any
 
 from brook.common.runtime.settings import Settings
 
+BACKLOG = 2048  # uvicorn's default: connections the kernel completes before the API accepts
+
 
 def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     import uvicorn
@@ -18,6 +20,7 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     from brook.common.runtime.log import configure_logging
     from brook.executor.registry import load_tasks
     from brook.ingest.app import create_app
+    from brook.ingest.connection_guard import ConnectionGuard, guarded_http
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
@@ -32,6 +35,12 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
 
     tracing.configure("api")
     app = create_app(settings, set(load_tasks(settings)))
+    # Connections held, and how long one may sit idle (`brook.ingest.connection_guard`):
+    # uvicorn's own limit counts idle connections too, so it is not set.
+    guard = ConnectionGuard(
+        max_connections=settings.max_connections,
+        header_timeout_s=settings.header_timeout_seconds,
+    )
     config = uvicorn.Config(
         app,
         host=settings.api_host,
@@ -41,10 +50,13 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
         lifespan="on",
         # Requests still waiting on MongoDB when the grace period ends are cancelled.
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
-        # Connections (and requests) at once: beyond it uvicorn answers 503 at once.
-        limit_concurrency=settings.max_connections,
+        http=guarded_http(guard),
+        ws="none",  # no WebSocket routes: an upgrade is a plain request
+        backlog=BACKLOG,
     )
-    _raise_open_files(settings.max_connections)
+    # Accepted connections wait in the backlog, and one burst of them is accepted before
+    # the guard closes the idle ones it replaces.
+    _raise_open_files(settings.max_connections + BACKLOG)
     server = Server(config)
     server.run()
     crashed = getattr(app.state, "crashed", False)  # a background task died: see its log

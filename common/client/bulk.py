@@ -24,7 +24,7 @@ from brook.common.client.dependents import settle
 from brook.common.domain.bulk import BulkAction, JobFilter, validate_bulk
 from brook.common.domain.errors import JobConflict, JobNotFound
 from brook.common.domain.models import Doc, Job
-from brook.common.runtime.log_events import Event, log_event
+from brook.common.runtime.log_events import Event, log_event, requested_by
 from brook.common.store.jobs import JobStore
 
 
@@ -36,6 +36,7 @@ def _log(event: Event, doc: Doc) -> None:
             attempt=int(doc.get("attempts", 0)),
             task=doc.get("task"),
             via="bulk",
+            by=requested_by.get(),
         )
 
 

@@ -457,7 +457,7 @@ class ClientCore(Submitting, BulkOperations):
         await self._ensure_indexes()  # the jobs waiting on a key are found by index
         await self._signals.put(key, payload, self.signal_retention_s)
         woken = await self._store.wake_signal_waiters(key)
-        log_event(Event.SIGNAL_SENT, key=key, woken=woken)
+        log_event(Event.SIGNAL_SENT, key=key, woken=woken, by=requested_by.get())
         return woken
 
     async def retry(self, job_id: str) -> Job:

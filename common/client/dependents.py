@@ -16,10 +16,13 @@ from typing import Any, Literal
 import structlog
 
 from brook.common.domain.status import JobStatus
-from brook.common.runtime.log_events import Event, log_event
+from brook.common.runtime.log_events import Event, log_event, requested_by
 from brook.common.store.jobs import JobStore, Settled, Submitted
 
 Via = Literal["completion", "failure", "cancel", "submit", "retry", "sweep"]
+# What a caller asked for (its dependents' changes name who asked); the rest are the
+# dispatchers' own.
+ASKED: frozenset[Via] = frozenset({"cancel", "submit", "retry"})
 
 
 async def settle(store: JobStore, parent_ids: Collection[str], *, via: Via) -> list[Settled]:
@@ -78,6 +81,8 @@ def _log(child: Settled, via: Via) -> None:
         "task": child.task,
         "via": via,
     }
+    if via in ASKED:
+        fields["by"] = requested_by.get()
     if child.status == JobStatus.PENDING:
         log_event(Event.JOB_UNBLOCKED, **fields)
     else:

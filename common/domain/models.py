@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -14,6 +15,12 @@ Doc = dict[str, Any]
 DEFAULT_QUEUE = "default"
 # What a queue may be called (in job specs, `BROOK_QUEUES` and queue limits alike).
 QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_QUEUE_NAME = re.compile(QUEUE_NAME)
+
+
+def is_queue_name(name: object) -> bool:
+    """Whether `name` is a queue name, matched whole (`default\\n` is not one)."""
+    return isinstance(name, str) and _QUEUE_NAME.fullmatch(name) is not None
 
 
 def whole_ms(value: datetime) -> datetime:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import bson
 
 from brook.common.domain.cron import latest_tick, next_tick, parse_cron, zone
-from brook.common.domain.models import Doc
+from brook.common.domain.models import Doc, is_queue_name
 
 CatchUp = Literal["latest", "none"]
 CATCH_UP: tuple[CatchUp, ...] = ("latest", "none")
@@ -76,8 +76,8 @@ class Schedule:
                 )
             if not isinstance(task, str) or not task:
                 raise ValueError("task must be a task name")
-            if not isinstance(queue, str) or not queue:
-                raise ValueError("queue must be a non-empty string")
+            if not is_queue_name(queue):
+                raise ValueError("queue must be a queue name (letters, digits, '_', '.', '-')")
             if catch_up not in CATCH_UP:
                 raise ValueError(f"catch_up must be one of {', '.join(CATCH_UP)}, not {catch_up!r}")
             zone(tz)

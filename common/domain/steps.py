@@ -77,7 +77,7 @@ def seconds_of(duration: float | timedelta, what: str = "sleep") -> float:
 
 
 def check_signal_key(key: object) -> str:
-    if not isinstance(key, str) or not SIGNAL_KEY.match(key):
+    if not isinstance(key, str) or not SIGNAL_KEY.fullmatch(key):
         raise StepError(f"signal key {key!r} is invalid: {SIGNAL_KEY_RULE}")
     return key
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import bson
 
-from brook.common.domain.models import Doc
+from brook.common.domain.models import Doc, is_queue_name
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 COLLECTION = re.compile(r"^[^$\x00]{1,200}$")
@@ -142,13 +142,13 @@ class Trigger:
     ) -> Trigger:
         """A checked trigger; `ValueError` naming the trigger and what is wrong."""
         try:
-            if not isinstance(name, str) or not NAME.match(name):
+            if not isinstance(name, str) or not NAME.fullmatch(name):
                 raise ValueError(
                     "a name is 1-100 letters, digits and _ . : - (a letter or digit first)"
                 )
-            if not isinstance(collection, str) or not COLLECTION.match(collection):
+            if not isinstance(collection, str) or not COLLECTION.fullmatch(collection):
                 raise ValueError("collection must be a collection name")
-            if db is not None and (not isinstance(db, str) or not COLLECTION.match(db)):
+            if db is not None and (not isinstance(db, str) or not COLLECTION.fullmatch(db)):
                 raise ValueError("db must be a database name or None (Brook's own)")
             if not isinstance(task, str) or not task:
                 raise ValueError("task must be a task name")
@@ -161,6 +161,8 @@ class Trigger:
                 raise ValueError(
                     f"full_document must be 'updateLookup' or None, not {full_document!r}"
                 )
+            if not is_queue_name(queue):
+                raise ValueError("queue must be a queue name (letters, digits, '_', '.', '-')")
             if not isinstance(max_attempts, int) or max_attempts < 1:
                 raise ValueError("max_attempts must be an int >= 1")
             match = {} if match is None else match

@@ -103,8 +103,8 @@ class Event(StrEnum):
 _log = get_logger()
 
 # Who asked for the state change being logged: the API sets it per request (`admin` or
-# `read`, the token's name, never the token); anything else using the client core (the
-# Python client, a task's `ctx.submit`) is `python-client`.
+# `read`, the token's name, never the token; `none` with tokens off); anything else using
+# the client core (the Python client, a task's `ctx.submit`) is `python-client`.
 requested_by: ContextVar[str] = ContextVar("brook_requested_by", default="python-client")
 
 

@@ -101,7 +101,8 @@ class Settings(BaseSettings):
     # ring; the oldest go first; 0: none, every resume reads the oplog).
     live_ring_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=64 * 1024**3)
     # Caps per API process: event streams open at once, catch-ups (a cursor each) at once,
-    # and HTTP connections at once (uvicorn answers 503 beyond it).
+    # and HTTP connections held (beyond it, the one idle the longest is closed, or with
+    # none idle the new one's request gets 503: `brook.ingest.connection_guard`).
     sse_max_clients: int = Field(default=1000, ge=1, le=100_000)
     sse_max_catch_ups: int = Field(default=8, ge=1, le=1000)
     max_connections: int = Field(default=2000, ge=8, le=200_000)
@@ -109,6 +110,9 @@ class Settings(BaseSettings):
     # one that needs longer answers `search_too_broad` (the API's job counts, read in the
     # background, get ten times as long).
     query_max_ms: int = Field(default=5_000, ge=1, le=600_000)
+    # How long a connection may sit idle before its request's headers are in (from when it
+    # opens, or from its last response): then it is closed.
+    header_timeout_seconds: float = Field(default=10.0, ge=0.1, le=3600.0)
 
     @field_validator("tasks", mode="before")
     @classmethod
@@ -231,13 +235,22 @@ def is_loopback(host: str) -> bool:
 
 
 def check_exposure(settings: Settings) -> None:
-    """Refuse to serve the API open (no token) beyond this machine, unless asked to."""
-    open_ = settings.api_token is None and not settings.allow_no_token
-    if open_ and not is_loopback(settings.api_host):
+    """Refuse to serve the API open (no token) beyond this machine, unless asked to, and
+    then only to the `Host` names it is told (with any name, a page whose name was
+    re-pointed at the API, DNS rebinding, passes the Origin check)."""
+    if settings.api_token is not None or is_loopback(settings.api_host):
+        return
+    if not settings.allow_no_token:
         raise ConfigError(
             f"BROOK_API_HOST: {settings.api_host} is not a loopback address and "
             "BROOK_API_TOKEN is not set; set a token, or BROOK_ALLOW_NO_TOKEN=1 to "
             "serve the API open to the network on purpose"
+        )
+    if not settings.allowed_hosts:
+        raise ConfigError(
+            f"BROOK_ALLOWED_HOSTS: an API open to the network (BROOK_ALLOW_NO_TOKEN=1 on "
+            f"{settings.api_host}) must name the hosts it answers to, or any page a browser "
+            "opens could reach it by DNS rebinding; set them (or a token)"
         )
 
 

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path
 from fastapi.responses import JSONResponse
 
 from brook.common.domain.errors import TriggerNotFound
-from brook.common.runtime.log_events import Event, log_event
+from brook.common.runtime.log_events import Event, log_event, requested_by
 from brook.common.store.triggers import TriggerStore
 from brook.ingest.deps import State
 from brook.ingest.encoding import json_response
@@ -45,7 +45,8 @@ async def _set_paused(
         trigger = await triggers.set_paused(name, paused)
     except TriggerNotFound:
         raise HTTPException(404, f"no trigger {name!r}") from None
-    log_event(Event.TRIGGER_PAUSED if paused else Event.TRIGGER_RESUMED, trigger=name, by="api")
+    event = Event.TRIGGER_PAUSED if paused else Event.TRIGGER_RESUMED
+    log_event(event, trigger=name, by=requested_by.get())
     return json_response(trigger.to_api(await state.store.clock.read()))
 
 

@@ -134,6 +134,7 @@ class Project:
             "MONGO_BROOK_USER": "brook",
             "MONGO_BROOK_PASSWORD": secrets.token_hex(16),
             "BROOK_API_TOKEN": self.token,
+            "BROOK_DEMO_TASKS": "1",  # the tests submit noop, echo and sleep jobs
             "BROOK_MONGO_IMAGE": self.images.mongo,
             "BROOK_BASE_IMAGE": self.images.base,
             "BROOK_APP_IMAGE": self.images.app,

@@ -293,6 +293,8 @@ async def test_a_waiting_job_is_cancelled_at_once_and_bad_signals_get_422(
     assert http.post("/signals/cancel-me", json={"payload": 1}).json() == {"woken": 0}
     assert (await store.get(job_id)).status == "cancelled"
     assert http.post("/signals/bad key!", json={"payload": 1}).status_code == 422
+    # A trailing newline is not part of a key (`$` would have let it through).
+    assert http.post("/signals/cancel-me%0A", json={"payload": 1}).status_code == 422
     big = {"payload": "x" * (300 * 1024)}
     assert http.post("/signals/ok-key", json=big).status_code == 422
     assert http.post("/signals/ok-key", json={"nope": 1}).status_code == 422

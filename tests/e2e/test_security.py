@@ -18,7 +18,11 @@ from typing import Any
 
 import httpx
 
+from brook.common.domain.schedules import Schedule
+from brook.common.domain.triggers import Trigger
 from brook.common.store.jobs import JobStore
+from brook.common.store.schedules import ScheduleStore
+from brook.common.store.triggers import TriggerStore
 from tests.e2e.conftest import JSON, Cluster
 from tests.support.failpoints import fail_nothing
 from tests.support.http import TLS
@@ -104,7 +108,7 @@ def test_an_empty_or_blank_token_is_refused_at_start_with_one_line_and_exit_2(
             assert "BROOK_API_TOKEN" in line and "empty" in line
 
 
-def test_a_non_loopback_bind_without_a_token_is_refused_unless_allowed_explicitly(
+def test_a_non_loopback_bind_without_a_token_is_refused_unless_allowed_with_its_host_names(
     cluster: Cluster,
 ) -> None:
     for role in ("api", "up"):
@@ -112,9 +116,15 @@ def test_a_non_loopback_bind_without_a_token_is_refused_unless_allowed_explicitl
         assert done.returncode == 2, (role, done.stderr)
         [line] = done.stderr.strip().splitlines()
         assert "BROOK_API_HOST" in line and "BROOK_ALLOW_NO_TOKEN" in line
-    # With a token, or when asked for in so many words, it serves.
-    cluster.api(BROOK_API_HOST="0.0.0.0", BROOK_ALLOW_NO_TOKEN="1")
+        # Asked for, but to any Host name: a rebound name would pass the Origin check.
+        done = cluster.cli(role, BROOK_API_HOST="0.0.0.0", BROOK_ALLOW_NO_TOKEN="1")
+        assert done.returncode == 2, (role, done.stderr)
+        [line] = done.stderr.strip().splitlines()
+        assert "BROOK_ALLOWED_HOSTS:" in line and "DNS rebinding" in line
+    # Asked for in so many words, with the names it answers to, it serves.
+    cluster.api(BROOK_API_HOST="0.0.0.0", BROOK_ALLOW_NO_TOKEN="1", BROOK_ALLOWED_HOSTS="127.0.0.1")
     assert httpx.get(f"{cluster.api_url}/jobs").status_code == 200
+    assert httpx.get(f"{cluster.api_url}/jobs", headers={"Host": "evil.example"}).status_code == 400
 
 
 ADMIN = {"Authorization": "Bearer admin-token"}
@@ -156,6 +166,77 @@ def test_a_read_only_token_reads_everything_and_changes_nothing(cluster: Cluster
     assert [e["by"] for e in submitted] == ["admin"]
     assert [e["by"] for e in proc.events("job.cancelled")] == ["admin"]
     assert "admin-token" not in proc.raw_log() and "read-token" not in proc.raw_log()
+
+
+# Each state change the API offers, and the audit lines it leaves (event -> how many).
+AUDITED = {
+    "job.submitted": 4,  # one, a batch of two, and a cancelled job's dependent
+    "job.cancelled": 2,  # one by id, one in bulk
+    "job.dependency_failed": 1,  # the dependent of the cancelled parent
+    "job.retried": 2,  # one by id, one in bulk
+    "queue.updated": 1,
+    "queue.paused": 1,
+    "schedule.paused": 1,
+    "schedule.resumed": 1,
+    "trigger.paused": 1,
+    "trigger.resumed": 1,
+    "signal.sent": 1,
+}
+
+
+def make_every_state_change(http: httpx.Client, headers: dict[str, str], key: str) -> None:
+    def ask(method: str, path: str, body: Any = None) -> dict[str, Any]:
+        resp = http.request(method, path, json=body, headers=headers)
+        assert resp.status_code in (200, 202), (method, path, resp.text)
+        answer: dict[str, Any] = resp.json()
+        return answer
+
+    parent = ask("POST", "/jobs", {"task": "noop"})["id"]
+    ask("POST", "/jobs/batch", {"jobs": [{"task": "sleep", "key": key}, {"task": "echo"}]})
+    ask("POST", "/jobs", {"task": "noop", "depends_on": [parent]})
+    ask("POST", f"/jobs/{parent}/cancel")  # its dependent fails with it
+    ask("POST", f"/jobs/{parent}/retry")
+    assert ask("POST", "/jobs/cancel", {"key": key}) == {"count": 1}
+    assert ask("POST", "/jobs/retry", {"key": key}) == {"count": 1}
+    ask("PUT", "/queues/default", {"paused": True})
+    ask("POST", "/schedules/nightly/pause")
+    ask("POST", "/schedules/nightly/resume")
+    ask("POST", "/triggers/orders/pause")
+    ask("POST", "/triggers/orders/resume")
+    ask("POST", "/signals/approval:1", {"payload": {"ok": True}})
+    # Asked with a newline, the key is refused (and nothing is sent or logged).
+    assert http.post("/signals/approval:1%0A", json={}, headers=headers).status_code == 422
+
+
+def audit_lines(proc: Any) -> dict[str, list[str | None]]:
+    """Who asked, as each state change's line names it: event -> the `by` of each line."""
+    lines: dict[str, list[str | None]] = {}
+    for line in proc.logs():
+        if line["event"].split(".")[0] in ("job", "queue", "schedule", "trigger", "signal"):
+            lines.setdefault(line["event"], []).append(line.get("by"))
+    return lines
+
+
+async def test_every_state_change_through_the_api_names_the_token_that_asked(
+    cluster: Cluster, store: JobStore
+) -> None:
+    await ScheduleStore(store.db).declare(
+        [Schedule.declare("nightly", "0 3 * * *", task="noop")], by="test"
+    )
+    await TriggerStore(store.db).declare(
+        [Trigger.declare("orders", collection="orders", task="noop")], by="test"
+    )
+    proc = cluster.api(BROOK_API_TOKEN="admin-token", BROOK_API_READ_TOKEN="read-token")
+    with httpx.Client(base_url=cluster.api_url, timeout=30, verify=TLS) as http:
+        make_every_state_change(http, ADMIN, "first")
+    assert audit_lines(proc) == {event: ["admin"] * n for event, n in AUDITED.items()}
+    assert "admin-token" not in proc.raw_log()
+    proc.stop()
+    # With no token set, the same lines say so.
+    proc = cluster.api()
+    with httpx.Client(base_url=cluster.api_url, timeout=30, verify=TLS) as http:
+        make_every_state_change(http, {}, "second")
+    assert audit_lines(proc) == {event: ["none"] * n for event, n in AUDITED.items()}
 
 
 # -- cross-site requests and DNS rebinding -----------------------------------------------------
@@ -370,9 +451,8 @@ def test_connections_beyond_the_cap_get_503_at_once(cluster: Cluster) -> None:
     cluster.api(BROOK_MAX_CONNECTIONS="8", BROOK_SSE_MAX_CLIENTS="100")
     url = cluster.api_url
     with contextlib.ExitStack() as stack:
-        # uvicorn counts the connection asking too: 7 streams, and the 8th connection is one
-        # too many.
-        for _ in range(7):
+        # 8 streams hold every connection allowed, busy: none idle to close for a 9th.
+        for _ in range(8):
             client = stack.enter_context(httpx.Client(timeout=10))
             assert stack.enter_context(client.stream("GET", f"{url}/events")).status_code == 200
         assert httpx.get(f"{url}/jobs", timeout=10).status_code == 503

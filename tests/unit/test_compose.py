@@ -316,6 +316,21 @@ def test_api_listens_on_all_interfaces_publishes_8000_and_checks_healthz() -> No
     assert "/healthz" in text and "urllib" in text
 
 
+def test_only_the_api_holds_the_token_and_the_demo_tasks_are_off_by_default() -> None:
+    services = _services()
+    token = _environment(services["api"]).get("BROOK_API_TOKEN") or ""
+    assert token.startswith("${BROOK_API_TOKEN:?")
+    # Every task process a dispatcher starts inherits its environment: no token there, nor
+    # anywhere else but the API.
+    for name, svc in services.items():
+        assert "env_file" not in svc, name
+        if name != "api":
+            assert not [k for k in _environment(svc) if "TOKEN" in k.upper()], name
+    # `crash` and `cpu` are demos, not for a deployment: on only when asked for.
+    for name in ("api", "dispatcher"):
+        assert _environment(services[name]).get("BROOK_DEMO_TASKS") == "${BROOK_DEMO_TASKS:-0}"
+
+
 def test_no_secret_is_hard_coded_in_any_service_environment() -> None:
     for name, svc in _services().items():
         for key, value in _environment(svc).items():

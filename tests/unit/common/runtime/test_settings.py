@@ -140,7 +140,15 @@ def test_an_open_api_may_bind_only_to_loopback_unless_allowed(
         with pytest.raises(ConfigError, match="BROOK_ALLOW_NO_TOKEN"):
             check_exposure(load_settings())
     monkeypatch.setenv("BROOK_ALLOW_NO_TOKEN", "1")
-    check_exposure(load_settings())
+    if loopback:
+        check_exposure(load_settings())
+    else:  # open to the network, to any Host name: DNS rebinding
+        with pytest.raises(ConfigError, match=r"^BROOK_ALLOWED_HOSTS: .*DNS rebinding"):
+            check_exposure(load_settings())
+    for hosts in ("brook.internal", "*"):
+        monkeypatch.setenv("BROOK_ALLOWED_HOSTS", hosts)
+        check_exposure(load_settings())
+    monkeypatch.delenv("BROOK_ALLOWED_HOSTS")
     monkeypatch.delenv("BROOK_ALLOW_NO_TOKEN")
     monkeypatch.setenv("BROOK_API_TOKEN", "t")
     check_exposure(load_settings())
