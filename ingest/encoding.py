@@ -13,7 +13,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-from bson import Decimal128, ObjectId
+from bson import DatetimeMS, Decimal128, ObjectId
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
@@ -23,6 +23,8 @@ from brook.common.domain.models import Job
 def _default(value: object) -> Any:
     if isinstance(value, datetime | date):
         return value.isoformat()
+    if isinstance(value, DatetimeMS):  # a date past `datetime`'s range: extended JSON's form
+        return {"$date": {"$numberLong": str(int(value))}}
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, ObjectId | uuid.UUID | Decimal128 | Decimal):
