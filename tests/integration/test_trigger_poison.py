@@ -6,33 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import bson
 import pytest
-from bson import DatetimeMS, DBRef
-from bson.raw_bson import RawBSONDocument
+from bson import DBRef
 from pymongo.errors import BulkWriteError
 
 from brook.common.domain.models import Doc, JobSpec
 from brook.common.domain.triggers import SkippedChange, Trigger
 from brook.common.store.jobs import JobStore, Refused, Submitted
 from brook.common.store.triggers import TriggerStore, read_change
-
-YEAR_10000 = DatetimeMS(253402300800000)  # 10000-01-01: no `datetime` holds it
-
-
-def nested(depth: int) -> dict[str, Any]:
-    """A document `depth` levels deep."""
-    doc: dict[str, Any] = {"leaf": 1}
-    for _ in range(depth - 1):
-        doc = {"a": doc}
-    return doc
-
-
-def not_utf8(doc_id: str) -> RawBSONDocument:
-    """A document whose string is not UTF-8: MongoDB stores it as it is given (another
-    driver, a byte slice), and the Python driver cannot decode it."""
-    raw = bson.encode({"_id": doc_id, "status": "paid", "name": "abc"})
-    return RawBSONDocument(raw.replace(b"abc", b"a\xffc"))
+from tests.support.poison import YEAR_10000, nested, not_utf8
 
 
 def job_spec(n: int, payload: dict[str, Any]) -> JobSpec:
