@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import bson
 
-from brook.common.domain.models import Doc
+from brook.common.domain.models import Doc, as_count, as_date
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 COLLECTION = re.compile(r"^[^$\x00]{1,200}$")
@@ -287,16 +287,16 @@ class TriggerState:
                 for k in ("collection", "db", "operations", "match", "task", "full_document")
             },
             paused=bool(doc.get("paused", False)),
-            follower=doc.get("follower"),
-            lease_expires_at=doc.get("lease_expires_at"),
-            token=doc.get("token"),
-            handled_through=doc.get("handled_through"),
-            last_change_at=doc.get("last_change_at"),
-            jobs_made=int(doc.get("jobs_made", 0)),
-            skipped=int(doc.get("skipped") or 0),
+            follower=doc.get("follower") if isinstance(doc.get("follower"), str) else None,
+            lease_expires_at=as_date(doc.get("lease_expires_at")),
+            token=doc.get("token") if isinstance(doc.get("token"), Mapping) else None,
+            handled_through=as_date(doc.get("handled_through")),
+            last_change_at=as_date(doc.get("last_change_at")),
+            jobs_made=as_count(doc.get("jobs_made")),
+            skipped=as_count(doc.get("skipped")),
             last_skipped=doc.get("last_skipped"),
-            history_lost=int(doc.get("history_lost", 0)),
-            history_lost_at=doc.get("history_lost_at"),
+            history_lost=as_count(doc.get("history_lost")),
+            history_lost_at=as_date(doc.get("history_lost_at")),
             start_at=doc.get("start_at"),
         )
 

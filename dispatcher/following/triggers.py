@@ -252,6 +252,13 @@ class TriggerFollower:
                 log_event(
                     Event.MONGO_UNAVAILABLE, level="warning", op="trigger.acquire", error=error
                 )
+            except Exception as exc:  # its document, written by hand, cannot be read
+                log_event(
+                    Event.TRIGGER_ERROR,
+                    level="error",
+                    trigger=self.name,
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                )
             await asyncio.sleep(self.poll_s)
 
     async def _checkpoint(

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from bson import Timestamp
+from bson import DatetimeMS, Timestamp
 
 from brook.common.domain.errors import ConfigError
 from brook.common.domain.triggers import (
@@ -285,3 +285,22 @@ def test_the_api_shows_the_follower_only_while_its_lease_runs_and_the_lag_from_t
     expired = doc | {"lease_expires_at": datetime(2025, 1, 1, 0, 0, 9, tzinfo=UTC)}
     assert TriggerState.from_doc(expired).to_api(now)["follower"] is None
     assert TriggerState.from_doc({"_id": "new"}).to_api(now)["lag_s"] is None
+
+
+def test_a_state_document_edited_by_hand_reads_as_unknown_not_as_an_error() -> None:
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+    doc = {
+        "_id": "receipts",
+        "jobs_made": "many",
+        "skipped": None,
+        "history_lost": float("inf"),
+        "lease_expires_at": DatetimeMS(253402300800000),  # past year 9999
+        "handled_through": "yesterday",
+        "follower": 7,
+        "token": "not a token",
+    }
+    state = TriggerState.from_doc(doc)
+    assert (state.jobs_made, state.skipped, state.history_lost) == (0, 0, 0)
+    assert state.lease_expires_at is None and state.handled_through is None
+    assert state.follower is None and state.token is None
+    assert state.to_api(now)["lag_s"] is None
