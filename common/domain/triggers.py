@@ -248,14 +248,27 @@ def change_payload(trigger: Trigger, change: Mapping[str, Any]) -> dict[str, Any
 @dataclass(frozen=True, kw_only=True)
 class SkippedChange:
     """A change that could not become a job: its id (its resume token's `_data`), its
-    operation when it could be read, and why (one line)."""
+    operation and its document's `_id` (as text) when they could be read, and why (one
+    line)."""
 
     change_id: str
     operation: str | None
+    document_id: str | None
     reason: str
 
     def to_doc(self) -> Doc:
-        return {"change_id": self.change_id, "operation": self.operation, "reason": self.reason}
+        return {
+            "change_id": self.change_id,
+            "operation": self.operation,
+            "document_id": self.document_id,
+            "reason": self.reason,
+        }
+
+
+def document_id(change: Mapping[str, Any]) -> str | None:
+    """The changed document's `_id`, as text (for a log line), if the change names one."""
+    key = change.get("documentKey")
+    return str(key["_id"]) if isinstance(key, Mapping) and "_id" in key else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,7 +285,8 @@ class TriggerState:
     last_change_at: datetime | None  # the cluster time of the last change it made a job of
     jobs_made: int
     skipped: int  # changes that could not become a job, counted as the token moved past them
-    # The last of them: `change_id`, `operation`, `reason`, and `at` (the server's time).
+    # The last of them: `change_id`, `operation`, `document_id`, `reason`, and `at` (the
+    # server's time).
     last_skipped: Doc | None
     history_lost: int
     history_lost_at: datetime | None

@@ -35,7 +35,13 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from brook.common.domain.errors import TriggerNotFound
 from brook.common.domain.models import Doc
-from brook.common.domain.triggers import MAX_JOB_BYTES, SkippedChange, Trigger, TriggerState
+from brook.common.domain.triggers import (
+    MAX_JOB_BYTES,
+    SkippedChange,
+    Trigger,
+    TriggerState,
+    document_id,
+)
 from brook.common.store.db import CODEC
 from brook.common.store.fields import NOW, lit
 from brook.common.store.pipelines import OVERSIZE, trigger_pipeline
@@ -150,13 +156,20 @@ def read_change(raw: RawBSONDocument) -> Doc | SkippedChange:
     try:
         change = bson.decode(raw.raw, codec_options=CODEC)
     except Exception as exc:  # bson raises several types (InvalidBSON, ...) for bad data
-        reason = f"cannot be read: {type(exc).__name__}: {exc}"
-        return SkippedChange(change_id=change_id, operation=operation, reason=reason[:500])
+        reason = f"cannot be read: {type(exc).__name__}: {exc}"[:500]
+        try:  # the document's key alone may still be readable
+            key: Doc = {"documentKey": bson.decode(raw["documentKey"].raw, codec_options=CODEC)}
+        except Exception:  # then it is not named
+            key = {}
+        return SkippedChange(
+            change_id=change_id, operation=operation, document_id=document_id(key), reason=reason
+        )
     size = change.get(OVERSIZE)
     if size is not None:
         return SkippedChange(
             change_id=change_id,
             operation=operation,
+            document_id=document_id(change),
             reason=(
                 f"too large: its document and update description are {size} bytes as BSON;"
                 f" a trigger's job holds at most {MAX_JOB_BYTES}"

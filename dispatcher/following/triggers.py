@@ -51,6 +51,7 @@ from brook.common.domain.triggers import (
     TriggerState,
     change_key,
     change_payload,
+    document_id,
     token_time,
 )
 from brook.common.runtime import tracing
@@ -150,7 +151,10 @@ class TriggerJobs:
     @staticmethod
     def _skipped(change: Doc, reason: str) -> SkippedChange:
         return SkippedChange(
-            change_id=str(change["_id"]["_data"]), operation=_operation(change), reason=reason
+            change_id=str(change["_id"]["_data"]),
+            operation=_operation(change),
+            document_id=document_id(change),
+            reason=reason,
         )
 
     def spec(self, change: Doc) -> JobSpec:
@@ -434,6 +438,7 @@ class TriggerFollower:
                 trigger=self.name,
                 change_id=change.change_id,
                 operation=change.operation,
+                document_id=change.document_id,
                 reason=change.reason,
             )
         if skipped:

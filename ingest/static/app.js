@@ -339,7 +339,7 @@ async function renderTriggers() {
     el("td", { class: "num jobs-made" }, String(t.jobs_made)),
     el("td", {
       class: t.skipped ? "num skipped warn" : "num skipped",
-      title: t.last_skipped ? `last: change ${t.last_skipped.change_id} at ${t.last_skipped.at}: ${t.last_skipped.reason}` : "",
+      title: t.last_skipped ? `last: document ${t.last_skipped.document_id} (change ${t.last_skipped.change_id}) at ${t.last_skipped.at}: ${t.last_skipped.reason}` : "",
     }, String(t.skipped ?? 0)),
     el("td", {}, overview.features.triggerActions ? el("button", {
       type: "button",

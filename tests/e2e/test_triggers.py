@@ -401,13 +401,14 @@ async def test_poison_changes_are_skipped_once_and_stop_no_dispatcher_even_acros
         first = wait_until(lambda: (t := listed(http))["jobs_made"] == 12 and t, timeout=60)
         assert first["skipped"] == 4, first
         assert first["last_skipped"]["operation"] == "update", first["last_skipped"]
+        assert first["last_skipped"]["document_id"] == "a-grow"
         assert first["last_skipped"]["reason"].startswith("too large:"), first["last_skipped"]
         skips = process_of(owner, procs).events("trigger.change_skipped")
-        assert [(e["operation"], e["reason"].split(":")[0]) for e in skips] == [
-            ("insert", "cannot be read"),
-            ("insert", "refused by MongoDB"),
-            ("insert", "too large"),
-            ("update", "too large"),
+        assert [(e["document_id"], e["reason"].split(":")[0]) for e in skips] == [
+            ("a-utf8", "cannot be read"),
+            ("a-deep", "refused by MongoDB"),
+            ("a-big", "too large"),
+            ("a-grow", "too large"),
         ]
         assert all(e["trigger"] == NAME and e["change_id"] for e in skips)
         jobs = {j["payload"]["document_key"]["_id"]: j for j in await trigger_jobs(store)}

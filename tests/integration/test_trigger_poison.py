@@ -42,6 +42,7 @@ async def test_the_stream_reads_past_a_change_it_cannot_decode_and_dates_past_ye
     good_1, bad, date, good_2 = read
     assert isinstance(good_1, dict) and good_1["documentKey"] == {"_id": "good-1"}
     assert isinstance(bad, SkippedChange) and bad.operation == "insert"
+    assert bad.document_id == "bad-utf8"  # its key is readable, the document is not
     assert bad.reason.startswith("cannot be read: InvalidBSON") and bad.change_id
     assert isinstance(date, dict) and date["fullDocument"]["due"] == YEAR_10000
     assert date["fullDocument"]["ref"] == DBRef("users", 7)
@@ -75,4 +76,3 @@ async def test_a_batch_of_trigger_jobs_refuses_only_those_that_cannot_be_stored(
     assert sorted(d["idempotency_key"] for d in stored) == ["poison:0", "poison:3", "poison:4"]
     job = await store.get(date.job.id)
     assert job.payload == {"due": YEAR_10000}  # read back, not an InvalidBSON
-

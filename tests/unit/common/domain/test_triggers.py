@@ -237,7 +237,8 @@ def test_every_follower_write_is_fenced_by_its_owner() -> None:
     assert "token" not in renewal.update[0]["$set"]
     # Skipped changes are counted by the same write that moves the token past them.
     skips = [
-        SkippedChange(change_id=f"82{i}", operation="insert", reason=f"r{i}") for i in range(2)
+        SkippedChange(change_id=f"82{i}", operation="insert", document_id=str(i), reason=f"r{i}")
+        for i in range(2)
     ]
     past = checkpointed(
         "receipts",
@@ -254,6 +255,7 @@ def test_every_follower_write_is_fenced_by_its_owner() -> None:
     assert past["last_skipped"] == {
         "change_id": {"$literal": "821"},
         "operation": {"$literal": "insert"},
+        "document_id": {"$literal": "1"},
         "reason": {"$literal": "r1"},
         "at": "$$NOW",
     }
