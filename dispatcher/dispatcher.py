@@ -37,6 +37,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from brook.common.domain.schedules import Schedule
@@ -285,6 +286,20 @@ class Dispatcher:
     # -- events ----------------------------------------------------------------------------
 
     def _on_change(self, change: Mapping[str, Any]) -> None:
+        """A job's change, from the stream or an oplog hint: only a wake-up, so one this
+        cannot use (a job written by hand with odd fields) is logged and passed over, never
+        the stream's end: the sweep claims whatever it announced."""
+        try:
+            self._heard(change)
+        except Exception as exc:
+            log_event(
+                Event.STREAM_CHANGE_SKIPPED,
+                level="error",
+                job_id=str((change.get("documentKey") or {}).get("_id")),
+                error=f"{type(exc).__name__}: {exc}"[:300],
+            )
+
+    def _heard(self, change: Mapping[str, Any]) -> None:
         job_id = str(change["documentKey"]["_id"])
         fields = change.get("updateDescription", {}).get("updatedFields", {})
         if fields.get("cancel_requested") is True:
@@ -302,8 +317,9 @@ class Dispatcher:
         priority = (inserted or {}).get("priority")
         queue = (inserted or {}).get("queue")
         key = (inserted or {}).get("key")
+        run_at = fields.get("run_at") or (inserted or {}).get("run_at")
         self.claimer.due_at(
-            fields.get("run_at") or (inserted or {}).get("run_at"),
+            run_at if isinstance(run_at, datetime) else None,
             priority if isinstance(priority, int) else None,
             queue if isinstance(queue, str) else None,
             key if isinstance(key, str) else None,

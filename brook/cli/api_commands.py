@@ -272,11 +272,12 @@ def cmd_triggers(settings: Settings, args: argparse.Namespace) -> int:
     for t in triggers:
         lag = "-" if t["lag_s"] is None else f"{t['lag_s']:.1f}s"
         lost = f"  history_lost={t['history_lost']}" if t["history_lost"] else ""
+        skipped = f"  skipped={t['skipped']}" if t.get("skipped") else ""
         print(
             safe(
                 f"{t['name']:<20}  {t['collection']:<16}  {t['task']:<12}  "
                 f"{'paused' if t['paused'] else 'active':<6}  follower={t['follower'] or '-'}  "
-                f"lag={lag}  jobs={t['jobs_made']}{lost}"
+                f"lag={lag}  jobs={t['jobs_made']}{skipped}{lost}"
             )
         )
     return 0

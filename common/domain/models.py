@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -27,6 +28,19 @@ def whole_ms(value: datetime) -> datetime:
     """`value` cut to whole milliseconds, as a BSON date keeps it: a job built here reads back
     from MongoDB exactly as it was sent."""
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+# Reading the state documents the dispatchers share (`brook_triggers`, `brook_schedules`):
+# a field written by hand with another type (or a date past year 9999, read as a
+# `bson.DatetimeMS`) reads as unknown, never as an error that stops the loop reading it.
+
+
+def as_date(value: object) -> datetime | None:
+    return value if isinstance(value, datetime) else None
+
+
+def as_count(value: object) -> int:
+    return int(value) if isinstance(value, int | float) and math.isfinite(value) else 0
 
 
 @dataclass(frozen=True, kw_only=True)

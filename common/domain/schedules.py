@@ -17,7 +17,7 @@ from typing import Any, Literal
 import bson
 
 from brook.common.domain.cron import latest_tick, next_tick, parse_cron, zone
-from brook.common.domain.models import Doc, is_queue_name
+from brook.common.domain.models import Doc, as_date, is_queue_name
 
 CatchUp = Literal["latest", "none"]
 CATCH_UP: tuple[CatchUp, ...] = ("latest", "none")
@@ -143,10 +143,10 @@ class ScheduleState:
             tz=doc.get("tz", "UTC"),
             catch_up=doc.get("catch_up", "latest"),
             paused=bool(doc.get("paused", False)),
-            last_tick=doc.get("last_tick"),
+            last_tick=as_date(doc.get("last_tick")),
             last_job_id=doc.get("last_job_id"),
-            resumed_at=doc.get("resumed_at"),
-            declared_at=doc.get("declared_at"),
+            resumed_at=as_date(doc.get("resumed_at")),
+            declared_at=as_date(doc.get("declared_at")),
         )
 
     def next_run(self, now: datetime) -> datetime | None:

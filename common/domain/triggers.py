@@ -7,7 +7,13 @@ each matching change becomes one job of `task`, whose payload is the change
 (`change_payload`) and whose idempotency key names the trigger and the change's own id
 (`change_key`), so a change seen twice (a takeover replays from the saved token) makes
 one job. Its `TriggerState` is the `brook_triggers` document the dispatchers share
-(follower, lease, saved resume token, jobs made, paused, history lost).
+(follower, lease, saved resume token, jobs made, changes skipped, paused, history lost).
+
+A change that cannot become a job is skipped, and recorded (`SkippedChange`): one that
+cannot be read (a string that is not UTF-8, say), one whose job would be over
+`MAX_JOB_BYTES`, one MongoDB refuses to store as a job (nested too deeply, say), or one
+whose payload cannot be built at all. The trigger goes on past it: a poison change never
+stops it.
 """
 
 from __future__ import annotations
@@ -21,13 +27,18 @@ from typing import Any, Literal
 
 import bson
 
-from brook.common.domain.models import Doc, is_queue_name
+from brook.common.domain.models import Doc, as_count, as_date, is_queue_name
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 COLLECTION = re.compile(r"^[^$\x00]{1,200}$")
 OPERATIONS = ("insert", "update", "replace", "delete")
 FullDocument = Literal["updateLookup"] | None
 TRIGGER_KEY_PREFIX = "trigger:"
+# The largest job a trigger makes, as BSON: MongoDB holds at most 16 MiB in a document, and
+# the job must keep room for what Brook adds to it while it runs (its claims, its history,
+# an error). A change whose job would be larger is skipped. (A task's result that does not
+# fit beside its payload fails the job then, as for any job.)
+MAX_JOB_BYTES = 16 * 1024 * 1024 - 256 * 1024
 
 # The top-level fields of a change event a `match` may filter on.
 CHANGE_FIELDS = frozenset(
@@ -237,6 +248,32 @@ def change_payload(trigger: Trigger, change: Mapping[str, Any]) -> dict[str, Any
 
 
 @dataclass(frozen=True, kw_only=True)
+class SkippedChange:
+    """A change that could not become a job: its id (its resume token's `_data`), its
+    operation and its document's `_id` (as text) when they could be read, and why (one
+    line)."""
+
+    change_id: str
+    operation: str | None
+    document_id: str | None
+    reason: str
+
+    def to_doc(self) -> Doc:
+        return {
+            "change_id": self.change_id,
+            "operation": self.operation,
+            "document_id": self.document_id,
+            "reason": self.reason,
+        }
+
+
+def document_id(change: Mapping[str, Any]) -> str | None:
+    """The changed document's `_id`, as text (for a log line), if the change names one."""
+    key = change.get("documentKey")
+    return str(key["_id"]) if isinstance(key, Mapping) and "_id" in key else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class TriggerState:
     """A trigger's document in `brook_triggers`."""
 
@@ -249,6 +286,10 @@ class TriggerState:
     handled_through: datetime | None  # the cluster time its saved token stands at
     last_change_at: datetime | None  # the cluster time of the last change it made a job of
     jobs_made: int
+    skipped: int  # changes that could not become a job, counted as the token moved past them
+    # The last of them: `change_id`, `operation`, `document_id`, `reason`, and `at` (the
+    # server's time).
+    last_skipped: Doc | None
     history_lost: int
     history_lost_at: datetime | None
     start_at: Any  # the cluster time (a bson Timestamp) a trigger without a token starts at
@@ -262,14 +303,16 @@ class TriggerState:
                 for k in ("collection", "db", "operations", "match", "task", "full_document")
             },
             paused=bool(doc.get("paused", False)),
-            follower=doc.get("follower"),
-            lease_expires_at=doc.get("lease_expires_at"),
-            token=doc.get("token"),
-            handled_through=doc.get("handled_through"),
-            last_change_at=doc.get("last_change_at"),
-            jobs_made=int(doc.get("jobs_made", 0)),
-            history_lost=int(doc.get("history_lost", 0)),
-            history_lost_at=doc.get("history_lost_at"),
+            follower=doc.get("follower") if isinstance(doc.get("follower"), str) else None,
+            lease_expires_at=as_date(doc.get("lease_expires_at")),
+            token=doc.get("token") if isinstance(doc.get("token"), Mapping) else None,
+            handled_through=as_date(doc.get("handled_through")),
+            last_change_at=as_date(doc.get("last_change_at")),
+            jobs_made=as_count(doc.get("jobs_made")),
+            skipped=as_count(doc.get("skipped")),
+            last_skipped=doc.get("last_skipped"),
+            history_lost=as_count(doc.get("history_lost")),
+            history_lost_at=as_date(doc.get("history_lost_at")),
             start_at=doc.get("start_at"),
         )
 
@@ -295,6 +338,8 @@ class TriggerState:
             "handled_through": self.handled_through,
             "last_change_at": self.last_change_at,
             "jobs_made": self.jobs_made,
+            "skipped": self.skipped,
+            "last_skipped": self.last_skipped,
             "history_lost": self.history_lost,
             "history_lost_at": self.history_lost_at,
         }

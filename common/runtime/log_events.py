@@ -55,6 +55,7 @@ class Event(StrEnum):
     TRIGGER_INVALIDATED = "trigger.invalidated"  # its collection was dropped or renamed
     TRIGGER_LEASE_LOST = "trigger.lease_lost"  # another follower holds it now
     TRIGGER_RELEASED = "trigger.released"  # given up at shutdown: another takes over at once
+    TRIGGER_CHANGE_SKIPPED = "trigger.change_skipped"  # a change that cannot become a job
     TRIGGER_ERROR = "trigger.error"
     TRIGGER_PAUSED = "trigger.paused"
     TRIGGER_RESUMED = "trigger.resumed"
@@ -70,10 +71,12 @@ class Event(StrEnum):
     STREAM_HISTORY_LOST = "stream.history_lost"
     STREAM_INVALIDATED = "stream.invalidated"
     STREAM_ERROR = "stream.error"
+    STREAM_CHANGE_SKIPPED = "stream.change_skipped"  # a wake-up it could not use (sweep claims)
     HINTS_OPENED = "hints.opened"  # following the primary's oplog for new jobs
     HINTS_ERROR = "hints.error"  # lost it (a failover, say): reopened after a pause
     HINTS_UNAVAILABLE = "hints.unavailable"  # cannot read the oplog here: the stream alone
     SWEEP_DONE = "sweep.done"
+    SWEEP_SKIPPED = "sweep.skipped"  # a job it could not read: the sweep goes on
     BACKGROUND_CRASHED = "background.crashed"
     DISPATCHER_STARTED = "dispatcher.started"
     DISPATCHER_READY = "dispatcher.ready"

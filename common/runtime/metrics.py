@@ -76,6 +76,13 @@ TRIGGER_JOBS = Counter(
     "Jobs this dispatcher's trigger followers made from changes (new ones, not replays).",
     ["trigger"],
 )
+TRIGGER_SKIPPED = Counter(
+    "brook_trigger_skipped",
+    "Changes this dispatcher's trigger followers skipped, as they could not become a job "
+    "(unreadable, too large, refused by MongoDB); each counted by the follower that saved "
+    "the token past it.",
+    ["trigger"],
+)
 TRIGGER_HISTORY_LOST = Counter(
     "brook_trigger_history_lost",
     "Times a trigger's saved resume token was no longer in the oplog (it resumed from now).",

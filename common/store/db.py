@@ -15,7 +15,7 @@ from datetime import UTC
 from typing import Any
 
 import pymongo
-from bson.codec_options import CodecOptions
+from bson.codec_options import CodecOptions, DatetimeConversion
 from pymongo import AsyncMongoClient, IndexModel, MongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
@@ -30,9 +30,15 @@ from brook.common.runtime.settings import Settings
 REPLSET_NAME = "brook"
 MAJORITY = WriteConcern(w="majority")
 MAJORITY_READ = ReadConcern("majority")
+# A date BSON holds but `datetime` cannot (after year 9999, before year 1: an application's
+# document a trigger copies, say) is read as a `bson.DatetimeMS`, never as an error: the
+# default would fail the whole read (a change stream's batch, a claim) with `InvalidBSON`.
+DATETIMES = DatetimeConversion.DATETIME_AUTO
 # How Brook reads its documents whatever client it is given (an application's client may
 # decode datetimes as naive ones, or documents as another class).
-CODEC: CodecOptions[Doc] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
+CODEC: CodecOptions[Doc] = CodecOptions(
+    document_class=dict, tz_aware=True, tzinfo=UTC, datetime_conversion=DATETIMES
+)
 
 
 def embedded_ports(base_port: int) -> list[int]:
@@ -52,7 +58,8 @@ def resolve_uri(settings: Settings) -> str:
 def make_client(
     settings: Settings, *, appname: str = "brook", **extra: Any
 ) -> AsyncMongoClient[Doc]:
-    """Build this process's client: majority writes, majority reads, tz-aware UTC datetimes."""
+    """Build this process's client: majority writes, majority reads, tz-aware UTC datetimes
+    (and `DATETIMES`: a date out of `datetime`'s range is read, not an error)."""
     return AsyncMongoClient(resolve_uri(settings), **_client_options(settings, appname, extra))
 
 
@@ -72,6 +79,7 @@ def _client_options(settings: Settings, appname: str, extra: dict[str, Any]) -> 
         "retryReads": True,
         "tz_aware": True,
         "tzinfo": UTC,
+        "datetime_conversion": DATETIMES,
         "appname": f"{appname}:{os.getpid()}",
         "serverSelectionTimeoutMS": settings.server_selection_timeout_ms,
         "connectTimeoutMS": settings.mongo_connect_timeout_ms,
@@ -122,6 +130,11 @@ def is_history_lost(exc: BaseException) -> bool:
     return isinstance(exc, OperationFailure) and (
         exc.code in _HISTORY_LOST_CODES or exc.has_error_label("NonResumableChangeStreamError")
     )
+
+
+def is_transient_code(code: object) -> bool:
+    """A server error code that says "not now" (an election, a shutdown), not "never"."""
+    return code in _TRANSIENT_CODES
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from brook.common.domain.status import TERMINAL
+from brook.common.domain.triggers import MAX_JOB_BYTES
 
 # Change-stream events after which a stream is over: reopen fresh (and sweep).
 INVALIDATING = ("invalidate", "drop", "dropDatabase", "rename")
@@ -248,9 +249,26 @@ def oplog_insert_as_change(entry: Mapping[str, Any]) -> dict[str, Any]:
 # -- an application's collection, followed by a trigger --------------------------------------
 
 
+# Set on a change whose document and update description together are over
+# `MAX_JOB_BYTES` as BSON (their size), in place of both: its job would be too large anyway,
+# and the event itself could pass MongoDB's 16 MiB limit (an update's description beside the
+# whole document), which fails the stream's read (`BSONObjectTooLarge`) on every try, with
+# no way past it before `$changeStreamSplitLargeEvent` (MongoDB 7.0).
+OVERSIZE = "brook_oversize"
+_CHANGE_BYTES = {
+    "$add": [
+        {"$bsonSize": {"$ifNull": ["$fullDocument", {}]}},
+        {"$bsonSize": {"$ifNull": ["$updateDescription", {}]}},
+    ]
+}
+_FITS = {"$eq": [{"$type": f"${OVERSIZE}"}, "missing"]}
+
+
 def trigger_pipeline(operations: Collection[str], match: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The changes a trigger makes jobs of: its operations, filtered by its `match` on the
-    change event; and the events that end a stream (a drop or rename of the collection)."""
+    change event; and the events that end a stream (a drop or rename of the collection).
+    A change too large for a job comes without its document and update description, and
+    with its size in `OVERSIZE` (after the `match`, which sees the whole change)."""
     wanted: list[dict[str, Any]] = [{"operationType": {"$in": sorted(operations)}}]
     if match:
         wanted.append(dict(match))
@@ -262,5 +280,21 @@ def trigger_pipeline(operations: Collection[str], match: Mapping[str, Any]) -> l
                     {"$and": wanted},
                 ]
             }
-        }
+        },
+        {
+            "$set": {
+                OVERSIZE: {
+                    "$let": {
+                        "vars": {"size": _CHANGE_BYTES},
+                        "in": {"$cond": [{"$gt": ["$$size", MAX_JOB_BYTES]}, "$$size", "$$REMOVE"]},
+                    }
+                }
+            }
+        },
+        {
+            "$set": {
+                "fullDocument": {"$cond": [_FITS, "$fullDocument", "$$REMOVE"]},
+                "updateDescription": {"$cond": [_FITS, "$updateDescription", "$$REMOVE"]},
+            }
+        },
     ]

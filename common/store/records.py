@@ -19,6 +19,13 @@ class Submitted:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Refused:
+    """A job that was not stored, and why (one line): too large, or refused by MongoDB."""
+
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Lease:
     """What a dispatcher holds: the job and the attempt number that fences its writes.
     `has_dependents`: the job had dependents when it was claimed (its completion then

@@ -62,8 +62,18 @@ class Watchdog:
         await self.clock.sync()
         requeued = 0
         for lease in await self.store.expired():
-            if await self._requeue(lease):
-                requeued += 1
+            try:
+                if await self._requeue(lease):
+                    requeued += 1
+            except PyMongoError:
+                raise
+            except Exception as exc:  # a job written by hand, with fields Brook cannot read
+                log_event(
+                    Event.SWEEP_SKIPPED,
+                    level="error",
+                    **job_fields(lease),
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                )
         held = [lease.job_id for lease in self.holdings.running()]
         for job_id in await self.store.cancel_requested(self.owner, held):
             self.cancel(job_id)

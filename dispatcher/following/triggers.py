@@ -16,6 +16,13 @@ Exactly one job per change, whatever dies when:
   * every save is fenced by the follower's id: one that froze past its lease saves nothing
     when it wakes, and stops following (`trigger.lease_lost`).
 
+A poison change cannot stop it. A change that cannot become a job (it cannot be read, its
+job would be too large, MongoDB refuses the job, its payload cannot be built) is skipped:
+counted in `skipped` by the same save that moves the token past it (so once, whoever dies
+when), then logged (`trigger.change_skipped`, with its id and the reason). The changes
+around it make their jobs as ever. Any other failure is logged (`trigger.error`) and
+retried from the saved token after a pause: it never fails the dispatcher.
+
 Pausing keeps the lease and the token and reads nothing; resuming reads on from the token,
 so the changes made meanwhile make their jobs (as far as the oplog still holds them). A
 token the oplog no longer holds is said once (`trigger.history_lost`, the
@@ -28,29 +35,34 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from bson.raw_bson import RawBSONDocument
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
 from brook.common.domain.models import Doc, JobSpec
 from brook.common.domain.triggers import (
+    MAX_JOB_BYTES,
+    SkippedChange,
     Trigger,
     TriggerState,
     change_key,
     change_payload,
+    document_id,
     token_time,
 )
 from brook.common.runtime import tracing
 from brook.common.runtime.backoff import Backoff
 from brook.common.runtime.log_events import Event, job_fields, log_event
-from brook.common.runtime.metrics import TRIGGER_HISTORY_LOST, TRIGGER_JOBS
+from brook.common.runtime.metrics import TRIGGER_HISTORY_LOST, TRIGGER_JOBS, TRIGGER_SKIPPED
 from brook.common.store.db import is_history_lost
 from brook.common.store.failover_retry import persist
-from brook.common.store.jobs import JobStore, buffered
+from brook.common.store.jobs import JobStore, Refused, buffered
 from brook.common.store.pipelines import INVALIDATING
-from brook.common.store.triggers import TriggerStore
+from brook.common.store.triggers import TriggerStore, plain_token, read_change
 
 BATCH = 500  # changes per submit at most
 SAVE_EVERY_S = 1.0  # an idle stream's newer token is saved at most this often
@@ -61,6 +73,120 @@ MAX_POLL_S = 1.0  # a standby tries to take the lease at least this often
 class FollowerDisplaced(Exception):
     """Another follower holds the trigger now."""
 
+
+# What the stream gave: a change, decoded, or one to skip.
+Change = Doc | SkippedChange
+
+
+def _operation(change: Change) -> str | None:
+    if isinstance(change, SkippedChange):
+        return change.operation
+    op = change.get("operationType")
+    return op if isinstance(op, str) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Made:
+    """What a batch of changes came to: how many have their job, those skipped, and the
+    cluster time of the last change with a job."""
+
+    jobs: int
+    skipped: Sequence[SkippedChange]
+    last_change_at: datetime | None
+
+
+NOTHING_MADE = Made(jobs=0, skipped=(), last_change_at=None)
+
+
+class TriggerJobs:
+    """The jobs of a trigger's changes: one per change, in one write; a change that cannot
+    have one (unreadable, too large, refused by MongoDB, no payload) is skipped instead."""
+
+    def __init__(self, trigger: Trigger, jobs: JobStore) -> None:
+        self.trigger = trigger
+        self.jobs = jobs
+
+    async def submit(self, changes: Sequence[Change]) -> Made:
+        """Submit one job per change (one majority write): how many changes now have their
+        job, those that cannot have one, and the cluster time of the last with a job. Every
+        one counts, those whose job a follower that died before saving its token had made
+        already included: the counts move with the token, in the same write, so each
+        change is counted by the one save that moves the token past it."""
+        skipped: list[SkippedChange] = []
+        ready: list[tuple[Doc, JobSpec]] = []
+        for change in changes:
+            if isinstance(change, SkippedChange):
+                skipped.append(change)
+                continue
+            try:
+                ready.append((change, self.spec(change)))
+            except Exception as exc:  # the change is not what a job is made from
+                reason = f"no payload: {type(exc).__name__}: {exc}"[:500]
+                skipped.append(self._skipped(change, reason))
+        if not ready:
+            return Made(jobs=0, skipped=skipped, last_change_at=None)
+        specs = [spec for _, spec in ready]
+        results = await persist(
+            "trigger.submit", lambda: self.jobs.submit_or_refuse(specs, MAX_JOB_BYTES)
+        )
+        submitted = []
+        last: datetime | None = None
+        for (change, _), result in zip(ready, results, strict=True):
+            if isinstance(result, Refused):
+                skipped.append(self._skipped(change, result.reason))
+            else:
+                submitted.append(result)
+                last = change.get("wallTime")
+        new, name = 0, self.trigger.name
+        for s in submitted:
+            if s.created:
+                new += 1
+                log_event(Event.JOB_SUBMITTED, **job_fields(s.job), queue=s.job.queue, trigger=name)
+            else:  # a change replayed after a takeover: its job exists
+                log_event(Event.JOB_DEDUPLICATED, level="debug", **job_fields(s.job), trigger=name)
+        if new:
+            TRIGGER_JOBS.labels(trigger=name).inc(new)
+        return Made(jobs=len(submitted), skipped=skipped, last_change_at=last)
+
+    @staticmethod
+    def _skipped(change: Doc, reason: str) -> SkippedChange:
+        return SkippedChange(
+            change_id=str(change["_id"]["_data"]),
+            operation=_operation(change),
+            document_id=document_id(change),
+            reason=reason,
+        )
+
+    def spec(self, change: Doc) -> JobSpec:
+        t = self.trigger
+        trace = None
+        if tracing.active():
+            # A span for the change, the job's parent: its run continues this trace.
+            with tracing.span(
+                f"brook.trigger {t.name}",
+                kind="CONSUMER",
+                attributes={
+                    "brook.trigger": t.name,
+                    "brook.operation": change["operationType"],
+                    "brook.change_id": change["_id"]["_data"],
+                    "db.collection.name": t.collection,
+                    "brook.document_key": str((change.get("documentKey") or {}).get("_id")),
+                },
+            ):
+                trace = tracing.inject()
+        return JobSpec(
+            task=t.task,
+            payload=change_payload(t, change),
+            queue=t.queue,
+            max_attempts=t.max_attempts,
+            idempotency_key=change_key(t.name, change["_id"]),
+            trigger={
+                "name": t.name,
+                "operation": change["operationType"],
+                "change_id": change["_id"]["_data"],
+            },
+            trace=trace,
+        )
 
 
 class TriggerFollower:
@@ -75,7 +201,7 @@ class TriggerFollower:
         max_await_ms: int = 1000,
     ) -> None:
         self.trigger = trigger
-        self.jobs = jobs
+        self.made = TriggerJobs(trigger, jobs)
         self.store = store
         self.owner = owner
         self.lease_seconds = lease_seconds
@@ -130,6 +256,13 @@ class TriggerFollower:
                 log_event(
                     Event.MONGO_UNAVAILABLE, level="warning", op="trigger.acquire", error=error
                 )
+            except Exception as exc:  # its document, written by hand, cannot be read
+                log_event(
+                    Event.TRIGGER_ERROR,
+                    level="error",
+                    trigger=self.name,
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                )
             await asyncio.sleep(self.poll_s)
 
     async def _checkpoint(
@@ -137,9 +270,11 @@ class TriggerFollower:
         token: Mapping[str, Any] | None = None,
         made: int = 0,
         last_change_at: datetime | None = None,
+        skipped: Sequence[SkippedChange] = (),
     ) -> TriggerState:
-        """Renew the lease (and save `token`, whose changes all have their jobs); through a
-        failover. `FollowerDisplaced` if another follower holds it now."""
+        """Renew the lease (and save `token`, whose changes all have their jobs or are
+        `skipped`); through a failover. `FollowerDisplaced` if another follower holds it
+        now."""
         state = await persist(
             "trigger.checkpoint",
             lambda: self.store.checkpoint(
@@ -150,6 +285,7 @@ class TriggerFollower:
                 handled_through=token_time(token),
                 made=made,
                 last_change_at=last_change_at,
+                skipped=skipped,
             ),
         )
         if state is None:
@@ -186,6 +322,20 @@ class TriggerFollower:
             except PyMongoError as exc:
                 log_event(
                     Event.TRIGGER_ERROR, level="warning", trigger=self.name, error=str(exc)[:300]
+                )
+                await asyncio.sleep(backoff.next())
+                state = await self._checkpoint()
+            except FollowerDisplaced:
+                raise
+            except Exception as exc:  # a bug, or a failure no change can be blamed for
+                # Not the dispatcher's end, nor a reason to skip changes that may be good:
+                # said loudly, and tried again from the saved token.
+                log_event(
+                    Event.TRIGGER_ERROR,
+                    level="error",
+                    trigger=self.name,
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                    exc_info=True,
                 )
                 await asyncio.sleep(backoff.next())
                 state = await self._checkpoint()
@@ -229,105 +379,70 @@ class TriggerFollower:
                 resumed=self._token is not None,
             )
             if self._token is None:  # from a start time or from now: save where it stands
-                await self._checkpoint(stream.resume_token or None)
+                await self._checkpoint(plain_token(stream.resume_token) or None)
             while stream.alive:
                 changes = await self._collect(stream)
-                state = await self._handle(changes, stream.resume_token)
+                state = await self._handle(changes, plain_token(stream.resume_token))
                 backoff.reset()
                 if state is not None and state.paused:
                     return state
         return None
 
-    async def _collect(self, stream: AsyncChangeStream[Doc]) -> list[Doc]:
+    async def _collect(self, stream: AsyncChangeStream[RawBSONDocument]) -> list[Change]:
         """The changes the stream holds now (one getMore's worth, up to BATCH), or none
-        after waiting up to `max_await_ms`."""
-        changes: list[Doc] = []
+        after waiting up to `max_await_ms`; each decoded, or to skip."""
+        changes: list[Change] = []
         while len(changes) < BATCH:
-            change = await stream.try_next()
-            if change is None:
+            raw = await stream.try_next()
+            if raw is None:
                 break
+            change = read_change(raw)
             changes.append(change)
-            if change["operationType"] in INVALIDATING or buffered(stream) == 0:
+            if _operation(change) in INVALIDATING or buffered(stream) == 0:
                 break
         return changes
 
     async def _handle(
-        self, changes: Sequence[Doc], token: Mapping[str, Any] | None
+        self, changes: Sequence[Change], token: Mapping[str, Any] | None
     ) -> TriggerState | None:
         """Submit the jobs of `changes`, then save `token` (just past them); or, with none,
         save a newer token now and then and renew the lease. The state it wrote, if any."""
-        wanted = [c for c in changes if c["operationType"] in self.trigger.operations]
+        wanted = [c for c in changes if _operation(c) in self.trigger.operations]
         for change in changes:
-            if change["operationType"] in INVALIDATING:
+            if (op := _operation(change)) in INVALIDATING:
                 log_event(
                     Event.TRIGGER_INVALIDATED,
                     level="warning",
                     trigger=self.name,
-                    op=change["operationType"],
+                    op=op,
                     collection=self.trigger.collection,
                 )
-        made = await self._submit(wanted) if wanted else 0
+        made = await self.made.submit(wanted) if wanted else NOTHING_MADE
         now = time.monotonic()
         newer = token is not None and token != self._token
         if changes or (newer and now - self._saved_at >= SAVE_EVERY_S):
-            last = wanted[-1].get("wallTime") if wanted else None
-            return await self._checkpoint(token, made, last)
+            state = await self._checkpoint(token, made.jobs, made.last_change_at, made.skipped)
+            self._said_skipped(made.skipped)
+            return state
         if now - self._renewed >= self.renew_s:
             return await self._checkpoint()
         return None
 
-    async def _submit(self, changes: Sequence[Doc]) -> int:
-        """Submit one job per change (one majority write); how many changes now have their
-        job. Every one counts, those whose job a follower that died before saving its token
-        had made already included: the count moves with the token, in the same write, so
-        each change is counted by the one save that moves the token past it."""
-        specs = [self._spec(c) for c in changes]
-        submitted = await persist("trigger.submit", lambda: self.jobs.submit_many(specs))
-        new = 0
-        for s in submitted:
-            if s.created:
-                new += 1
-                log_event(
-                    Event.JOB_SUBMITTED, **job_fields(s.job), queue=s.job.queue, trigger=self.name
-                )
-            else:  # a change replayed after a takeover: its job exists
-                log_event(
-                    Event.JOB_DEDUPLICATED, level="debug", **job_fields(s.job), trigger=self.name
-                )
-        if new:
-            TRIGGER_JOBS.labels(trigger=self.name).inc(new)
-        return len(submitted)
-
-    def _spec(self, change: Doc) -> JobSpec:
-        t = self.trigger
-        trace = None
-        if tracing.active():
-            # A span for the change, the job's parent: its run continues this trace.
-            with tracing.span(
-                f"brook.trigger {t.name}",
-                kind="CONSUMER",
-                attributes={
-                    "brook.trigger": t.name,
-                    "brook.operation": change["operationType"],
-                    "brook.change_id": change["_id"]["_data"],
-                    "db.collection.name": t.collection,
-                    "brook.document_key": str((change.get("documentKey") or {}).get("_id")),
-                },
-            ):
-                trace = tracing.inject()
-        return JobSpec(
-            task=t.task,
-            payload=change_payload(t, change),
-            queue=t.queue,
-            max_attempts=t.max_attempts,
-            idempotency_key=change_key(t.name, change["_id"]),
-            trigger={
-                "name": t.name,
-                "operation": change["operationType"],
-                "change_id": change["_id"]["_data"],
-            },
-            trace=trace,
-        )
+    def _said_skipped(self, skipped: Sequence[SkippedChange]) -> None:
+        """Say what the save just counted (once: a follower that died before its save said
+        nothing of them, and the next one skips and says them again)."""
+        for change in skipped:
+            log_event(
+                Event.TRIGGER_CHANGE_SKIPPED,
+                level="error",
+                trigger=self.name,
+                change_id=change.change_id,
+                operation=change.operation,
+                document_id=change.document_id,
+                reason=change.reason,
+            )
+        if skipped:
+            TRIGGER_SKIPPED.labels(trigger=self.name).inc(len(skipped))
 
 
 class TriggerRunner:

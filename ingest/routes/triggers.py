@@ -1,7 +1,8 @@
 """Triggers: list them, pause and resume them (cluster-wide, held in MongoDB).
 
 The API reads the `brook_triggers` documents the dispatchers write when they start and as
-they follow: per trigger its follower, lag, jobs made, paused, and lost history.
+they follow: per trigger its follower, lag, jobs made, changes skipped, paused, and lost
+history.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ Name = Annotated[str, Path(max_length=100)]
 async def list_triggers(triggers: Triggers, state: State) -> JSONResponse:
     """Every trigger a dispatcher has declared: its follower (null while none holds its
     lease), `lag_s` (the server's time now minus the cluster time up to which every change
-    has its job), `jobs_made`, `paused`, and `history_lost` (how many times its token had
-    left the oplog) with `history_lost_at`."""
+    has its job), `jobs_made`, `skipped` (changes that could not become a job) with
+    `last_skipped` (`change_id`, `operation`, `document_id`, `reason`, `at`), `paused`, and
+    `history_lost` (how many times its token had left the oplog) with `history_lost_at`."""
     now = await state.store.clock.read()
     return json_response({"triggers": [t.to_api(now) for t in await triggers.list_all()]})
 

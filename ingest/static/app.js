@@ -327,7 +327,7 @@ async function renderTriggers() {
   $("#triggers-panel").hidden = false;
   const { triggers } = await getJson("/triggers");
   if (!triggers.length) {
-    $("#triggers tbody").replaceChildren(el("tr", {}, el("td", { colspan: 7, class: "empty" }, "No triggers declared.")));
+    $("#triggers tbody").replaceChildren(el("tr", {}, el("td", { colspan: 8, class: "empty" }, "No triggers declared.")));
     return;
   }
   $("#triggers tbody").replaceChildren(...triggers.map((t) => el("tr", { "data-trigger": t.name },
@@ -337,6 +337,10 @@ async function renderTriggers() {
     el("td", { class: "follower" }, t.follower || "—"),
     el("td", { class: "num lag" }, t.lag_s === null ? "—" : `${t.lag_s.toFixed(1)} s`),
     el("td", { class: "num jobs-made" }, String(t.jobs_made)),
+    el("td", {
+      class: t.skipped ? "num skipped warn" : "num skipped",
+      title: t.last_skipped ? `last: document ${t.last_skipped.document_id} (change ${t.last_skipped.change_id}) at ${t.last_skipped.at}: ${t.last_skipped.reason}` : "",
+    }, String(t.skipped ?? 0)),
     el("td", {}, overview.features.triggerActions ? el("button", {
       type: "button",
       onclick: async () => { await post(`/triggers/${encodeURIComponent(t.name)}/${t.paused ? "resume" : "pause"}`); renderTriggers(); },

@@ -25,6 +25,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from tests.conftest import ROOT
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_events import api, dispatcher
+from tests.support.poison import not_utf8
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -268,7 +269,7 @@ def test_the_job_page_shows_what_a_suspended_job_waits_for_and_its_steps(
     screenshot(browser, "job-steps.png")
 
 
-def test_the_dashboard_shows_each_trigger_its_follower_lag_and_jobs_made_and_pauses_it(
+def test_the_dashboard_shows_each_trigger_its_follower_lag_jobs_made_skipped_and_pauses_it(
     cluster: Cluster, browser: WebDriver, http: httpx.Client
 ) -> None:
     triggered = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.triggered"}
@@ -286,6 +287,11 @@ def test_the_dashboard_shows_each_trigger_its_follower_lag_and_jobs_made_and_pau
         assert text(browser, f"{row} .lag").endswith(" s")
         orders.insert_many([{"_id": n, "status": "paid"} for n in range(3, 5)])
         wait_for(browser, lambda d: text(d, f"{row} .jobs-made") == "5", timeout=30)  # refreshed
+        assert text(browser, f"{row} .skipped") == "0"
+        orders.insert_one(not_utf8("unreadable"))  # a change that cannot become a job
+        wait_for(browser, lambda d: text(d, f"{row} .skipped") == "1", timeout=30)
+        title = browser.find_element(By.CSS_SELECTOR, f"{row} .skipped").get_attribute("title")
+        assert title is not None and "cannot be read" in title, title
         screenshot(browser, "dashboard-triggers.png")
         browser.find_element(By.CSS_SELECTOR, f"{row} button").click()
         wait_for(browser, lambda d: "(paused)" in text(d, row))

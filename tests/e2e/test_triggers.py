@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from bson import DBRef
 from pymongo import MongoClient
 from pymongo.errors import BulkWriteError, PyMongoError
 
@@ -27,6 +28,7 @@ from brook.common.store.triggers import TriggerStore
 from brook.replset import ReplicaSet
 from tests.conftest import Mongo, brook_env, extra_port
 from tests.e2e.conftest import Cluster, free_port
+from tests.support.poison import YEAR_10000, nested, not_utf8
 from tests.support.procs import BrookProcess, brook_cli, wait_until
 
 TRIGGERED = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.triggered", "BROOK_CONCURRENCY": "1"}
@@ -342,3 +344,115 @@ async def test_a_trigger_whose_token_fell_off_the_oplog_says_so_once_and_goes_on
             await client.close()
     finally:
         rs.down()
+
+
+def poison(tag: str) -> list[Any]:
+    """Paid orders that cannot become a job: a string that is not UTF-8 (the driver cannot
+    read the change), a document whose job would be nested past MongoDB's 180 levels (it
+    refuses the job), one just under 16 MiB (its job would be over 16 MiB); and one not paid
+    yet, `grow` makes its change."""
+    return [
+        not_utf8(f"{tag}-utf8"),
+        {"_id": f"{tag}-deep", "status": "paid", "d": nested(179)},
+        {"_id": f"{tag}-big", "status": "paid", "blob": "x" * (16 * 1024 * 1024 - 1024)},
+        {"_id": f"{tag}-grow", "status": "new"},
+    ]
+
+
+def grow(orders: Any, tag: str) -> None:
+    """An update whose change event is over 16 MiB (9 MiB set, beside the 9 MiB document):
+    MongoDB 6.0 fails the stream's read of it (`BSONObjectTooLarge`) unless the trigger's
+    pipeline leaves the document and the update out."""
+    orders.update_one({"_id": f"{tag}-grow"}, {"$set": {"status": "paid", "blob": "y" * (9 << 20)}})
+
+
+def paid(ids: range) -> list[dict[str, Any]]:
+    return [{"_id": n, "n": n, "status": "paid"} for n in ids]
+
+
+def listed(http: httpx.Client) -> dict[str, Any]:
+    [t] = http.get("/triggers").json()["triggers"]
+    return t  # type: ignore[no-any-return]
+
+
+@pytest.mark.timeout(300)
+async def test_poison_changes_are_skipped_once_and_stop_no_dispatcher_even_across_a_kill(
+    cluster: Cluster, store: JobStore, settings: Settings, http: httpx.Client
+) -> None:
+    cluster.api()
+    procs = [cluster.dispatcher(**TRIGGERED) for _ in range(2)]
+    pids = [p.pid for p in procs]
+    raw: MongoClient[dict[str, Any]] = MongoClient(settings.mongo_uri)  # the driver's defaults
+    orders = raw[settings.db]["orders"]
+    try:
+        owner = wait_until(lambda: follower_of(raw, settings.db))
+        process_of(owner, procs).wait_for_event("trigger.opened", timeout=30)
+        # Between good orders: a date past year 9999 and a DBRef, which make jobs like any
+        # value BSON holds, and four changes that cannot.
+        for doc in [
+            *paid(range(5)),
+            {"_id": "date", "status": "paid", "due": YEAR_10000},
+            {"_id": "ref", "status": "paid", "ref": DBRef("users", 7)},
+            *poison("a"),
+        ]:
+            orders.insert_one(doc)
+        grow(orders, "a")
+        orders.insert_many(paid(range(5, 10)))
+        first = wait_until(lambda: (t := listed(http))["jobs_made"] == 12 and t, timeout=60)
+        assert first["skipped"] == 4, first
+        assert first["last_skipped"]["operation"] == "update", first["last_skipped"]
+        assert first["last_skipped"]["document_id"] == "a-grow"
+        assert first["last_skipped"]["reason"].startswith("too large:"), first["last_skipped"]
+        skips = process_of(owner, procs).events("trigger.change_skipped")
+        assert [(e["document_id"], e["reason"].split(":")[0]) for e in skips] == [
+            ("a-utf8", "cannot be read"),
+            ("a-deep", "refused by MongoDB"),
+            ("a-big", "too large"),
+            ("a-grow", "too large"),
+        ]
+        assert all(e["trigger"] == NAME and e["change_id"] for e in skips)
+        jobs = {j["payload"]["document_key"]["_id"]: j for j in await trigger_jobs(store)}
+        assert set(jobs) == {*range(10), "date", "ref"}
+        date_job = await wait_until_completed(store, jobs["date"]["_id"])
+        assert date_job["payload"]["full_document"]["due"] == YEAR_10000
+        shown = http.get(f"/jobs/{date_job['_id']}").json()
+        assert shown["payload"]["full_document"]["due"] == {
+            "$date": {"$numberLong": "253402300800000"}
+        }
+        assert (await wait_until_completed(store, jobs["ref"]["_id"]))["result"]["id"] == "ref"
+        # No dispatcher stopped: the same two processes, alive, and no crash logged.
+        assert [p.pid for p in procs] == pids
+        assert all(p.proc.poll() is None for p in procs)
+        assert not any(
+            p.events("dispatcher.crashed") or p.events("background.crashed") for p in procs
+        )
+
+        # The follower is killed while it has a backlog of good and bad changes: the next one
+        # goes on from the saved token. Every good change has one job, every bad one is
+        # counted once.
+        owner = follower_of(raw, settings.db)
+        assert owner is not None
+        orders.insert_many([*paid(range(100, 250)), *poison("b")])
+        grow(orders, "b")
+        orders.insert_many(paid(range(250, 400)))
+        process_of(owner, procs).kill()
+        survivor = next(p for p in procs if p.proc.poll() is None)
+        done = wait_until(
+            lambda: (
+                (t := listed(http))["jobs_made"] == 312
+                and t["follower"] is not None
+                and t["follower"].split(":")[-2] == str(survivor.pid)
+                and t
+            ),
+            timeout=90,
+        )
+        await asyncio.sleep(2)  # nothing more comes
+        assert listed(http)["skipped"] == done["skipped"] == 8, done
+        per_order = Counter(j["payload"]["document_key"]["_id"] for j in await trigger_jobs(store))
+        assert {n: c for n, c in per_order.items() if c > 1} == {}
+        assert set(per_order) == {*range(10), *range(100, 400), "date", "ref"}
+        logged = Counter(e["change_id"] for p in procs for e in p.events("trigger.change_skipped"))
+        assert {k: c for k, c in logged.items() if c > 1} == {}  # said once, if at all
+        assert survivor.proc.poll() is None and survivor.pid in pids
+    finally:
+        raw.close()

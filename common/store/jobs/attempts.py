@@ -75,15 +75,22 @@ class JobAttempts(JobsCollection):
     async def expired(self, limit: int = 100) -> list[ExpiredLease]:
         """Running jobs whose lease is over by the server's clock."""
         docs = await self.jobs.find(
-            {"status": R, "$expr": {"$lt": ["$lease_expires_at", NOW]}},
+            {
+                "status": R,
+                "$expr": {"$lt": ["$lease_expires_at", NOW]},
+                # A lease names its holder and attempt: a job written by hand without them
+                # is no lease to requeue (nor a reason to fail every sweep).
+                "owner": {"$type": "string"},
+                "attempts": {"$type": "number"},
+            },
             projection={"_id": 1, "attempts": 1, "owner": 1, "task": 1, "tx": 1},
             limit=limit,
         ).to_list()
         return [
             ExpiredLease(
                 job_id=str(d["_id"]),
-                attempt=d["attempts"],
-                task=d["task"],
+                attempt=int(d["attempts"]),
+                task=str(d.get("task")),
                 owner=d["owner"],
                 tx_session=session_of(d, d["attempts"]),
             )

@@ -68,12 +68,14 @@ class JobCandidates(JobsCollection):
             query["queue"] = {"$in": sorted(set(queues) - set(exclude))}
         elif exclude:
             query["queue"] = {"$nin": sorted(exclude)}
-        if after is not None:
-            query["run_at"] = {"$gt": after}
+        # Dates only: a job written by hand with another type there (a string sorts before
+        # every date) is no time to wake up at.
+        query["run_at"] = {"$gt": after} if after is not None else {"$type": "date"}
         doc = await self.jobs.find_one(
             query, projection={"run_at": 1}, sort=[("run_at", ASCENDING)]
         )
-        return doc["run_at"] if doc is not None else None
+        run_at = doc["run_at"] if doc is not None else None
+        return run_at if isinstance(run_at, datetime) else None  # not past year 9999 either
 
     async def pending_queues(self) -> set[str]:
         """The queues that hold pending jobs: one distinct scan of `claim_by_queue`, a seek

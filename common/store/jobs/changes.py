@@ -18,7 +18,7 @@ from brook.common.store.jobs.base import JOBS, JobsCollection
 from brook.common.store.pipelines import NEW_PENDING_FIELDS, job_status_pipeline, new_pending_oplog
 
 
-def buffered(stream: AsyncChangeStream[Doc]) -> int | None:
+def buffered(stream: AsyncChangeStream[Any]) -> int | None:
     """How many changes `stream` already holds from its last batch: the next `try_next`
     returns one of them without asking the server. PyMongo keeps them in its cursor; read
     defensively (None if that ever moves: unknown)."""

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 
+import bson
 from bson import ObjectId
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError
@@ -17,9 +18,10 @@ from brook.common.domain.errors import JobConflict
 from brook.common.domain.models import Doc, Job, JobSpec
 from brook.common.domain.workflows import external_parents, parent_ids
 from brook.common.store import queries
+from brook.common.store.db import is_transient_code
 from brook.common.store.fields import new_job
 from brook.common.store.jobs.workflows import JobWorkflows
-from brook.common.store.records import Submitted
+from brook.common.store.records import Refused, Submitted
 
 KEY_TRIES = 5  # a key freed and taken again by a peer, over and over: give up, say so
 # A debounced job claimed and started again by peers between each of our tries.
@@ -91,12 +93,51 @@ class JobSubmits(JobWorkflows):
         docs = [{"_id": str(ObjectId()), **new_job(spec, now)} for spec in specs]
         return await self._insert_submitted(specs, docs)
 
+    async def submit_or_refuse(
+        self, specs: Sequence[JobSpec], max_bytes: int
+    ) -> list[Submitted | Refused]:
+        """`submit_many` for plain specs (no parents, no debounce key) made from data Brook
+        did not check (a trigger's, from an application's documents), in one write: in spec
+        order, each one's `Submitted`, or `Refused` with the reason for a job over
+        `max_bytes` as BSON, one that cannot be encoded, or one MongoDB refuses for itself
+        (nested too deeply, say). The others go in all the same."""
+        now = await self.clock.read()
+        refused: dict[int, str] = {}
+        kept: list[int] = []
+        docs: list[Doc] = []
+        for i, spec in enumerate(specs):
+            doc = {"_id": str(ObjectId()), **new_job(spec, now)}
+            try:
+                size = len(bson.encode(doc, codec_options=self.jobs.codec_options))
+            except Exception as exc:  # bson raises several types for values it cannot encode
+                refused[i] = f"cannot be stored: {type(exc).__name__}: {exc}"[:500]
+                continue
+            if size > max_bytes:
+                refused[i] = f"too large: its job is {size} bytes as BSON; the limit is {max_bytes}"
+                continue
+            kept.append(i)
+            docs.append(doc)
+        server_refused: dict[int, str] = {}
+        done = iter(await self._insert_submitted([specs[i] for i in kept], docs, server_refused))
+        for j, reason in server_refused.items():
+            refused[kept[j]] = f"refused by MongoDB: {reason}"[:500]
+        return [
+            Refused(reason=refused[i]) if i in refused else next(done) for i in range(len(specs))
+        ]
+
     async def _insert_submitted(
-        self, specs: Sequence[JobSpec], docs: Sequence[Doc]
+        self,
+        specs: Sequence[JobSpec],
+        docs: Sequence[Doc],
+        refused: dict[int, str] | None = None,
     ) -> list[Submitted]:
-        duplicates = await self._insert_new(docs)
+        """Insert these jobs; each one's `Submitted`, in order. With `refused`, a job MongoDB
+        refuses is left out and put there (its index, the reason) instead of failing all."""
+        duplicates = await self._insert_new(docs, refused)
         out: list[Submitted] = []
         for i, spec in enumerate(specs):
+            if refused and i in refused:
+                continue
             if i not in duplicates:
                 out.append(Submitted(job=Job.from_doc(docs[i]), created=True))
                 continue
@@ -155,16 +196,30 @@ class JobSubmits(JobWorkflows):
             for s in out
         ]
 
-    async def _insert_new(self, docs: Sequence[Doc]) -> set[int]:
+    async def _insert_new(
+        self, docs: Sequence[Doc], refused: dict[int, str] | None = None
+    ) -> set[int]:
         """Insert these new jobs (one unordered `insert_many`); return the indexes refused
-        for an idempotency key that is already taken."""
+        for an idempotency key that is already taken. With `refused`, the documents MongoDB
+        refuses for themselves (the others went in) are put there with the reason, instead
+        of raising."""
+        if not docs:
+            return set()
         try:
             await self.jobs.insert_many(docs, ordered=False)
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
-            if any(err.get("code") != 11000 for err in errors):
+            own = [e for e in errors if e.get("code") != 11000]
+            if own and (
+                refused is None
+                or exc.details.get("writeConcernErrors")
+                or any(is_transient_code(e.get("code")) for e in own)
+            ):
                 raise
-            return {int(err["index"]) for err in errors}
+            for err in own:
+                assert refused is not None
+                refused[int(err["index"])] = f"{err.get('code')}: {err.get('errmsg', '')}"
+            return {int(err["index"]) for err in errors if err.get("code") == 11000}
         return set()
 
     async def _key_holder(self, spec: JobSpec) -> Job | None:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+from bson import DatetimeMS
 
 from brook.common.domain.schedules import Schedule, ScheduleState, tick_key
 
@@ -49,3 +50,9 @@ def test_a_paused_schedule_has_no_next_run() -> None:
     now = utc(2025, 1, 1)
     assert ScheduleState.from_doc(doc).to_api(now)["next_run"] == utc(2025, 1, 1, 0, 0, 1)
     assert ScheduleState.from_doc(doc | {"paused": True}).to_api(now)["next_run"] is None
+
+
+def test_a_schedule_document_with_a_date_past_year_9999_reads_it_as_unknown() -> None:
+    far = DatetimeMS(253402300800000)  # what a client reads for 10000-01-01
+    state = ScheduleState.from_doc({"_id": "nightly", "last_tick": far, "resumed_at": "x"})
+    assert state.last_tick is None and state.resumed_at is None

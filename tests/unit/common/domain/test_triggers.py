@@ -8,10 +8,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from bson import Timestamp
+from bson import DatetimeMS, Timestamp
 
 from brook.common.domain.errors import ConfigError
 from brook.common.domain.triggers import (
+    MAX_JOB_BYTES,
+    SkippedChange,
     Trigger,
     TriggerState,
     brook_collection,
@@ -19,7 +21,7 @@ from brook.common.domain.triggers import (
     change_payload,
     token_time,
 )
-from brook.common.store.pipelines import INVALIDATING, trigger_pipeline
+from brook.common.store.pipelines import INVALIDATING, OVERSIZE, trigger_pipeline
 from brook.common.store.triggers import acquired, checkpointed, history_lost, released
 from brook.executor import triggers as registry
 from brook.executor.triggers import declared_triggers, trigger
@@ -172,7 +174,7 @@ def test_the_task_receives_the_operation_the_document_key_and_the_full_document(
 
 
 def test_the_pipeline_keeps_the_operations_and_the_match_and_the_events_that_end_a_stream() -> None:
-    [stage] = trigger_pipeline(("update", "insert"), PAID)
+    stage, *_ = trigger_pipeline(("update", "insert"), PAID)
     assert stage == {
         "$match": {
             "$or": [
@@ -181,8 +183,20 @@ def test_the_pipeline_keeps_the_operations_and_the_match_and_the_events_that_end
             ]
         }
     }
-    [bare] = trigger_pipeline(("insert",), {})
+    bare, *_ = trigger_pipeline(("insert",), {})
     assert bare["$match"]["$or"][1] == {"$and": [{"operationType": {"$in": ["insert"]}}]}
+
+
+def test_a_change_too_large_for_a_job_loses_its_document_after_the_match_has_seen_it() -> None:
+    match, sized, stripped = trigger_pipeline(("insert",), PAID)
+    assert "$match" in match  # first: the match filters on the whole change
+    size = sized["$set"][OVERSIZE]["$let"]
+    assert size["in"]["$cond"][0] == {"$gt": ["$$size", MAX_JOB_BYTES]}
+    fits = {"$eq": [{"$type": f"${OVERSIZE}"}, "missing"]}
+    assert stripped["$set"] == {
+        "fullDocument": {"$cond": [fits, "$fullDocument", "$$REMOVE"]},
+        "updateDescription": {"$cond": [fits, "$updateDescription", "$$REMOVE"]},
+    }
 
 
 def test_a_lease_is_taken_when_free_expired_by_the_server_clock_or_already_ours() -> None:
@@ -216,10 +230,35 @@ def test_every_follower_write_is_fenced_by_its_owner() -> None:
     assert fields["token"] == {"$literal": token} and fields["handled_through"] == {"$literal": at}
     # The count moves in the same write as the token past the changes it counts.
     assert fields["jobs_made"] == {"$add": [{"$ifNull": ["$jobs_made", 0]}, 3]}
+    assert "skipped" not in fields and "last_skipped" not in fields
     renewal = checkpointed(
         "receipts", "d1:1:ab", 5, token=None, handled_through=None, made=0, last_change_at=None
     )
     assert "token" not in renewal.update[0]["$set"]
+    # Skipped changes are counted by the same write that moves the token past them.
+    skips = [
+        SkippedChange(change_id=f"82{i}", operation="insert", document_id=str(i), reason=f"r{i}")
+        for i in range(2)
+    ]
+    past = checkpointed(
+        "receipts",
+        "d1:1:ab",
+        5,
+        token=token,
+        handled_through=at,
+        made=1,
+        last_change_at=at,
+        skipped=skips,
+    ).update[0]["$set"]
+    assert past["token"] == {"$literal": token}
+    assert past["skipped"] == {"$add": [{"$ifNull": ["$skipped", 0]}, 2]}
+    assert past["last_skipped"] == {
+        "change_id": {"$literal": "821"},
+        "operation": {"$literal": "insert"},
+        "document_id": {"$literal": "1"},
+        "reason": {"$literal": "r1"},
+        "at": "$$NOW",
+    }
     for fenced in (history_lost("receipts", "d1:1:ab"), released("receipts", "d1:1:ab")):
         assert fenced.filter == {"_id": "receipts", "follower": "d1:1:ab"}
     lost = history_lost("receipts", "d1:1:ab").update[0]["$set"]
@@ -236,11 +275,34 @@ def test_the_api_shows_the_follower_only_while_its_lease_runs_and_the_lag_from_t
         "lease_expires_at": datetime(2025, 1, 1, 0, 0, 12, tzinfo=UTC),
         "handled_through": datetime(2025, 1, 1, 0, 0, 7, tzinfo=UTC),
         "jobs_made": 4,
+        "skipped": 1,
+        "last_skipped": {"change_id": "82AB", "operation": "insert", "reason": "too large"},
         "start_at": Timestamp(1, 1),
     }
     shown = TriggerState.from_doc(doc).to_api(now)
     assert shown["follower"] == "d1:1:ab" and shown["lag_s"] == 3.0 and shown["jobs_made"] == 4
+    assert shown["skipped"] == 1 and shown["last_skipped"]["change_id"] == "82AB"
+    assert TriggerState.from_doc({"_id": "new"}).to_api(now)["skipped"] == 0
     assert shown["match"] == {"fullDocument.status": "paid"} and shown["paused"] is False
     expired = doc | {"lease_expires_at": datetime(2025, 1, 1, 0, 0, 9, tzinfo=UTC)}
     assert TriggerState.from_doc(expired).to_api(now)["follower"] is None
     assert TriggerState.from_doc({"_id": "new"}).to_api(now)["lag_s"] is None
+
+
+def test_a_state_document_edited_by_hand_reads_as_unknown_not_as_an_error() -> None:
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+    doc = {
+        "_id": "receipts",
+        "jobs_made": "many",
+        "skipped": None,
+        "history_lost": float("inf"),
+        "lease_expires_at": DatetimeMS(253402300800000),  # past year 9999
+        "handled_through": "yesterday",
+        "follower": 7,
+        "token": "not a token",
+    }
+    state = TriggerState.from_doc(doc)
+    assert (state.jobs_made, state.skipped, state.history_lost) == (0, 0, 0)
+    assert state.lease_expires_at is None and state.handled_through is None
+    assert state.follower is None and state.token is None
+    assert state.to_api(now)["lag_s"] is None
