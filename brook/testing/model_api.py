@@ -349,10 +349,10 @@ class ModelAPI:
         try:
             assert child.stdout is not None
             line = child.stdout.readline()
-            match = re.search(r":(\d+)\s*$", line)
-            if not match:
+            port = line.strip().rpartition(":")[2]  # "... listening on http://host:port"
+            if not line.startswith("model API stand-in listening") or not port.isdigit():
                 raise RuntimeError(f"the model API stand-in did not start: {line!r}")
-            self.port = int(match.group(1))
+            self.port = int(port)
             yield self
         finally:
             child.send_signal(signal.SIGTERM)

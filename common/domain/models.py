@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import re
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
