@@ -43,6 +43,10 @@ def as_count(value: object) -> int:
     return int(value) if isinstance(value, int | float) and math.isfinite(value) else 0
 
 
+class UnreadableJob(ValueError):
+    """A stored job document whose fields Brook cannot read (it did not write them)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """What a client asks for; validated at the edge (`brook.common.domain.validation`) before the
@@ -148,6 +152,21 @@ class Job:
 
     @classmethod
     def from_doc(cls, doc: Doc) -> Job:
+        """The job a stored document holds; `UnreadableJob` for one whose fields Brook did
+        not write (a document put into `jobs` by hand: no task name, a due time that is no
+        date, a count that is no number)."""
+        try:
+            job = cls._from_doc(doc)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise UnreadableJob(f"job {doc.get('_id')!r}: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(job.task, str):
+            raise UnreadableJob(f"job {job.id!r}: its task is no name")
+        if not isinstance(job.run_at, datetime) or not isinstance(job.created_at, datetime):
+            raise UnreadableJob(f"job {job.id!r}: run_at or created_at is no date")
+        return job
+
+    @classmethod
+    def _from_doc(cls, doc: Doc) -> Job:
         return cls(
             id=str(doc["_id"]),
             task=doc["task"],

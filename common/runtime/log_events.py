@@ -76,6 +76,7 @@ class Event(StrEnum):
     HINTS_ERROR = "hints.error"  # lost it (a failover, say): reopened after a pause
     HINTS_UNAVAILABLE = "hints.unavailable"  # cannot read the oplog here: the stream alone
     SWEEP_DONE = "sweep.done"
+    CLAIM_UNREADABLE = "claim.unreadable"  # a claimed job Brook cannot read: failed for good
     SWEEP_SKIPPED = "sweep.skipped"  # a job it could not read: the sweep goes on
     BACKGROUND_CRASHED = "background.crashed"
     DISPATCHER_STARTED = "dispatcher.started"

@@ -78,3 +78,33 @@ async def test_jobs_written_by_hand_with_odd_fields_stop_neither_the_stream_nor_
     assert far is not None and far["status"] == "pending"  # never due
     requeued = await store.jobs.find_one({"_id": "no-created-at"})
     assert requeued is not None and requeued["status"] == "pending"  # the write went through
+
+
+async def test_a_claim_that_takes_a_job_it_cannot_read_fails_that_job_and_goes_on(
+    cluster: Cluster, store: JobStore
+) -> None:
+    # Pending jobs of a task the dispatcher runs, due, with fields Brook never writes: a due
+    # time that is text (it sorts before every date: due at once), a priority that is text,
+    # no creation time. Each is claimed (alone, or with the good ones around it) and, unread,
+    # would take the claim loop down with it, on every dispatcher in turn.
+    disp = cluster.dispatcher()
+    disp.wait_for_event("dispatcher.ready", timeout=30)
+    good = [await store.submit(JobSpec(task="noop", payload={"n": n})) for n in range(3)]
+    await store.jobs.insert_many(
+        [
+            by_hand("text-run-at", task="noop", run_at="soon"),
+            by_hand("text-priority", task="noop", priority="high"),
+            {k: v for k, v in by_hand("no-created", task="noop").items() if k != "created_at"},
+        ]
+    )
+    more = [await store.submit(JobSpec(task="noop", payload={"n": n})) for n in range(3, 6)]
+    for s in good + more:
+        assert (await completed(store, s.job.id))["status"] == "completed"
+    for job_id in ("text-run-at", "text-priority", "no-created"):
+        doc = await completed(store, job_id)
+        assert doc["status"] == "failed" and doc["error"]["type"] == "UnreadableJob", doc
+        assert doc["attempts"] == 1 and doc["owner"] is None
+    said = {e["job_id"] for e in disp.events("claim.unreadable")}
+    assert said == {"text-run-at", "text-priority", "no-created"}
+    assert disp.proc.poll() is None
+    assert not disp.events("dispatcher.crashed") and not disp.events("background.crashed")

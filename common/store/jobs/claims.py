@@ -18,16 +18,18 @@ from __future__ import annotations
 import secrets
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from brook.common.domain.models import Doc, Job
+from brook.common.domain.models import Doc, Job, UnreadableJob
+from brook.common.runtime.log_events import Event, log_event
 from brook.common.store import queries
 from brook.common.store.fields import R, as_claimed
 from brook.common.store.jobs.base import JobsCollection
 from brook.common.store.queries import CLAIM_SORT, claim_filter, claim_index
+from brook.common.store.records import Lease
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,7 +105,21 @@ def _held_slot(exc: DuplicateKeyError) -> str:
 
 def in_claim_order(docs: list[Doc]) -> list[Doc]:
     """Jobs in the order a claim takes them: best priority, then earliest due."""
-    return sorted(docs, key=lambda d: (-d["priority"], d["run_at"], d["_id"]))
+    return sorted(docs, key=_claim_order)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _claim_order(doc: Doc) -> tuple[int, datetime, str]:
+    # A field of another type (a job written by hand) sorts as the default: the job is
+    # then refused as unreadable (`JobClaims._readable`), not the whole claim.
+    priority, run_at = doc.get("priority"), doc.get("run_at")
+    return (
+        -priority if type(priority) is int else 0,
+        run_at if isinstance(run_at, datetime) else _EPOCH,
+        str(doc["_id"]),
+    )
 
 
 class JobClaims(JobsCollection):
@@ -151,7 +167,8 @@ class JobClaims(JobsCollection):
             hint=index,
             return_document=ReturnDocument.AFTER,
         )
-        return Job.from_doc(doc) if doc is not None else None
+        jobs = await self._readable([doc]) if doc is not None else []
+        return jobs[0] if jobs else None
 
     async def _claim_many(self, owner: str, lease_seconds: float, ask: BestDue) -> Claimed:
         """Lease up to `ask.n` of the best due pending jobs with one write; also say whether
@@ -182,11 +199,11 @@ class JobClaims(JobsCollection):
         if res.modified_count == len(ids):
             # Won them all (the usual case): every candidate was pending when the update
             # matched it, so its claim took attempt + 1; no read-back needed.
-            return Claimed([as_claimed(d, owner) for d in candidates], dry=dry)
+            return Claimed(await self._readable(candidates, owner), dry=dry)
         won = await self.jobs.find(
             {"_id": {"$in": ids}, "claim_tag": tag, "owner": owner, "status": R}
         ).to_list()
-        return Claimed([Job.from_doc(d) for d in in_claim_order(won)], dry=dry)
+        return Claimed(await self._readable(in_claim_order(won)), dry=dry)
 
     async def _claim_ids(
         self, write: queries.Write, ids: Sequence[str], owner: str, tag: str
@@ -205,7 +222,7 @@ class JobClaims(JobsCollection):
                 )
             except DuplicateKeyError as exc:
                 return Claimed(refused=_held_slot(exc))
-            return Claimed([Job.from_doc(doc)] if doc is not None else [])
+            return Claimed(await self._readable([doc]) if doc is not None else [])
         refused = None
         try:
             await self.jobs.update_many(write.filter, write.update)
@@ -214,7 +231,38 @@ class JobClaims(JobsCollection):
         won = await self.jobs.find(
             {"_id": {"$in": list(ids)}, "claim_tag": tag, "owner": owner, "status": R}
         ).to_list()
-        return Claimed([Job.from_doc(d) for d in in_claim_order(won)], refused=refused)
+        return Claimed(await self._readable(in_claim_order(won)), refused=refused)
+
+    async def _readable(self, docs: Sequence[Doc], as_read_by: str | None = None) -> list[Job]:
+        """The claimed jobs of `docs` (as read back; or, `as_read_by` an owner, as read before
+        that owner's claim). One whose fields Brook cannot read (written into `jobs` by hand)
+        is not handed on: its attempt fails for good, `UnreadableJob`, fenced by the claim."""
+        jobs: list[Job] = []
+        for doc in docs:
+            try:
+                jobs.append(as_claimed(doc, as_read_by) if as_read_by else Job.from_doc(doc))
+            except (UnreadableJob, KeyError, ValueError, TypeError) as exc:
+                await self._refuse_unreadable(doc, as_read_by, exc)
+        return jobs
+
+    async def _refuse_unreadable(self, doc: Doc, as_read_by: str | None, exc: Exception) -> None:
+        attempts = doc.get("attempts", 0)
+        owner = as_read_by or doc.get("owner")
+        if type(attempts) is not int or not isinstance(owner, str):
+            return  # not claimed as Brook claims (its count is no number): left alone
+        attempt = attempts + 1 if as_read_by else attempts
+        error = {"type": "UnreadableJob", "message": str(exc)[:1000]}
+        lease = Lease(job_id=str(doc["_id"]), attempt=attempt)
+        write = queries.attempt_failed(lease, owner, error, 0.0, self.retention_s, final=True)
+        await self.jobs.update_one(write.filter, write.update)
+        log_event(
+            Event.CLAIM_UNREADABLE,
+            level="error",
+            job_id=str(doc["_id"]),
+            attempt=attempt,
+            owner=owner,
+            error=error["message"][:300],
+        )
 
     async def take_key_slot(self, owner: str, job_id: str, attempt: int, slot: str) -> bool:
         """This owner's running attempt takes the key slot `slot` (False: another running job
