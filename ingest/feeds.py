@@ -23,6 +23,7 @@ from typing import Any
 from pymongo.errors import PyMongoError
 from sse_starlette import ServerSentEvent
 
+from brook.common.domain.errors import SearchTooBroad
 from brook.common.domain.models import Doc
 from brook.common.domain.status import JobStatus
 from brook.common.runtime.log_events import Event, log_event
@@ -216,11 +217,17 @@ class Feed:
             return [doc] if doc is not None else []
         if reset is None:  # a feed of many jobs has no "current state" but after a reset
             return []
-        return await self.store.changed_since(
-            datetime.fromtimestamp((reset.since_ms - RESET_SLACK_MS) / 1000, UTC),
-            queue=f.queue,
-            task=f.task,
-            status=JobStatus(f.status) if f.status else None,
-            limit=RESET_LIMIT,
-            projection=EVENT_PROJECTION,
-        )
+        try:
+            return await self.store.changed_since(
+                datetime.fromtimestamp((reset.since_ms - RESET_SLACK_MS) / 1000, UTC),
+                queue=f.queue,
+                task=f.task,
+                status=JobStatus(f.status) if f.status else None,
+                limit=RESET_LIMIT,
+                projection=EVENT_PROJECTION,
+            )
+        except SearchTooBroad as exc:  # the reset said so; live events follow
+            log_event(
+                Event.SEARCH_TOO_BROAD, level="warning", op="events.reset", error=str(exc)[:300]
+            )
+            return []

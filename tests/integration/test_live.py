@@ -7,12 +7,14 @@ import contextlib
 import json
 import math
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from pymongo import monitoring
 from sse_starlette import ServerSentEvent
 
+from brook.common.domain.errors import SearchTooBroad
 from brook.common.domain.models import JobSpec
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
@@ -438,3 +440,22 @@ async def test_a_client_arriving_while_the_hub_reopens_lean_gets_its_events(
         await sees_a_whole_job(hub, store)
     finally:
         await stopped(task)
+
+
+async def test_the_current_state_after_a_reset_is_read_within_the_query_bound(
+    store: JobStore,
+) -> None:
+    # The read after a reset has no index of its own (jobs by their last change): it runs
+    # with the listings' maxTimeMS, and a stopped one is SearchTooBroad, which the feed
+    # says and passes over (the reset event went out first). The server's
+    # maxTimeAlwaysTimeOut stops every operation that carries a maxTimeMS, and only those.
+    await store.submit(JobSpec(task="noop", payload={}))
+    since = datetime(2000, 1, 1, tzinfo=UTC)
+    assert len(await store.changed_since(since)) == 1
+    admin = store.db.client.admin
+    await admin.command("configureFailPoint", "maxTimeAlwaysTimeOut", mode="alwaysOn")
+    try:
+        with pytest.raises(SearchTooBroad, match="too broad"):
+            await store.changed_since(since)
+    finally:
+        await admin.command("configureFailPoint", "maxTimeAlwaysTimeOut", mode="off")

@@ -265,7 +265,8 @@ class JobReads(JobsCollection):
         projection: Doc | None = None,
     ) -> list[Doc]:
         """Jobs changed at or after `since`, oldest change first (a client's catch-up after its
-        history was lost; rare, and not indexed: it scans what the other filters leave)."""
+        history was lost; rare, and not indexed: it reads what the other filters leave, for
+        `query_max_ms` at most, then `SearchTooBroad`)."""
         query: dict[str, Any] = {"updated_at": {"$gte": since}}
         if job_id is not None:
             query["_id"] = job_id
@@ -275,5 +276,6 @@ class JobReads(JobsCollection):
             query["task"] = task
         if status is not None:
             query["status"] = status.value
-        cursor = self.jobs.find(query, projection)
-        return await cursor.sort("updated_at", ASCENDING).limit(limit).to_list()
+        cursor = self.jobs.find(query, projection).max_time_ms(self.query_max_ms)
+        with _bounded(self.query_max_ms, "watch one queue, task or status"):
+            return await cursor.sort("updated_at", ASCENDING).limit(limit).to_list()
