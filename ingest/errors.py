@@ -1,21 +1,38 @@
-"""How the API answers failures: `{"detail": ...}`, and `503` + `Retry-After`, never `500`,
-while MongoDB has no primary; a search stopped by its time bound is `422` with `code`
+"""How the API answers failures: `{"detail": ...}`; `503` + `Retry-After` only while MongoDB
+cannot serve (no primary, a network error, a step-down, a timeout); any other error of the
+database is a `500` naming a reference its error log line carries (a client retrying it
+would fail the same way); a search stopped by its time bound is `422` with `code`
 `search_too_broad`."""
 
 from __future__ import annotations
 
+import secrets
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pymongo.errors import PyMongoError
+from pymongo.errors import ExecutionTimeout, PyMongoError
 
 from brook.common.domain.errors import InvalidInput, SearchTooBroad
 from brook.common.runtime.log_events import Event, log_event
+from brook.common.store.db import is_transient
 
 RETRY_AFTER_S = "2"
 
 
-async def _mongo_down(_: Request, exc: Exception) -> JSONResponse:
+async def _mongo_error(_: Request, exc: Exception) -> JSONResponse:
+    if not (is_transient(exc) or isinstance(exc, ExecutionTimeout)):
+        ref = secrets.token_hex(6)
+        log_event(
+            Event.API_ERROR,
+            level="error",
+            ref=ref,
+            error_type=type(exc).__name__,
+            code=getattr(exc, "code", None),
+            error=str(exc)[:300],
+        )
+        detail = f"the database refused this request: {type(exc).__name__} (ref {ref})"
+        return JSONResponse({"detail": detail}, status_code=500)
     log_event(Event.MONGO_UNAVAILABLE, level="warning", op="api", error=str(exc)[:200])
     return JSONResponse(
         {"detail": "database unavailable (no primary); retry shortly"},
@@ -46,7 +63,7 @@ async def _too_broad(_: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(PyMongoError, _mongo_down)
+    app.add_exception_handler(PyMongoError, _mongo_error)
     app.add_exception_handler(SearchTooBroad, _too_broad)
     app.add_exception_handler(InvalidInput, _invalid_job)
     app.add_exception_handler(RequestValidationError, _invalid)

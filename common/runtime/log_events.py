@@ -85,6 +85,7 @@ class Event(StrEnum):
     DISPATCHER_STOPPED = "dispatcher.stopped"
     DISPATCHER_CRASHED = "dispatcher.crashed"
     API_STARTED = "api.started"
+    API_ERROR = "api.error"  # the database refused a request (not unavailable): 500, with ref
     SSE_CLIENT_DROPPED = "sse.client_dropped"  # fell too far behind; it resumes by Last-Event-ID
     SSE_RESET = "sse.reset"  # a client's Last-Event-ID is older than the oplog: told so
     SEARCH_TOO_BROAD = "search.too_broad"  # a listing stopped by BROOK_QUERY_MAX_MS: 422

@@ -457,3 +457,42 @@ def test_connections_beyond_the_cap_get_503_at_once(cluster: Cluster) -> None:
             assert stack.enter_context(client.stream("GET", f"{url}/events")).status_code == 200
         assert httpx.get(f"{url}/jobs", timeout=10).status_code == 503
     wait_until(lambda: httpx.get(f"{url}/jobs", timeout=10, verify=TLS).status_code == 200, timeout=20)
+
+
+# -- errors that tell the truth ------------------------------------------------------------------
+
+
+async def test_only_unavailability_is_a_503_another_database_error_is_a_500_with_a_ref(
+    cluster: Cluster, http: httpx.Client, store: JobStore
+) -> None:
+    api = cluster.api()
+    http.post("/jobs", json={"task": "noop"})
+    # A search no regular expression could take (a NUL byte) is a range now: no match.
+    assert http.get("/jobs", params={"error": "\x00"}).json() == {"jobs": [], "next": None}
+    client = store.db.client
+    app = f"brook-api:{api.pid}"
+    jobs = f"{store.db.name}.jobs"  # the listing's read, not another of the API's
+    try:
+        # The server refuses the read (BadValue: the same request would fail again).
+        await client.admin.command(
+            "configureFailPoint", "failCommand", mode={"times": 1},
+            data={"failCommands": ["find"], "appName": app, "errorCode": 2, "namespace": jobs},
+        )  # fmt: skip
+        refused = http.get("/jobs")
+        assert refused.status_code == 500, refused.text
+        assert "retry-after" not in refused.headers
+        ref = refused.json()["detail"].rpartition("(ref ")[2].rstrip(")")
+        [said] = [e for e in api.events("api.error") if e["ref"] == ref]
+        assert said["level"] == "error" and said["code"] == 2
+        assert not api.events("mongo.unavailable")
+        # The member is shutting down: unavailable, worth a retry.
+        await client.admin.command(
+            "configureFailPoint", "failCommand", mode={"times": 1},
+            data={"failCommands": ["find"], "appName": app, "errorCode": 91, "namespace": jobs},
+        )  # fmt: skip
+        down = http.get("/jobs")
+        assert down.status_code == 503 and down.headers["retry-after"], down.text
+        assert api.events("mongo.unavailable")
+    finally:
+        await fail_nothing(client)
+    assert http.get("/jobs").status_code == 200

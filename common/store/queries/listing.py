@@ -12,7 +12,6 @@ then stopped by its time bound: `SearchTooBroad`).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -127,10 +126,24 @@ def list_find(f: ListFilter, limit: int, include: frozenset[str] = frozenset()) 
     )
 
 
+def prefix_range(prefix: str) -> dict[str, str]:
+    """The strings that start with `prefix`, as a range of the server's (binary, UTF-8)
+    string order: from `prefix` to `prefix` with its last character one higher. A range,
+    not a regular expression: any text is a valid bound (a NUL byte is not valid in a
+    pattern, which the server refuses)."""
+    head = prefix.rstrip("\U0010ffff")
+    if not head:
+        return {"$gte": prefix}  # only the highest characters: everything after it
+    nxt = ord(head[-1]) + 1
+    if 0xD800 <= nxt <= 0xDFFF:  # surrogates are no characters of UTF-8
+        nxt = 0xE000
+    return {"$gte": prefix, "$lt": head[:-1] + chr(nxt)}
+
+
 def error_type_after(prefix: str, last: str | None) -> Find:
     """The first error type after `last` that starts with `prefix` (case-sensitive): one
     seek in `errors`, read from its keys alone."""
-    match: dict[str, Any] = {"$regex": f"^{re.escape(prefix)}", **HAS_ERROR}
+    match: dict[str, Any] = {**HAS_ERROR, **prefix_range(prefix)}
     if last is not None:
         match["$gt"] = last
     return Find(
