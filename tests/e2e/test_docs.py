@@ -22,6 +22,7 @@ import pytest
 import structlog
 
 from brook.common.runtime.settings import Settings
+from brook.testing.model_api import ModelAPI
 from tests.conftest import set_of
 from tests.e2e.conftest import Cluster
 from tests.support.docblocks import (
@@ -31,6 +32,7 @@ from tests.support.docblocks import (
     console_commands,
     doctest_of,
     output_matches,
+    saved_files,
 )
 
 DOCS_API = "localhost:8000"
@@ -55,12 +57,26 @@ def docs_cluster(
         home=tmp / "home",
     )
     cluster = Cluster(settings, tmp)
-    try:
-        cluster.api()
-        cluster.dispatcher()
-        yield cluster
-    finally:
-        cluster.close()
+    # The files the guides have the reader save, in the dispatcher's folder, and the model
+    # API stand-in they call (a reader starts it as the guide says; here on a port of its own).
+    app = tmp / "app"
+    app.mkdir()
+    files = saved_files()
+    for name, block in files.items():
+        (app / name).write_text(block.text)
+    env = cluster.env()
+    modules = [env["BROOK_TASKS"], *(name.removesuffix(".py") for name in sorted(files))]
+    with ModelAPI(tokens=20, seconds=0.5, tpm=200_000).running() as model:
+        try:
+            cluster.api()
+            cluster.dispatcher(
+                BROOK_TASKS=",".join(modules),
+                PYTHONPATH=os.pathsep.join([str(app), env["PYTHONPATH"]]),
+                MODEL_API_URL=model.url,
+            )
+            yield cluster
+        finally:
+            cluster.close()
 
 
 def run_console_block(block: Block, cluster: Cluster, cwd: Path) -> list[str]:

@@ -7,6 +7,11 @@ Three kinds of block claim an output, and a test runs each of them:
   with `\\` goes on to the next), each followed by what it prints (stdout and stderr);
 - in both, `...` in an output stands for any text (doctest's ELLIPSIS): ids, timestamps.
 
+A ```` ```python file=NAME.py ```` block is a file the reader saves (a task module a
+guide's dispatcher loads): the docs test writes each into the working folder of its
+dispatcher, which imports those modules (`BROOK_TASKS`), so the blocks that use them run
+against exactly the code the page shows.
+
 Every other block only illustrates: ```` ```python ```` blocks must still parse, and no
 other block may look like one that claims an output (a `$ ` prompt, a `>>>`).
 """
@@ -30,6 +35,8 @@ class Block:
     line: int  # of the opening fence, 1-based
     lang: str
     text: str
+    file: str | None = None  # `python file=NAME.py`: a file the reader saves
+
 
     @property
     def where(self) -> str:
@@ -49,18 +56,20 @@ def doc_files() -> list[Path]:
 
 def parse_blocks(path: Path) -> list[Block]:
     found: list[Block] = []
-    opened: tuple[int, str, str, str] | None = None  # line, indent, fence, lang
+    opened: tuple[int, str, str, str, str | None] | None = None  # line, indent, fence, lang, file
     body: list[str] = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         m = FENCE.match(line)
         if opened is None:
             if m:
-                lang = (m["info"].split() or [""])[0]
-                opened, body = (n, m["indent"], m["fence"], lang), []
+                lang, *options = m["info"].split() or [""]
+                files = [o.removeprefix("file=") for o in options if o.startswith("file=")]
+                opened, body = (n, m["indent"], m["fence"], lang, files[0] if files else None), []
             continue
-        start, indent, fence, lang = opened
+        start, indent, fence, lang, file = opened
         if m and m["fence"] == fence and not m["info"].strip():
-            found.append(Block(path=path, line=start, lang=lang, text="\n".join(body) + "\n"))
+            text = "\n".join(body) + "\n"
+            found.append(Block(path=path, line=start, lang=lang, text=text, file=file))
             opened = None
         else:
             body.append(line.removeprefix(indent))
@@ -72,6 +81,21 @@ def parse_blocks(path: Path) -> list[Block]:
 def all_blocks(*langs: str) -> list[Block]:
     blocks = [b for path in doc_files() for b in parse_blocks(path)]
     return [b for b in blocks if not langs or b.lang in langs]
+
+
+def saved_files() -> dict[str, Block]:
+    """The files the docs have the reader save (`python file=NAME.py`), by name: each name
+    once across the docs."""
+    files: dict[str, Block] = {}
+    for block in all_blocks("python"):
+        if block.file is None:
+            continue
+        if block.file in files:
+            raise ValueError(f"{block.where}: {block.file} is saved by {files[block.file].where}")
+        if not block.file.endswith(".py") or not block.file[:-3].isidentifier():
+            raise ValueError(f"{block.where}: file={block.file}: a module name, NAME.py")
+        files[block.file] = block
+    return files
 
 
 def console_commands(block: Block) -> list[Command]:
