@@ -48,6 +48,7 @@ class Event(StrEnum):
     SCHEDULE_MISSED = "schedule.missed"  # ticks passed while no dispatcher ran (catch_up)
     SCHEDULE_PAUSED = "schedule.paused"
     SCHEDULE_RESUMED = "schedule.resumed"
+    TRIGGER_IDLE = "trigger.idle"  # its follower saw the pause: reads nothing until resumed
     TRIGGER_DECLARED = "trigger.declared"
     TRIGGER_FOLLOWING = "trigger.following"  # this dispatcher took the trigger's lease
     TRIGGER_OPENED = "trigger.opened"  # its change stream, from its token or start time

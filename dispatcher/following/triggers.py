@@ -299,11 +299,16 @@ class TriggerFollower:
         self._token, self._start_at = state.token, state.start_at
         self._renewed = time.monotonic()
         backoff = Backoff(0.1, 5.0)
+        idle = False
         while True:
             if state.paused:
+                if not idle:  # said once a pause: it reads nothing until resumed
+                    log_event(Event.TRIGGER_IDLE, trigger=self.name, owner=self.owner)
+                    idle = True
                 await asyncio.sleep(self.renew_s)
                 state = await self._checkpoint()
                 continue
+            idle = False
             try:
                 state = await self._follow(backoff) or await self._checkpoint()
             except OperationFailure as exc:

@@ -206,9 +206,20 @@ async def test_a_trigger_makes_a_job_per_change_pauses_keeping_its_token_and_res
     # Paused: no job while the changes come; resumed: the jobs of every one of them.
     out = brook(settings, cluster.port, "triggers", "pause", NAME)
     assert out.returncode == 0 and '"paused": true' in out.stdout, out.stderr
-    await asyncio.sleep(3)  # the follower has seen it (it reads `paused` every 2 s at most)
+    first.wait_for_event("trigger.idle", timeout=10)  # the follower has seen it
+    triggers = store.db["brook_triggers"]
+    before = await triggers.find_one({"_id": NAME})
+    assert before is not None
     await orders.insert_many([{"_id": f"p{i}", "status": "paid", "n": i} for i in range(20)])
-    await asyncio.sleep(3)
+
+    async def renewed_since() -> bool:  # each renewal reads `paused` again
+        doc = await triggers.find_one({"_id": NAME})
+        return doc is not None and doc["lease_expires_at"] > before["lease_expires_at"]
+
+    deadline = time.monotonic() + 10
+    while not await renewed_since():
+        assert time.monotonic() < deadline, "the paused follower renewed no lease"
+        await asyncio.sleep(0.1)
     assert len(await trigger_jobs(store)) == 2
     listed = http.get("/triggers").json()["triggers"][0]
     assert listed["paused"] is True and listed["jobs_made"] == 2

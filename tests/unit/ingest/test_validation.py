@@ -3,6 +3,9 @@ the Python client."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 
 from brook.common.domain.errors import InvalidInput
@@ -89,6 +92,35 @@ def test_body_depth_is_linear_in_escapes_and_unterminated_strings() -> None:
     assert body_depth(b'["\\\\\\"[", [["x"]]]') == 3
     assert body_depth(b"[" * 70_000 + b"]" * 70_000) > 128  # counted across chunks
     assert body_depth(b"[]" * 70_000 + b"[[[]]]") == 3
+    # Linear, measured: this process's CPU time for 4x the input is under 6x (a quadratic
+    # path gives about 16x); a ratio within one run, so a busy machine moves both alike.
+    for shape in (b'["' + b'\\"' * 50_000, b'["' + b"x" * 100_000):
+
+        def depth_of(n: int, shape: bytes = shape) -> object:
+            return body_depth(shape * n)
+
+        assert cpu_ratio(depth_of, 1, 4) < 6, shape[:8]
+
+
+def cpu_ratio(run: Callable[[int], object], small: int, large: int) -> float:
+    """CPU time of `run(large)` over `run(small)`, each repeated until the small one took at
+    least 0.05 s, the median of three tries."""
+    repeat, started = 1, time.process_time()
+    while time.process_time() - started < 0.05:
+        repeat *= 2
+        started = time.process_time()
+        for _ in range(repeat):
+            run(small)
+    ratios = []
+    for _ in range(3):
+        costs = []
+        for size in (small, large):
+            started = time.process_time()
+            for _ in range(repeat):
+                run(size)
+            costs.append(time.process_time() - started)
+        ratios.append(costs[1] / costs[0])
+    return sorted(ratios)[1]
 
 
 def test_a_body_of_too_many_values_is_refused_before_parsing() -> None:
