@@ -422,6 +422,11 @@ class TriggerFollower:
                     op=op,
                     collection=self.trigger.collection,
                 )
+        if wanted and time.monotonic() - self._renewed >= self.renew_s:
+            # Stalled (frozen, paged out) since its last renewal: the lease may have passed
+            # to another follower. Renewed first (FollowerDisplaced if so): a zombie makes
+            # no job after waking.
+            await self._checkpoint()
         made = await self.made.submit(wanted) if wanted else NOTHING_MADE
         now = time.monotonic()
         newer = token is not None and token != self._token

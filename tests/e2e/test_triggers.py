@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -165,6 +167,57 @@ async def test_exactly_one_job_per_matching_change_through_two_follower_kills_an
         assert listed["lag_s"] is not None and listed["lag_s"] < 30
     finally:
         sync.close()
+
+
+async def test_a_frozen_follower_writes_nothing_once_it_wakes_past_its_lease(
+    cluster: Cluster, store: JobStore
+) -> None:
+    """docs/triggers.md: a follower that froze past its lease saves nothing when it wakes.
+    SIGSTOP the follower in the middle of a stream of changes, let the other take over and
+    make their jobs, SIGCONT it: it makes no job, saves no token and counts nothing more,
+    and every change has its one job."""
+    first = cluster.dispatcher(**TRIGGERED)
+    first.wait_for_event("trigger.opened", timeout=30)
+    second = cluster.dispatcher(**TRIGGERED)
+    await insert_orders(store, 0, 40)
+    first.signal(signal.SIGSTOP)  # with what it read of a stream still coming
+    woke_at = None
+    try:
+        await insert_orders(store, 40, 60)
+        taken = second.wait_for_event("trigger.following", timeout=30)
+        assert taken["owner"] != first.events("trigger.following")[0]["owner"]
+        await wait_jobs(store, 50)  # every paid order of the 100 so far
+        triggers = store.db["brook_triggers"]
+        await counted(triggers, 50)  # the new follower's save (the count moves with it)
+    finally:
+        first.signal(signal.SIGCONT)
+        woke_at = datetime.now(UTC)
+    first.wait_for_event("trigger.lease_lost", timeout=30)
+    await insert_orders(store, 100, 20)
+    jobs = await wait_jobs(store, 60)
+    state = await triggers.find_one({"_id": NAME})
+    assert state is not None and state["follower"] == taken["owner"]
+    per_order = Counter(j["payload"]["document_key"]["_id"] for j in jobs)
+    assert per_order == Counter(range(0, 120, 2))  # each paid order once, no other
+    await counted(triggers, 60)
+    # The woken one made no job: every job created after it woke is of an order written
+    # after it woke (made by the new follower), and none of them is one it logged as made.
+    # (A write it had sent before the freeze may be answered, and logged, after it woke.)
+    assert woke_at is not None
+    created_after = {j["_id"] for j in jobs if j["created_at"] > woke_at}
+    assert all(j["payload"]["document_key"]["_id"] >= 100 for j in jobs if j["_id"] in created_after)
+    by_it = {e["job_id"] for e in first.events("job.submitted") if e.get("trigger") == NAME}
+    assert not by_it & created_after
+    assert first.proc.poll() is None  # and goes on as a standby
+
+
+async def counted(triggers: Any, n: int, timeout: float = 15) -> None:
+    """Wait until the trigger's saved count is `n` (it never passes it: asserted)."""
+    deadline = time.monotonic() + timeout
+    while (state := await triggers.find_one({"_id": NAME})) is None or state["jobs_made"] != n:
+        assert state is None or state["jobs_made"] < n, state["jobs_made"]
+        assert time.monotonic() < deadline, None if state is None else state["jobs_made"]
+        await asyncio.sleep(0.1)
 
 
 async def test_a_trigger_makes_a_job_per_change_pauses_keeping_its_token_and_resumes(
