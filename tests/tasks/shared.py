@@ -1,0 +1,43 @@
+"""Tasks whose jobs share worker processes (`shared=`), for tests/e2e/test_shared.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from brook import TaskContext, task
+
+
+@task("shared_wait", shared=100)
+async def shared_wait(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """Waits `seconds` (on attempt 1; `later` seconds after), then records one effect row
+    (job and attempt) and returns its `n`."""
+    seconds = float(payload.get("seconds", 0.1) if ctx.attempt == 1 else payload.get("later", 0))
+    ctx.log.info("shared.waiting", seconds=seconds)
+    await asyncio.sleep(seconds)
+    await ctx.database()["effects"].insert_one({"job_id": ctx.job_id, "attempt": ctx.attempt})
+    return {"n": payload.get("n"), "job": ctx.job_id}
+
+
+@task("shared_steps", shared=10)
+async def shared_steps(payload: dict[str, Any], ctx: TaskContext) -> list[int]:
+    """Five steps, each inserting one effect row; on attempt 1, step `hold_in` waits before
+    its insert (a test kills the process meanwhile)."""
+    effects = ctx.database()["effects"]
+
+    async def effect(n: int) -> int:
+        if ctx.attempt == 1 and n == payload.get("hold_in"):
+            ctx.log.info("step.holding", step=n)
+            await asyncio.sleep(60)
+        await effects.insert_one({"job_id": ctx.job_id, "step": n, "attempt": ctx.attempt})
+        return n
+
+    return [await ctx.step(f"step-{n}", effect, n) for n in range(1, 6)]
+
+
+@task("shared_block", shared=10)
+async def shared_block(payload: dict[str, Any]) -> str:
+    """Blocks its process's event loop for `seconds` (what a shared task must not do)."""
+    time.sleep(float(payload.get("seconds", 1.0)))
+    return "blocked"
