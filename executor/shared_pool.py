@@ -280,11 +280,11 @@ class SharedPool:
         if isinstance(msg, LoopBlocked):
             LOOPS_BLOCKED.inc()
             return
-        seat = self._held(proc, getattr(msg, "job_id", None), getattr(msg, "attempt", None))
+        seat = _held(proc, getattr(msg, "job_id", None), getattr(msg, "attempt", None))
         if seat is None:
             return
         if isinstance(msg, JobDone):
-            self._settle(proc, seat, self._done(seat, msg))
+            self._settle(proc, seat, _done(seat, msg))
             self.on_free()
         elif seat.kill_reason is not None:
             return  # being stopped: its progress and steps no longer count
@@ -295,21 +295,8 @@ class SharedPool:
         elif isinstance(msg, TxOpened):
             seat.tx_session = msg.session_id
 
-    @staticmethod
-    def _held(proc: _Shared, job_id: object, attempt: object) -> _Seat | None:
-        seat = proc.seats.get(job_id) if isinstance(job_id, str) else None
-        return seat if seat is not None and seat.job.attempt == attempt else None
-
-    @staticmethod
-    def _done(seat: _Seat, msg: JobDone) -> Outcome:
-        """A stopped attempt ends with its stop's reason, unless its own transaction had
-        already committed its completion."""
-        if seat.kill_reason is None or msg.tx == "committed":
-            return _done_outcome(msg, seat.tx_session)
-        return _stopped(seat, None)
-
     def _answer(self, proc: _Shared, ack: StepAck) -> None:
-        seat = self._held(proc, ack.job_id, ack.attempt)
+        seat = _held(proc, ack.job_id, ack.attempt)
         if seat is not None and seat.kill_reason is None:
             with contextlib.suppress(OSError, ValueError):
                 proc.conn.send(ack)
@@ -399,6 +386,20 @@ class SharedPool:
 
     def _starting(self) -> int:
         return sum(1 for p in self._procs.values() if not p.ready)
+
+
+def _held(proc: _Shared, job_id: object, attempt: object) -> _Seat | None:
+    """The seat of this attempt in `proc`, if it still runs there."""
+    seat = proc.seats.get(job_id) if isinstance(job_id, str) else None
+    return seat if seat is not None and seat.job.attempt == attempt else None
+
+
+def _done(seat: _Seat, msg: JobDone) -> Outcome:
+    """How an attempt ended, as its worker reported it; a stopped one with its stop's
+    reason, unless its own transaction had already committed its completion."""
+    if seat.kill_reason is None or msg.tx == "committed":
+        return _done_outcome(msg, seat.tx_session)
+    return _stopped(seat, None)
 
 
 def _stopped(seat: _Seat, code: int | None) -> Outcome:

@@ -38,6 +38,16 @@ MAX_FINISHING = 256
 
 
 
+def merged(parts: list[list[bool | None]]) -> list[bool | None]:
+    """The claims of a target's parts as one (all tasks; or the tasks that take a process,
+    then the shared ones). A part that ran dry does not make the target dry while another
+    part found jobs: its room counts as lost to a race instead, so the target is looked at
+    again."""
+    if len(parts) > 1 and any(None not in got for got in parts):
+        parts = [[False if g is None else g for g in got] for got in parts]
+    return [g for got in parts for g in got]
+
+
 class Claimer:
     """Claims only jobs whose task this dispatcher runs, in the queues it serves: with
     `BROOK_QUEUES`, each queue up to its own workers; without, every queue within the
@@ -181,12 +191,11 @@ class Claimer:
             return
         # Only while claiming ahead at all, and at most one over: a batch in flight fills
         # at most the room there was when it was sent.
-        for tasks, room in self.room.parts(target, urgent=True):
-            if room > 0:
-                self._urgent.pop(target, None)
-                with scoped(tasks):
-                    await self._claim_for(target, 1, only)
-                return
+        parts = [tasks for tasks, room in self.room.parts(target, urgent=True) if room > 0]
+        if parts:
+            self._urgent.pop(target, None)
+            with scoped(parts[0]):
+                await self._claim_for(target, 1, only)
 
     def _due_timer_fired(self) -> None:
         self.limits.keys_stale()  # a job now due may be of a key its queue's turns dropped
@@ -294,18 +303,13 @@ class Claimer:
         return True
 
     async def _claim_parts(self, target: Target, hurry: bool, only: KeyOnly) -> list[bool | None]:
-        """Claim in `target` for each part of its room (`Room.parts`: all tasks; or the
-        tasks that take a process, then the shared ones), each within its own room (the
-        claims before this took some). A part that ran dry does not make the target dry
-        while another part found jobs: its room is counted as lost to a race instead."""
+        """Claim in `target` for each part of its room (`Room.parts`), within its room."""
         parts: list[list[bool | None]] = []
         for tasks, room in self.room.parts(target, hurry):
             if room > 0:
                 with scoped(tasks):
                     parts.append(await self._claim_for(target, 1 if hurry else room, only))
-        if len(parts) > 1 and any(None not in got for got in parts):
-            parts = [[False if g is None else g for g in got] for got in parts]
-        return [g for got in parts for g in got]
+        return merged(parts)
 
     async def _claim_for(
         self, target: Target, room: int, only: KeyOnly = None

@@ -165,3 +165,46 @@ async def test_sigterm_with_200_shared_jobs_in_flight_hands_every_one_back(
     released = [h for j in jobs for h in j.history if h.get("reason") == "released"]
     assert len(released) == 200 and all(h.get("shared") is True for h in released)
     assert len(disp.events("job.released")) == 200
+
+
+async def test_a_shared_job_that_does_not_yield_to_its_stop_has_its_process_killed(
+    cluster: Cluster, store: JobStore
+) -> None:
+    disp = cluster.dispatcher(**SHARED, BROOK_SHARED_STOP_GRACE_SECONDS="0.5")
+    neighbours = await submit(store, "shared_wait", 5, payload={"seconds": 60, "later": 0.05})
+    wait_started(disp, neighbours)
+    [stuck] = await submit(
+        store, "shared_block", payload={"seconds": 5}, timeout_s=0.3, max_attempts=1
+    )
+    await wait_all_terminal(store, 6, timeout=30)
+    job = await store.get(stuck)
+    assert job.status == "failed" and job.error is not None and job.error["type"] == "Timeout"
+    [killed] = disp.events("worker.killed")
+    assert killed["reason"] == "timeout" and killed["job_id"] == stuck
+    assert sorted(killed["job_ids"]) == sorted([*neighbours, stuck])
+    for job_id in neighbours:  # each neighbour: a crash, retried, not charged, done once
+        n = await store.get(job_id)
+        assert n.status == "completed" and n.attempts == 2 and n.max_attempts == 4
+        assert n.error is None
+    assert sorted(await effects_by_job(store)) == sorted(neighbours)
+    await assert_clean(store, [*neighbours, stuck], disp)
+
+
+async def test_a_job_that_killed_its_shared_process_twice_runs_next_in_a_process_of_its_own(
+    cluster: Cluster, store: JobStore
+) -> None:
+    disp = cluster.dispatcher(**SHARED)
+    [job_id] = await submit(store, "shared_crash", payload={"times": 2})
+    await wait_all_terminal(store, 1, timeout=30)
+    job = await store.get(job_id)
+    assert job.status == "completed" and job.result == 3
+    ends = [h for h in job.history if h.get("attempt") and h["status"] != "running"]
+    assert [(h["attempt"], h.get("error"), h.get("shared")) for h in ends] == [
+        (1, "WorkerCrashed", True),
+        (2, "WorkerCrashed", True),
+        (3, None, None),  # alone: not shared
+    ]
+    assert job.max_attempts == 5  # the two shared deaths were not charged
+    workers = [e["worker"] for e in disp.events("task.started") if e.get("job_id") == job_id]
+    assert workers[:2] != [] and workers[2].startswith("w") and workers[0].startswith("s")
+    await assert_clean(store, [job_id], disp)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -41,3 +42,11 @@ async def shared_block(payload: dict[str, Any]) -> str:
     """Blocks its process's event loop for `seconds` (what a shared task must not do)."""
     time.sleep(float(payload.get("seconds", 1.0)))
     return "blocked"
+
+
+@task("shared_crash", shared=10)
+async def shared_crash(payload: dict[str, Any], ctx: TaskContext) -> int:
+    """Kills its own process on its first `times` attempts (and every neighbour with it)."""
+    if ctx.attempt <= int(payload.get("times", 2)):
+        os._exit(70)
+    return ctx.attempt
