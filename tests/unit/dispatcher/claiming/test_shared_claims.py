@@ -45,7 +45,7 @@ class ScopedStore(FakeStore):
     async def claim(self, owner: str, lease: float, ask: ClaimAsk = ONE) -> Claimed:
         assert isinstance(ask, BestDue) and ask.tasks is not None
         self.asks.append((frozenset(ask.tasks), ask.n))
-        got = []
+        got: list[Job] = []
         for task in sorted(ask.tasks):
             while self.left.get(task, 0) > 0 and len(got) < ask.n:
                 self.left[task] -= 1
@@ -55,7 +55,7 @@ class ScopedStore(FakeStore):
 
 def claimer_for(store: ScopedStore, holdings: Holdings, seats: int) -> Claimer:
     wiring = dataclasses.replace(
-        wired(Settings(concurrency=2), store, holdings),  # type: ignore[arg-type]
+        wired(Settings(concurrency=2), store, holdings),
         tasks=frozenset({"noop", "llm"}),
     )
 
