@@ -208,3 +208,41 @@ async def test_a_job_that_killed_its_shared_process_twice_runs_next_in_a_process
     workers = [e["worker"] for e in disp.events("task.started") if e.get("job_id") == job_id]
     assert workers[:2] != [] and workers[2].startswith("w") and workers[0].startswith("s")
     await assert_clean(store, [job_id], disp)
+
+
+async def test_a_shared_process_is_replaced_after_its_recycle_count_once_drained(
+    cluster: Cluster, store: JobStore
+) -> None:
+    port = free_port()
+    disp = cluster.dispatcher(**SHARED, BROOK_SHARED_RECYCLE="5", BROOK_METRICS_PORT=str(port))
+    ids = await submit(store, "shared_wait", 12, payload={"seconds": 0.05})
+    await wait_all_terminal(store, 12, timeout=30)
+    assert [(await store.get(i)).status for i in ids] == ["completed"] * 12
+    recycled = disp.events("worker.recycled")
+    assert len(recycled) >= 2 and all(r["jobs"] == 5 for r in recycled)
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    gauges = [x for x in text.splitlines() if x.startswith("brook_shared_jobs_in_flight{")]
+    assert gauges and all(float(g.split()[-1]) == 0 for g in gauges)  # drained: none in flight
+    await assert_clean(store, ids, disp)
+
+
+async def test_shared_jobs_each_commit_their_own_transaction_with_progress_and_a_child(
+    cluster: Cluster, store: JobStore
+) -> None:
+    disp = cluster.dispatcher(**SHARED)
+    # A transaction open while the heartbeat renews its job's lease aborts (WriteConflict)
+    # and its job is retried: room for that, as with jobs of their own processes.
+    ids = await submit(store, "shared_order", 10, max_attempts=5)
+    await wait_all_terminal(store, 20, timeout=60)  # and their 10 follow-ups
+    for job_id in ids:
+        job = await store.get(job_id)
+        assert job.status == "completed" and job.result == {"job": job_id}, job.history
+        [done] = [h for h in job.history if h["status"] == "completed"]
+        assert done.get("transaction") is True and done.get("shared") is True
+        assert job.progress is not None and job.progress["fraction"] == 0.5
+        assert await store.db["orders"].count_documents({"job_id": job_id}) == 1
+        [child] = await store.jobs.find({"payload.after": job_id}).to_list()
+        assert child["status"] == "completed"
+    assert not disp.events("progress.discarded")
+    children = [str(d["_id"]) for d in await store.jobs.find({"task": "noop"}).to_list()]
+    await assert_clean(store, [*ids, *children], disp)

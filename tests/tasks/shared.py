@@ -50,3 +50,15 @@ async def shared_crash(payload: dict[str, Any], ctx: TaskContext) -> int:
     if ctx.attempt <= int(payload.get("times", 2)):
         os._exit(70)
     return ctx.attempt
+
+
+@task("shared_order", shared=50)
+async def shared_order(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """In the attempt's own transaction, beside its neighbours' own: its row in `orders` and
+    a follow-up job, with progress reported while the transaction is open."""
+    async with ctx.transaction() as session:
+        await ctx.database()["orders"].insert_one({"job_id": ctx.job_id}, session=session)
+        await asyncio.sleep(0.05)  # the neighbours' transactions are open meanwhile
+        await ctx.submit("noop", {"after": ctx.job_id}, session=session)
+        ctx.progress(0.5, "row written")
+    return {"job": ctx.job_id}
