@@ -3,12 +3,16 @@ own for timeouts, cancels, crashes, steps and limits. Real dispatchers, real pro
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import time
 from typing import Any
 
 import httpx
 
+from brook import AsyncClient
+from brook.common.runtime.settings import Settings
 from brook.common.store.jobs import JobStore
 from brook.common.store.queues import QueueStore
 from tests.e2e.conftest import Cluster, free_port
@@ -246,3 +250,29 @@ async def test_shared_jobs_each_commit_their_own_transaction_with_progress_and_a
     assert not disp.events("progress.discarded")
     children = [str(d["_id"]) for d in await store.jobs.find({"task": "noop"}).to_list()]
     await assert_clean(store, [*ids, *children], disp)
+
+
+async def test_shared_jobs_sleep_and_wait_for_signals_without_holding_a_seat(
+    cluster: Cluster, store: JobStore, settings: Settings
+) -> None:
+    disp = cluster.dispatcher(**SHARED)
+    ids = [(await submit(store, "shared_sleeper", payload={"key": f"k{n}"}))[0] for n in range(5)]
+
+    async def all_waiting() -> bool:
+        jobs = [await store.get(i) for i in ids]
+        return all((j.waiting_for or {}).get("kind") == "signal" for j in jobs)
+
+    deadline = time.monotonic() + 30
+    while not await all_waiting():
+        assert time.monotonic() < deadline, "not every job waits for its signal"
+        await asyncio.sleep(0.1)
+    async with AsyncClient(settings.mongo_uri, settings.db) as client:
+        for n in range(5):
+            assert await client.signal(f"k{n}", {"n": n}) == 1
+    await wait_all_terminal(store, 5, timeout=30)
+    for n, job_id in enumerate(ids):
+        job = await store.get(job_id)
+        assert job.status == "completed" and job.result == {"signal": {"n": n}}
+        reasons = [(h.get("reason"), h.get("shared")) for h in job.history if h.get("reason")]
+        assert reasons == [("sleep", True), ("signal", True)]
+    await assert_clean(store, ids, disp)

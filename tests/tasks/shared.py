@@ -62,3 +62,10 @@ async def shared_order(payload: dict[str, Any], ctx: TaskContext) -> dict[str, A
         await ctx.submit("noop", {"after": ctx.job_id}, session=session)
         ctx.progress(0.5, "row written")
     return {"job": ctx.job_id}
+
+
+@task("shared_sleeper", shared=20)
+async def shared_sleeper(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """Sleeps durably, then waits for the signal on its `key`: neither holds a seat."""
+    await ctx.sleep(float(payload.get("sleep", 1.5)))  # over 1 s: the run ends to sleep
+    return {"signal": await ctx.wait_for_signal(payload["key"])}
