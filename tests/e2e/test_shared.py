@@ -234,13 +234,14 @@ async def test_shared_jobs_each_commit_their_own_transaction_with_progress_and_a
     cluster: Cluster, store: JobStore
 ) -> None:
     disp = cluster.dispatcher(**SHARED)
-    # A transaction open while the heartbeat renews its job's lease aborts (WriteConflict)
-    # and its job is retried: room for that, as with jobs of their own processes.
-    ids = await submit(store, "shared_order", 10, max_attempts=5)
-    await wait_all_terminal(store, 20, timeout=60)  # and their 10 follow-ups
+    # Created first: transactions that each create it on their first insert conflict.
+    await store.db.create_collection("orders")
+    ids = await submit(store, "shared_order", 20)
+    await wait_all_terminal(store, 40, timeout=60)  # and their 20 follow-ups
     for job_id in ids:
         job = await store.get(job_id)
         assert job.status == "completed" and job.result == {"job": job_id}, job.history
+        assert job.attempts == 1  # each transaction, open beside 19 others, committed
         [done] = [h for h in job.history if h["status"] == "completed"]
         assert done.get("transaction") is True and done.get("shared") is True
         assert job.progress is not None and job.progress["fraction"] == 0.5

@@ -58,7 +58,7 @@ async def shared_order(payload: dict[str, Any], ctx: TaskContext) -> dict[str, A
     a follow-up job, with progress reported while the transaction is open."""
     async with ctx.transaction() as session:
         await ctx.database()["orders"].insert_one({"job_id": ctx.job_id}, session=session)
-        await asyncio.sleep(0.05)  # the neighbours' transactions are open meanwhile
+        await asyncio.sleep(0.2)  # the neighbours' transactions are open meanwhile
         await ctx.submit("noop", {"after": ctx.job_id}, session=session)
         ctx.progress(0.5, "row written")
     return {"job": ctx.job_id}
