@@ -72,7 +72,7 @@ class _Shared:
         self.ready = False
         self.seats: dict[str, _Seat] = {}
         self.reserved: Counter[str] = Counter()  # seats reserved, by task
-        self.runs = 0  # jobs it was given
+        self.runs = 0  # jobs it was given (seats reserved)
         self.retiring = False  # replaced once it drains (`BROOK_SHARED_RECYCLE`)
         self.exited = asyncio.get_running_loop().create_future()
 
@@ -192,10 +192,17 @@ class SharedPool:
         procs = [p for p in self._open() if self._room(p, task) > 0]
         proc = min(procs, key=lambda p: p.in_flight())
         proc.reserved[task] += 1
+        proc.runs += 1
+        recycle = self.settings.shared_recycle
+        if recycle and proc.runs >= recycle:
+            # Its last job: it takes no more, and its replacement starts now.
+            proc.retiring = True
+            self._watch(*self._launch())
         return SeatReservation(proc, task)
 
     def unreserve(self, reserved: SeatReservation) -> None:
         reserved.proc.reserved[reserved.task] -= 1
+        reserved.proc.runs -= 1
         self._maybe_retire(reserved.proc)
 
     # -- running ---------------------------------------------------------------------------
@@ -206,7 +213,6 @@ class SharedPool:
         waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         seat = _Seat(job=job, waiter=waiter, sent_at=time.monotonic())
         proc.seats[job.job_id] = seat
-        proc.runs += 1
         self._gauge(proc)
         if proc.exited.done():  # it died between the reservation and now
             self._settle(proc, seat, _death(proc, seat, proc.proc.exitcode))
@@ -313,12 +319,9 @@ class SharedPool:
         self._maybe_retire(proc)
 
     def _maybe_retire(self, proc: _Shared) -> None:
-        """After `BROOK_SHARED_RECYCLE` jobs a process takes no more, and is replaced once
-        it drains (so that a slow leak in user code does not grow without bound)."""
-        recycle = self.settings.shared_recycle
-        if recycle and proc.runs >= recycle and not proc.retiring and not self._closing:
-            proc.retiring = True
-            self._watch(*self._launch())  # its replacement starts now
+        """After `BROOK_SHARED_RECYCLE` jobs a process takes no more (`reserve`), and is
+        stopped once it drains (so that a slow leak in user code does not grow without
+        bound); its replacement started when it took its last job."""
         if proc.retiring and proc.in_flight() == 0 and not proc.exited.done():
             log_event(Event.WORKER_RECYCLED, worker=proc.name, pid=proc.pid, jobs=proc.runs)
             with contextlib.suppress(OSError):
