@@ -29,7 +29,8 @@ from brook.common.store.db import database, make_client
 from brook.common.store.jobs import JobStore
 from brook.dispatcher.dispatcher import Dispatcher
 from brook.executor.pool import WorkerPool
-from brook.executor.registry import load_tasks
+from brook.executor.registry import load_tasks, shared_tasks
+from brook.executor.runners import Runners
 from brook.executor.schedules import declared_schedules
 from brook.executor.triggers import declared_triggers
 
@@ -42,10 +43,19 @@ def load_dispatcher_tasks(
 ) -> tuple[frozenset[str], tuple[Schedule, ...], tuple[Trigger, ...]]:
     """Import the task modules: the task names this dispatcher runs (all it claims), and the
     schedules and triggers they declare. A bad BROOK_TASKS, a schedule or trigger naming an
-    unknown task, or a trigger on a collection Brook uses raises `ConfigError` (one line)
-    before anything starts."""
+    unknown task, a `shared=` on a plain `def` task, or a trigger on a collection Brook uses
+    raises `ConfigError` (one line) before anything starts."""
     tasks = frozenset(load_tasks(settings))
     return tasks, declared_schedules(set(tasks)), declared_triggers(set(tasks), settings.db)
+
+
+def make_runner(settings: Settings) -> Runner:
+    """The workers for the tasks loaded: a process each, and beside them shared worker
+    processes when some task declares `shared=`."""
+    shared = shared_tasks(load_tasks(settings))
+    if shared:
+        return Runners(settings, shared)
+    return WorkerPool(settings, settings.worker_slots)
 
 
 async def serve_dispatcher(
@@ -59,7 +69,7 @@ async def serve_dispatcher(
     """`tasks`: what the workers run (they import the same modules); all it claims."""
     client = make_client(settings, appname="brook-dispatcher")
     store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
-    pool = runner or WorkerPool(settings, settings.worker_slots)
+    pool = runner or make_runner(settings)
     dispatcher = Dispatcher(settings, store, pool, tasks, schedules, triggers)
     pool.on_free = dispatcher.wake
     pool.on_progress = dispatcher.on_progress

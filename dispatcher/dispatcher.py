@@ -123,6 +123,8 @@ class Dispatcher:
         limits = Limits(wiring, QueueStore(wiring.store.db))
         claimer = Claimer(wiring, hand_off.claimed, limits, refuse=hand_off.refused)
         claimer.free_workers = self.runner.free_workers
+        claimer.room.shared = frozenset(self.runner.shared)
+        claimer.room.free_seats = self.runner.free_seats
         hand_off.claimer, hand_off.limits = claimer, limits
         self.announced = Announced()
         self.hints = InsertHints(wiring.store, wiring.tasks, self.announced, self._on_change)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from brook.common.domain.models import Job
+from brook.common.domain.status import JobStatus
 from brook.common.protocol.runner import KillReason, Runner
 from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.store.jobs import Lease
@@ -23,6 +24,15 @@ from brook.dispatcher.wiring import Wiring
 
 # Time allowed from a hand-off to the task's start in its worker (a pipe write away).
 HAND_OFF_S = 0.02
+
+
+def died_shared_twice(job: Job) -> bool:
+    """The job's last two attempts both ended with the death of their shared worker process
+    (by its history: each attempt's end adds an entry; its start, a `running` one)."""
+    last = [h for h in job.history if h.get("status") != JobStatus.RUNNING][-2:]
+    return len(last) == 2 and all(
+        h.get("shared") is True and h.get("error") == "WorkerCrashed" for h in last
+    )
 
 
 class HandOff:
@@ -85,15 +95,18 @@ class HandOff:
         return {q: n - self.holdings.running_count(q) for q, n in queues.items()}
 
     def fill_workers(self) -> None:
-        """Start jobs claimed ahead, best first, on free workers, within each queue's workers
-        (`BROOK_QUEUES`): never more tasks at once than workers."""
-        while not self.closing and self.runner.free_workers() > 0:
+        """Start jobs claimed ahead, best first, on free workers (a shared job on a free seat
+        of a shared worker process), within each queue's workers (`BROOK_QUEUES`): never
+        more tasks at once than workers and seats."""
+        runner = self.runner
+        while not self.closing and (runner.free_workers() > 0 or runner.free_seats() > 0):
             # A job of a queue with a rate first: it must start within a margin of its claim.
             job = self.holdings.next_claimed_ahead(
                 self._free_workers_by_queue(),
                 first=lambda j: self.limits.latest_start(j) is not None,
                 keyed=self.limits.keyed,
                 line=self.claimer.target_of,
+                fits=self._fits,
             )
             if job is None:
                 return
@@ -101,11 +114,24 @@ class HandOff:
             if latest is not None and time.monotonic() + HAND_OFF_S > latest:
                 self.stop(job.id, "handed_back")  # too late for its queue's rate
                 continue
-            worker = self.runner.reserve()
+            shared = self.runs_shared(job)
+            worker = runner.reserve(job.task if shared else None)
             if worker is None:
                 return
-            lease = self.holdings.start(job.id)
+            lease = self.holdings.start(job.id, shared=shared)
             self.spawn(self.runs.execute(worker, job, lease), f"job:{job.id}")
+
+    def runs_shared(self, job: Job) -> bool:
+        """Whether a job runs in a shared worker process: its task shares, and its last two
+        attempts did not both end with the death of their shared process (then it runs in
+        a process of its own, so that one crashing task cannot keep killing neighbours)."""
+        return job.task in self.runner.shared and not died_shared_twice(job)
+
+    def _fits(self, job: Job) -> bool:
+        """A worker (or, for a shared job, a seat) is free for it now."""
+        if self.runs_shared(job):
+            return self.runner.free_seats(job.task) > 0
+        return self.runner.free_workers() > 0
 
     def stop(self, job_id: str, reason: KillReason) -> bool:
         """Stop a held job: kill its worker; or, if it is still claimed ahead, take it out of

@@ -28,7 +28,7 @@ import multiprocessing
 import signal
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -104,6 +104,7 @@ class WorkerPool:
         self.on_free = on_free
         self.on_progress = on_progress
         self.on_step: Callable[[StepRecord, Callable[[StepAck], None]], None] = _no_steps
+        self.shared: Mapping[str, int] = {}  # no shared jobs here (`executor.runners`)
         self._spawn_task = spawn
         self._workers: dict[str, _Worker] = {}
         self._names = itertools.count(1)
@@ -181,8 +182,11 @@ class WorkerPool:
     def free_workers(self) -> int:
         return sum(1 for w in self._workers.values() if self._idle(w))
 
-    def reserve(self) -> PoolReservation | None:
-        if self._closing:
+    def free_seats(self, task: str | None = None) -> int:
+        return 0
+
+    def reserve(self, shared_task: str | None = None) -> PoolReservation | None:
+        if self._closing or shared_task is not None:
             return None
         for w in self._workers.values():
             if self._idle(w):

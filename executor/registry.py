@@ -1,5 +1,10 @@
 """The task registry: `@task("name")` on a plain `def` or an `async def`.
 
+A task's options are part of its declaration (`@task("name", shared=100)`), read by the
+dispatchers, which import the task modules: `shared=N` lets up to N of its jobs run at once
+in one shared worker process, as asyncio tasks (an `async def` only: anything else fails
+the import of its module with a clear message).
+
 A job names a registered task and never carries code. Modules listed in `BROOK_TASKS`
 are imported at start (in the API, to validate names, and in every worker process).
 """
@@ -26,18 +31,31 @@ class TaskDef:
     fn: Callable[..., Any]
     is_async: bool
     wants_context: bool
+    # Up to this many of its jobs at once in one shared worker process (None: a process each).
+    shared: int | None = None
 
 
 _REGISTRY: dict[str, TaskDef] = {}
 
 
-def task(name: str) -> Callable[[F], F]:
-    """Register `fn` as task `name`. It is called as `fn(payload)` or `fn(payload, ctx)`."""
+def task(name: str, *, shared: int | None = None) -> Callable[[F], F]:
+    """Register `fn` as task `name`. It is called as `fn(payload)` or `fn(payload, ctx)`.
+    `shared`: up to that many of its jobs run at once in one shared worker process."""
     if not name or not isinstance(name, str):
         raise ValueError("a task needs a non-empty name")
+    if shared is not None and (
+        isinstance(shared, bool) or not isinstance(shared, int) or shared < 1
+    ):
+        raise ValueError(f"task {name!r}: shared= must be a whole number of at least 1")
 
     def register(fn: F) -> F:
         params = list(inspect.signature(fn).parameters.values())
+        is_async = inspect.iscoroutinefunction(fn)
+        if shared is not None and not is_async:
+            raise TypeError(
+                f"task {name!r}: shared= needs an `async def` task; a plain `def` task "
+                "runs in a worker process of its own"
+            )
         existing = _REGISTRY.get(name)
         if existing is not None and existing.fn is not fn:
             same = getattr(existing.fn, "__qualname__", None) == getattr(fn, "__qualname__", None)
@@ -46,8 +64,9 @@ def task(name: str) -> Callable[[F], F]:
         _REGISTRY[name] = TaskDef(
             name=name,
             fn=fn,
-            is_async=inspect.iscoroutinefunction(fn),
+            is_async=is_async,
             wants_context=len(params) >= 2,
+            shared=shared,
         )
         return fn
 
@@ -66,6 +85,11 @@ def load_tasks(settings: Settings) -> dict[str, TaskDef]:
         for name in [n for n, d in _REGISTRY.items() if d.fn.__module__ == DEMO_MODULE]:
             del _REGISTRY[name]
     return dict(_REGISTRY)
+
+
+def shared_tasks(tasks: dict[str, TaskDef]) -> dict[str, int]:
+    """The tasks whose jobs share worker processes, each with its `shared=` count."""
+    return {name: d.shared for name, d in tasks.items() if d.shared is not None}
 
 
 def registered() -> frozenset[str]:

@@ -18,6 +18,7 @@ completion (`executor.step_transaction`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -32,7 +33,13 @@ from brook.common.runtime.log_events import Event, log_event
 # run again (a dispatcher's reading of the server clock errs by a round trip).
 WAIT_IN_PLACE_S = 1.0
 
-_current: Journal | None = None
+# The running attempt's journal: per asyncio task (a shared worker process runs many
+# attempts at once), and seen by a plain `def` task's thread (`asyncio.to_thread` copies
+# the context). Step acknowledgements are routed by job and attempt (`_journals`).
+_current: contextvars.ContextVar[Journal | None] = contextvars.ContextVar(
+    "brook_journal", default=None
+)
+_journals: dict[tuple[str, int], Journal] = {}
 
 
 class Suspended(BaseException):
@@ -155,20 +162,26 @@ class Journal:
 
 
 def current() -> Journal | None:
-    return _current
+    return _current.get()
 
 
 def set_current(journal: Journal | None) -> None:
-    global _current
-    _current = journal
+    """The running attempt's journal (None: its run is over)."""
+    previous = _current.get()
+    if previous is not None:
+        _journals.pop((previous.run.job_id, previous.run.attempt), None)
+    _current.set(journal)
+    if journal is not None:
+        _journals[(journal.run.job_id, journal.run.attempt)] = journal
 
 
 def deliver(message: Any) -> None:
-    """A message from the dispatcher while a job runs: a step's acknowledgement."""
-    journal = _current
-    if journal is None or not isinstance(message, StepAck):
+    """A message from the dispatcher while a job runs: a step's acknowledgement, for the
+    attempt it names (if it still runs here)."""
+    if not isinstance(message, StepAck):
         return
-    if (message.job_id, message.attempt) == (journal.run.job_id, journal.run.attempt):
+    journal = _journals.get((message.job_id, message.attempt))
+    if journal is not None:
         journal.deliver(message)
 
 

@@ -15,6 +15,7 @@ so its locks go at once rather than at the server's transaction lifetime limit).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -50,13 +51,17 @@ MIN_COMMIT_S = 10.0
 
 State = Literal["none", "open", "ready", "ended"]
 
-_current: AttemptTransaction | None = None
+# The running attempt's transaction: per asyncio task (a shared worker process runs many
+# attempts at once), and seen by a plain `def` task's thread.
+_current: contextvars.ContextVar[AttemptTransaction | None] = contextvars.ContextVar(
+    "brook_attempt_transaction", default=None
+)
 
 
 def note_staged(session: TxSession, staged: Sequence[Submitted]) -> None:
     """Jobs `ctx.submit(..., session=...)` inserted in a transaction: those of the running
     attempt's own transaction are logged once it has committed them, and only then."""
-    tx = _current
+    tx = _current.get()
     if tx is not None and tx.session is session:
         tx.staged.extend(staged)
 
@@ -85,12 +90,11 @@ class AttemptTransaction:
     @contextlib.contextmanager
     def current(self) -> Iterator[None]:
         """While the attempt runs: the transaction `note_staged` adds to."""
-        global _current
-        _current = self
+        token = _current.set(self)
         try:
             yield
         finally:
-            _current = None
+            _current.reset(token)
 
     @property
     def opened(self) -> bool:
@@ -98,7 +102,7 @@ class AttemptTransaction:
 
     @property
     def lease(self) -> Lease:
-        return Lease(job_id=self.run.job_id, attempt=self.run.attempt)
+        return Lease(job_id=self.run.job_id, attempt=self.run.attempt, shared=self.run.shared)
 
     # -- the task's side -------------------------------------------------------------------
 

@@ -1,4 +1,6 @@
-"""The worker process: a long-lived child that runs one job at a time.
+"""The worker process: a long-lived child that runs one job at a time (a shared worker
+process, which runs many at once, is `executor.shared_worker`; both run an attempt with
+`run_one`).
 
 The parent (the dispatcher) owns every state write, fenced by the lease, progress included
 (sent up the pipe, see `executor.progress`), with one exception: a task that opened
@@ -316,8 +318,10 @@ async def _run_listening(
         loop.remove_reader(fd)
 
 
-async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
-    """Entry point of a worker process (an `aiomultiprocess.Process` target)."""
+def start_worker(conn: Connection, settings: Settings, name: str) -> Callable[[Any], None]:
+    """What every worker process (one job at a time, or shared) does first: die with its
+    dispatcher, leave Ctrl-C to it, log and trace as a worker, import the task modules.
+    Returns how to send up the pipe."""
     _die_with_parent()
     # Ctrl-C reaches the whole process group; the parent decides what happens to a job.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -328,10 +332,25 @@ async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
     lock = threading.Lock()
 
     def send(message: Any) -> None:
-        # Progress timers, a plain `def` task's thread and this loop all send: one at a time.
+        # Progress timers, a plain `def` task's thread, a watchdog thread and this loop all
+        # send: one at a time.
         with lock:
             conn.send(message)
 
+    return send
+
+
+def send_done(send: Callable[[Any], None], done: JobDone) -> None:
+    """Report an attempt's end; one whose result cannot be sent (say, not picklable) fails."""
+    try:
+        send(done)
+    except Exception as exc:
+        send(JobDone(job_id=done.job_id, attempt=done.attempt, ok=False, error=error_doc(exc)))
+
+
+async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
+    """Entry point of a worker process (an `aiomultiprocess.Process` target)."""
+    send = start_worker(conn, settings, name)
     send(READY)
     while True:
         try:
@@ -342,8 +361,4 @@ async def worker_main(conn: Connection, settings: Settings, name: str) -> None:
         if msg == STOP:
             tracing.flush()
             return
-        done = await _run_listening(conn, msg, settings, send)
-        try:
-            send(done)
-        except Exception as exc:  # e.g. a result that cannot be pickled
-            send(JobDone(job_id=done.job_id, attempt=done.attempt, ok=False, error=error_doc(exc)))
+        send_done(send, await _run_listening(conn, msg, settings, send))

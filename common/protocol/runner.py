@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -50,6 +50,27 @@ class RunJob:
     # The server clock minus this host's (seconds), as the dispatcher measured it: a sleep
     # replayed before its wake time (a retry came first) waits on.
     server_offset: float = 0.0
+    # It runs in a shared worker process, as one of many asyncio tasks (`@task(shared=N)`).
+    shared: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CancelJob:
+    """To a shared worker process: end this attempt's asyncio task (a timeout, a cancel, a
+    lost lease, a shutdown); its neighbours go on. The worker answers with its `JobDone`."""
+
+    job_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopBlocked:
+    """From a shared worker process: its event loop was blocked for `seconds` while it held
+    these jobs (its watchdog thread saw no heartbeat)."""
+
+    worker: str
+    job_ids: tuple[str, ...]
+    seconds: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,8 +163,13 @@ class ReservedWorker:
 
 
 class Runner(Protocol):
-    """Workers that run jobs in isolated processes (implemented by `executor.pool`)."""
+    """Workers that run jobs in isolated processes (implemented by `executor.pool`), and
+    shared worker processes that run many jobs each (`executor.shared_pool`, with the two
+    together in `executor.runners`)."""
 
+    # The tasks whose jobs run in shared worker processes, each with its `shared=` count
+    # (empty: every job has a process of its own).
+    shared: Mapping[str, int]
     on_free: Callable[[], None]
     on_progress: Callable[[ProgressReport], None]
     # A running attempt asks for a step to be recorded; the callback answers by calling
@@ -154,9 +180,19 @@ class Runner(Protocol):
 
     async def close(self, timeout: float = 5.0) -> None: ...
 
-    def free_workers(self) -> int: ...
+    def free_workers(self) -> int:
+        """Worker processes free now, each for one job."""
+        ...
 
-    def reserve(self) -> ReservedWorker | None: ...
+    def free_seats(self, task: str | None = None) -> int:
+        """Seats free now in shared worker processes (for a job of `task`, within its
+        `shared=` count; 0 for a task that does not share)."""
+        ...
+
+    def reserve(self, shared_task: str | None = None) -> ReservedWorker | None:
+        """A free worker process; with `shared_task`, a seat for one of its jobs in a shared
+        worker process."""
+        ...
 
     def unreserve(self, reserved: ReservedWorker) -> None: ...
 

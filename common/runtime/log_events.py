@@ -41,6 +41,11 @@ class Event(StrEnum):
     WORKER_CRASHED = "worker.crashed"
     WORKER_KILLED = "worker.killed"
     WORKER_STOPPED = "worker.stopped"
+    # A shared worker process's event loop was blocked past BROOK_LOOP_BLOCKED_SECONDS,
+    # with the jobs it held (`job_ids`).
+    WORKER_LOOP_BLOCKED = "worker.loop_blocked"
+    # A shared worker process was replaced after BROOK_SHARED_RECYCLE jobs, once drained.
+    WORKER_RECYCLED = "worker.recycled"
     TASK_STARTED = "task.started"
     TASK_FINISHED = "task.finished"
     PROGRESS_DISCARDED = "progress.discarded"  # a stale attempt's progress: fenced out

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prometheus_client import Counter, Histogram, disable_created_metrics, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 
 from brook.common.domain.models import DEFAULT_QUEUE
 from brook.common.runtime.log_events import Event, log_event
@@ -88,7 +88,15 @@ TRIGGER_HISTORY_LOST = Counter(
     "Times a trigger's saved resume token was no longer in the oplog (it resumed from now).",
     ["trigger"],
 )
-
+SHARED_IN_FLIGHT = Gauge(
+    "brook_shared_jobs_in_flight",
+    "Shared jobs (`@task(..., shared=N)`) running now in each shared worker process.",
+    ["worker"],
+)
+LOOPS_BLOCKED = Counter(
+    "brook_worker_loop_blocked",
+    "Times a shared worker process's event loop was blocked past BROOK_LOOP_BLOCKED_SECONDS.",
+)
 
 # Queue names come from clients: each a label value, so each a set of series. A process
 # gives its own label to the first MAX_QUEUE_LABELS queues it sees (the default one always);

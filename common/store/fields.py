@@ -192,6 +192,18 @@ def as_claimed(doc: Doc, owner: str) -> Job:
     )
 
 
+def shared_mark(lease: Lease) -> dict[str, Any]:
+    """What an attempt's history entry adds when it ran in a shared worker process."""
+    return {"shared": True} if lease.shared else {}
+
+
+def shared_death_budget() -> list[dict[str, Any]]:
+    """An attempt ended by the death of its shared worker process (its neighbour may have
+    caused it) does not use up one of the job's attempts: `max_attempts` grows by one, the
+    rule durable sleeps use. `attempts` still counts it: it is the fencing token."""
+    return [{"$set": {"max_attempts": {"$add": ["$max_attempts", 1]}}}]
+
+
 def attempt_budget(unstarted_free: bool) -> list[dict[str, Any]]:
     """With `unstarted_free`, an attempt whose task is not known to have started does not
     use up one of the job's attempts: `max_attempts` grows by one."""
@@ -250,7 +262,14 @@ def completed_fields(
         "updated_at": NOW,
         "owner": None,
         "lease_expires_at": None,
-        **history({"status": JobStatus.COMPLETED.value, "at": NOW, "attempt": lease.attempt}),
+        **history(
+            {
+                "status": JobStatus.COMPLETED.value,
+                "at": NOW,
+                "attempt": lease.attempt,
+                **shared_mark(lease),
+            }
+        ),
     }
 
 

@@ -34,6 +34,9 @@ class Lease:
     job_id: str
     attempt: int
     has_dependents: bool = False
+    # Its task runs in a shared worker process: the attempt's history entry says so, and
+    # the death of that process does not use up one of the job's attempts.
+    shared: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -106,7 +106,8 @@ class LeaseKeeper:
         for lease in leases:
             if lease.job_id not in lost or _key(lease) in self._expired:
                 continue
-            if self.holdings.lease(lease.job_id) != lease:
+            now_held = self.holdings.lease(lease.job_id)
+            if now_held is None or now_held.attempt != lease.attempt:
                 continue  # that attempt is no longer held here
             self._stop_attempt(lease, Event.LEASE_LOST, LEASES_LOST)
 

@@ -71,6 +71,7 @@ class Runs:
             due_at=max(job.run_at, job.created_at),
             trace=job.trace,
             links=await self._parent_traces(job),
+            shared=lease.shared,
         )
         sent = time.monotonic()
         mark = self.starts.arm(lease, sent)

@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 from brook.common.domain.models import Doc, Job
 from brook.common.store.jobs import Tagged
+from brook.dispatcher.claiming.task_scope import tasks_now
 from brook.dispatcher.wiring import Wiring
 
 AGED_LOOK = 8
@@ -64,7 +65,7 @@ class Aging:
         if room < 1 or time.monotonic() < self._next:
             return []
         self._next = time.monotonic() + self.every
-        tasks = self.tasks
+        tasks = tasks_now(self.tasks)
         old = await self.store.oldest_due(
             AGED_LOOK, tasks=tasks, queue=queue, exclude=exclude, among=among
         )

@@ -28,6 +28,7 @@ from brook.dispatcher.claiming.due_timer import DueTimer
 from brook.dispatcher.claiming.limits import Limits
 from brook.dispatcher.claiming.policies import Admission, AdmitAll, KeyOnly, Take
 from brook.dispatcher.claiming.room import Room, Target, TargetTurns
+from brook.dispatcher.claiming.task_scope import scoped
 from brook.dispatcher.wiring import Wiring
 
 MAX_BATCH = 64
@@ -35,6 +36,16 @@ MAX_BATCH = 64
 # is slower to take completions than the workers are to produce them).
 MAX_FINISHING = 256
 
+
+
+def merged(parts: list[list[bool | None]]) -> list[bool | None]:
+    """The claims of a target's parts as one (all tasks; or the tasks that take a process,
+    then the shared ones). A part that ran dry does not make the target dry while another
+    part found jobs: its room counts as lost to a race instead, so the target is looked at
+    again."""
+    if len(parts) > 1 and any(None not in got for got in parts):
+        parts = [[False if g is None else g for g in got] for got in parts]
+    return [g for got in parts for g in got]
 
 
 class Claimer:
@@ -180,9 +191,11 @@ class Claimer:
             return
         # Only while claiming ahead at all, and at most one over: a batch in flight fills
         # at most the room there was when it was sent.
-        if self.room.of(target, urgent=True) > 0:
+        parts = [tasks for tasks, room in self.room.parts(target, urgent=True) if room > 0]
+        if parts:
             self._urgent.pop(target, None)
-            await self._claim_for(target, 1, only)
+            with scoped(parts[0]):
+                await self._claim_for(target, 1, only)
 
     def _due_timer_fired(self) -> None:
         self.limits.keys_stale()  # a job now due may be of a key its queue's turns dropped
@@ -238,7 +251,7 @@ class Claimer:
             for t in self.turns.order(self._targets)
             if t not in self._dry
             and (t is None or self._may_claim(t))
-            and self.room.of(t, t in self._urgent) > 0
+            and self.room.total(t, t in self._urgent) > 0
         ]
 
     def _may_claim(self, queue: str) -> bool:
@@ -260,11 +273,9 @@ class Claimer:
         results: dict[Target, list[bool | None]] = {}
         try:
             for target in targets:
-                hurry = target in urgent
-                room = self.room.of(target, hurry)  # the claims before this took some
-                if room > 0:
-                    n = 1 if hurry else room
-                    results[target] = await self._claim_for(target, n, urgent.get(target))
+                got = await self._claim_parts(target, target in urgent, urgent.get(target))
+                if got:
+                    results[target] = got
         finally:
             self._claiming = False
         self.turns.took([t for t, got in results.items() if True in got])
@@ -290,6 +301,15 @@ class Claimer:
         if not any(True in got for got in results.values()) and self._maybe_more:
             await asyncio.sleep(0)  # let the news that raced us land
         return True
+
+    async def _claim_parts(self, target: Target, hurry: bool, only: KeyOnly) -> list[bool | None]:
+        """Claim in `target` for each part of its room (`Room.parts`), within its room."""
+        parts: list[list[bool | None]] = []
+        for tasks, room in self.room.parts(target, hurry):
+            if room > 0:
+                with scoped(tasks):
+                    parts.append(await self._claim_for(target, 1 if hurry else room, only))
+        return merged(parts)
 
     async def _claim_for(
         self, target: Target, room: int, only: KeyOnly = None

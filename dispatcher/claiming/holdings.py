@@ -16,6 +16,7 @@ its lease.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -95,6 +96,7 @@ class Holdings:
         first: Callable[[Job], bool] = lambda _: False,
         keyed: Callable[[str], bool] = lambda _: False,
         line: Callable[[str], object] = lambda _: None,
+        fits: Callable[[Job], bool] = lambda _: True,
     ) -> Job | None:
         """The best job claimed ahead (claim order: priority, then due time), among the queues
         that have a free worker (`room`: free workers by queue; None: any queue); jobs that
@@ -103,13 +105,18 @@ class Holdings:
         every queue without) has the fewest tasks running here goes first, and in a `keyed`
         queue (claimed by turns across keys) the job whose key has: a line's or a key's new
         job does not wait behind the older jobs of a busy one claimed ahead (the buffer
-        refills with those as fast as it runs them)."""
-        fits = [j for j in self._claimed_ahead.values() if room is None or room.get(j.queue, 0) > 0]
-        if not fits:
+        refills with those as fast as it runs them). Only jobs that `fits` (a worker, or a
+        shared seat, is free for them) are considered."""
+        fitting = [
+            j
+            for j in self._claimed_ahead.values()
+            if (room is None or room.get(j.queue, 0) > 0) and fits(j)
+        ]
+        if not fitting:
             return None
         running = self._running.values()
         # Asked once per queue, not per job: this runs on every hand-off, over the buffer.
-        queues = {j.queue for j in fits} | {j.queue for j in running}
+        queues = {j.queue for j in fitting} | {j.queue for j in running}
         line_of = {q: line(q) for q in queues}
         keyed_queues = {q for q in queues if keyed(q)}
         busy = Counter((j.queue, j.key) for j in running if j.queue in keyed_queues)
@@ -126,7 +133,7 @@ class Holdings:
                 j.id,
             )
 
-        return min(fits, key=order)
+        return min(fitting, key=order)
 
     def count_claimed_ahead(self, which: Callable[[Job], bool]) -> int:
         return sum(1 for job in self._claimed_ahead.values() if which(job))
@@ -148,10 +155,13 @@ class Holdings:
             return priority > min(j.priority for j in self._claimed_ahead.values())
         return self._last_priority is not None and priority > self._last_priority
 
-    def start(self, job_id: str) -> Lease:
-        """Its task was handed to a worker."""
+    def start(self, job_id: str, *, shared: bool = False) -> Lease:
+        """Its task was handed to a worker (`shared`: a seat in a shared worker process,
+        which its lease then says, for the writes of its attempt)."""
         self._running[job_id] = self._claimed_ahead.pop(job_id)
         self._aged.discard(job_id)
+        if shared:
+            self._leases[job_id] = dataclasses.replace(self._leases[job_id], shared=True)
         return self._leases[job_id]
 
     def withdraw(self, job_id: str) -> Job | None:
@@ -192,11 +202,15 @@ class Holdings:
             return len(self._jobs)
         return sum(1 for job in self._jobs.values() if job.queue == queue)
 
-    def active(self, queue: str | None = None) -> int:
-        """Jobs claimed ahead or running (in `queue`, or in all queues): the leases the
-        concurrency-plus-prefetch rule counts."""
+    def active(
+        self, queue: str | None = None, which: Callable[[Job], bool] | None = None
+    ) -> int:
+        """Jobs claimed ahead or running (in `queue`, or in all queues; those `which` picks):
+        the leases the concurrency-plus-prefetch rule counts."""
         jobs = [*self._claimed_ahead.values(), *self._running.values()]
-        return len(jobs) if queue is None else sum(1 for job in jobs if job.queue == queue)
+        if queue is not None:
+            jobs = [job for job in jobs if job.queue == queue]
+        return len(jobs) if which is None else sum(1 for job in jobs if which(job))
 
     def running_count(self, queue: str | None = None) -> int:
         """Tasks running now (in `queue`, or in all queues): never more than the workers."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from brook.common.domain.models import Doc, Job
 from brook.common.store.jobs import BestDue
+from brook.dispatcher.claiming.task_scope import tasks_now
 
 if TYPE_CHECKING:
     from brook.dispatcher.claiming.aging import Aging
@@ -111,7 +112,8 @@ class PlainClaim:
         self, n: int, exclude: frozenset[str], among: frozenset[str] | None
     ) -> Got:
         sent = time.monotonic()
-        ask = BestDue(n=n, tasks=self.tasks, queue=self.target, exclude=exclude, among=among)
+        tasks = tasks_now(self.tasks)
+        ask = BestDue(n=n, tasks=tasks, queue=self.target, exclude=exclude, among=among)
         got = await self.store.claim(self.owner, self.lease_s, ask)
         # Jobs of a queue that has limits by now (not heard of yet when it claimed).
         self.scope.adopt_strays(got.jobs)
@@ -166,14 +168,15 @@ class FairClaim:
         sent = time.monotonic()
         queue, owner, lease_s = self.queue, self.owner, self.lease_s
         if only is not None and n == 1:
-            jobs = await self.keys.claim_of_key(queue, only[0], self.tasks, owner, lease_s)
+            tasks = tasks_now(self.tasks)
+            jobs = await self.keys.claim_of_key(queue, only[0], tasks, owner, lease_s)
             dry = False
         else:
             gen = self.gates.generation(queue)
             # More candidates than it claims: the best ones may be won by racing claims.
             want = 2 * n + 2
             docs: list[Doc]
-            docs, dry = await self.keys.pick(queue, want, self.tasks, gen, only)
+            docs, dry = await self.keys.pick(queue, want, tasks_now(self.tasks), gen, only)
             if not docs:
                 return Got(jobs=[], dry=dry, blocked=not self.gates.is_open(queue))
             jobs = await self.keys.claim_slotless(queue, docs[:n], owner, lease_s)
@@ -206,7 +209,8 @@ class KeySlotsClaim:
     async def claim(self, n: int, only: KeyOnly = None) -> Got:
         sent = time.monotonic()
         gen = self.gates.generation(self.queue)
-        got = await self.slots.claim(self.queue, self.limit, n, self.tasks, gen, only)
+        tasks = tasks_now(self.tasks)
+        got = await self.slots.claim(self.queue, self.limit, n, tasks, gen, only)
         for job in got.jobs:
             self.take(job, sent)
         return got

@@ -33,6 +33,7 @@ from brook.dispatcher.claiming.key_slots import SlotsHeld, slots_key
 from brook.dispatcher.claiming.keyed_claims import KeyedClaims, key_of
 from brook.dispatcher.claiming.policies import KeyOnly
 from brook.dispatcher.claiming.queue_gates import QueueGates
+from brook.dispatcher.claiming.task_scope import tasks_now
 from brook.dispatcher.wiring import Wiring
 
 # How long a claim may take after writing its slots: after `claim_by`, no claim can use
@@ -94,7 +95,7 @@ class QueueSlots:
         keyed queue, by turns across its keys; with `only`, jobs of that one key."""
         gen = self.gates.generation(queue)
         limits = self.view().get(queue)
-        lease, tasks = self.settings.lease_seconds, self.tasks
+        lease, tasks = self.settings.lease_seconds, tasks_now(self.tasks)
         # More candidates than slots wanted: the best ones may be held by racing claims.
         want = 2 * n + 2
         keyed = limits is not None and limits.keyed

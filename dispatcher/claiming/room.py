@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from brook.common.domain.models import Job
 from brook.common.domain.queues import RATE_START_MARGIN_S
 from brook.dispatcher.claiming.limits import Limits
 from brook.dispatcher.wiring import Wiring
 
 # A claim's target: one queue, or None for "every queue" (BROOK_QUEUES unset).
 Target = str | None
+# The tasks one claim may take (None: every task of the dispatcher; `task_scope`).
+Scope = frozenset[str] | None
 
 
 class Room:
@@ -22,6 +25,39 @@ class Room:
         self.queues: Mapping[str, int] | None = wiring.settings.queues
         self.limits = limits
         self.free_workers = free_workers
+        self.tasks = wiring.tasks
+        # The tasks whose jobs share worker processes, and the seats free for them now (the
+        # dispatcher sets both from its runner; none by default).
+        self.shared: frozenset[str] = frozenset()
+        self.free_seats: Callable[[str | None], int] = lambda task: 0
+
+    def parts(self, target: Target, urgent: bool = False) -> list[tuple[Scope, int]]:
+        """The claims to make in `target`, each scoped to some tasks, with its room: with
+        no shared tasks, one for every task (the room of `of`). Else one for the tasks that
+        take a process each, within the processes and their claims ahead (jobs of shared
+        tasks not counted), and one for the shared tasks, within the free seats of each
+        (and the queue's slots with `BROOK_QUEUES`, which count jobs, shared or not). No
+        shared job is claimed ahead of its seat: prefetch stays sized by the processes, so
+        a thousand free seats never mean a thousand jobs held here waiting."""
+        shared = self.shared & self.tasks
+        if not shared:
+            return [(None, self.of(target, urgent))]
+        plain = self.tasks - shared
+        parts: list[tuple[Scope, int]] = []
+        if plain:
+            parts.append((plain, self.of(target, urgent, lambda j: j.task not in shared)))
+        seats = {t: self.free_seats(t) for t in shared}
+        open_tasks = frozenset(t for t, n in seats.items() if n > 0)
+        waiting = self.holdings.count_claimed_ahead(lambda j: j.task in shared)
+        room = min(self.free_seats(None), sum(seats.values())) - waiting
+        if self.queues is not None and target is not None:
+            room = min(room, self.workers(target) - self.active(target))
+        if open_tasks:
+            parts.append((open_tasks, room))
+        return parts
+
+    def total(self, target: Target, urgent: bool = False) -> int:
+        return sum(max(room, 0) for _, room in self.parts(target, urgent))
 
     def workers(self, target: Target) -> int:
         """The workers of a target: its own with `BROOK_QUEUES`; without, the dispatcher's,
@@ -30,8 +66,8 @@ class Room:
             return self.settings.worker_slots
         return self.queues.get(target, 0)
 
-    def active(self, target: Target) -> int:
-        return self.holdings.active(target if self.queues is not None else None)
+    def active(self, target: Target, which: Callable[[Job], bool] | None = None) -> int:
+        return self.holdings.active(target if self.queues is not None else None, which)
 
     def _room(self, workers: int, active: int, urgent: bool) -> int:
         """Room for a target with `workers` workers holding `active` jobs claimed ahead or
@@ -49,9 +85,12 @@ class Room:
             return 0
         return room
 
-    def of(self, target: Target, urgent: bool = False) -> int:
-        """Room for `target` now (`urgent`: for a job that outranks the jobs claimed ahead)."""
-        room = self._room(self.workers(target), self.active(target), urgent)
+    def of(
+        self, target: Target, urgent: bool = False, which: Callable[[Job], bool] | None = None
+    ) -> int:
+        """Room for `target` now (`urgent`: for a job that outranks the jobs claimed ahead),
+        counting the jobs held that `which` picks (default: all)."""
+        room = self._room(self.workers(target), self.active(target, which), urgent)
         if self.limits.rated(target):
             # A rate counts claims, and a claimed job must start within a margin of its
             # claim (`Limits.latest_start`; it goes to a worker before any other): claim only

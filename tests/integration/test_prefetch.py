@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -43,6 +43,7 @@ class HeldRunner:
         self.started: list[str] = []
         self.most_at_once = 0
         self.auto = False
+        self.shared: Mapping[str, int] = {}
         self.on_free: Callable[[], None] = lambda: None
         self.on_progress: Callable[[ProgressReport], None] = lambda report: None
         self.on_step: Callable[[StepRecord, Callable[[StepAck], None]], None] = (
@@ -58,7 +59,10 @@ class HeldRunner:
     def free_workers(self) -> int:
         return self.workers - len(self.busy | self.reserved)
 
-    def reserve(self) -> ReservedWorker | None:
+    def free_seats(self, task: str | None = None) -> int:
+        return 0
+
+    def reserve(self, shared_task: str | None = None) -> ReservedWorker | None:
         for n in range(self.workers):
             if n not in self.busy and n not in self.reserved:
                 self.reserved.add(n)

@@ -18,6 +18,8 @@ from brook.common.store.fields import (
     history,
     lit,
     ran_times,
+    shared_death_budget,
+    shared_mark,
 )
 from brook.common.store.queries.base import (
     Write,
@@ -97,6 +99,7 @@ def completed_in_transaction(
                 "at": NOW,
                 "attempt": lease.attempt,
                 "transaction": True,
+                **shared_mark(lease),
             }
         )
     )
@@ -115,9 +118,13 @@ def _attempt_ended(
     final: bool = False,
     ran: RunTimes | None = None,
     unstarted_free: bool = False,
+    shared: bool = False,
 ) -> Write:
     """running → pending (after `retry_delay_s`, while attempts remain and not `final`),
-    failed, or cancelled (if that was asked), with the attempt's error."""
+    failed, or cancelled (if that was asked), with the attempt's error. `shared`: the
+    attempt ran in a shared worker process, and if that process died (`WorkerCrashed`) the
+    attempt does not use up the job's budget."""
+    died = shared and error.get("type") == "WorkerCrashed"
     times = ran_times(ran) if ran is not None else {}
     ended: Any = times.get("finished_at", NOW)
     begun = {"started_at": times["started_at"]} if ran is not None else {}
@@ -126,6 +133,7 @@ def _attempt_ended(
         filter=fence,
         update=[
             *attempt_budget(unstarted_free),
+            *(shared_death_budget() if died else []),
             {"$set": {"status": ended_status(final)}},
             {
                 "$set": {
@@ -145,6 +153,7 @@ def _attempt_ended(
                             "error": lit(error.get("type")),
                             # A step's exception: the history names the step.
                             **({"step": lit(error["step"])} if error.get("step") else {}),
+                            **({"shared": True} if shared else {}),
                         }
                     ),
                 }
@@ -165,7 +174,13 @@ def attempt_failed(
 ) -> Write:
     """running → pending / failed / cancelled: the holder ends a failed attempt."""
     return _attempt_ended(
-        running_fence(lease, owner), error, retry_delay_s, retention_s, final=final, ran=ran
+        running_fence(lease, owner),
+        error,
+        retry_delay_s,
+        retention_s,
+        final=final,
+        ran=ran,
+        shared=lease.shared,
     )
 
 
@@ -202,7 +217,12 @@ def cancelled_running(
                     "lease_expires_at": None,
                     "error": lit({"type": "Cancelled", "message": message}),
                     **history(
-                        {"status": JobStatus.CANCELLED.value, "at": NOW, "attempt": lease.attempt}
+                        {
+                            "status": JobStatus.CANCELLED.value,
+                            "at": NOW,
+                            "attempt": lease.attempt,
+                            **shared_mark(lease),
+                        }
                     ),
                 }
             }
@@ -233,6 +253,7 @@ def released(lease: Lease, owner: str, retention_s: float) -> Write:
                             "at": NOW,
                             "attempt": lease.attempt,
                             "reason": "released",
+                            **shared_mark(lease),
                         }
                     ),
                 }

@@ -13,6 +13,7 @@ from brook.common.store.fields import (
     expiry,
     history,
     lit,
+    shared_mark,
 )
 from brook.common.store.queries.base import (
     FOREVER,
@@ -113,6 +114,7 @@ def suspended(
                             "attempt": lease.attempt,
                             "reason": lit(waiting.get("kind")),
                             "until": due,
+                            **shared_mark(lease),
                         }
                     ),
                 }
