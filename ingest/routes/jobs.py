@@ -120,9 +120,12 @@ async def retry_many(body: Annotated[object, Depends(json_body)], core: Core) ->
 @router.post("/jobs/cancel", openapi_extra=_BULK_OPENAPI, responses=_BULK_ERRORS)
 async def cancel_many(body: Annotated[object, Depends(json_body)], core: Core) -> JSONResponse:
     """Cancel every waiting or pending job the filter names and ask the running ones to
-    stop (the filter as for `POST /jobs/retry`): `{"count": n}`, the jobs changed (with
-    `dry_run: true`, that would be). Sent again, it changes nothing more."""
-    return json_response({"count": await core.bulk("cancel", body)})
+    stop (the filter as for `POST /jobs/retry`): `{"count": n, "spawned_cancelled": m}`,
+    the jobs changed (with `dry_run: true`, that would be), and below them the unfinished
+    jobs they spawned (`ctx.submit`), cancelled down the tree with `ParentCancelled`. Sent
+    again, it changes nothing more."""
+    done = await core.bulk_counts("cancel", body)
+    return json_response({"count": done.count, "spawned_cancelled": done.spawned_cancelled})
 
 
 @router.get("/jobs/{job_id}", responses=_ERRORS)
@@ -145,10 +148,22 @@ async def list_jobs(
     error: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    spawned_by: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
 ) -> JSONResponse:
     """Jobs newest first; pass `next` back as `after` for the following page. Search by
     `key`, `error` (a piece of the error's type or message, any case) and `since`/`until`
-    (created at or after / before, ISO-8601)."""
+    (created at or after / before, ISO-8601). `spawned_by`: the jobs that job's task
+    submitted with `ctx.submit` (with `status`, `task` and `queue` only)."""
+    if spawned_by is not None:
+        if any(v is not None for v in (key, error, since, until)):
+            raise HTTPException(
+                422, "spawned_by combines with status, task and queue only (not key, error, "
+                "since or until)"
+            )
+        given = {"status": status.value if status else None, "task": task, "queue": queue}
+        filters = {k: v for k, v in given.items() if v is not None}
+        jobs, nxt = await store.list_spawned(spawned_by, filters=filters, limit=limit, after=after)
+        return json_response({"jobs": [j.to_api() for j in jobs], "next": nxt})
     jobs, nxt = await store.list_jobs(
         status=status,
         task=task,
@@ -196,11 +211,14 @@ async def failures(
 
 
 @router.post("/jobs/{job_id}/cancel", responses=_ERRORS)
-async def cancel(job_id: str, core: Core) -> JSONResponse:
+async def cancel(job_id: str, core: Core, dry_run: bool = False) -> JSONResponse:
     """Waiting or pending → cancelled at once (its dependents too, `DependencyFailed`);
-    running → its worker is stopped, then cancelled; finished → `409`."""
+    running → its worker is stopped, then cancelled. Every unfinished job it spawned
+    (`ctx.submit`), and theirs, is cancelled too (`ParentCancelled`), also for a job that
+    had finished: the job, with `spawned_cancelled`, how many. Finished with none left →
+    `409`. `?dry_run=true`: the same answer, counting, changing nothing."""
     try:
-        return job_response(await core.cancel(job_id))
+        return job_response(await core.cancel(job_id, dry_run=dry_run))
     except JobNotFound:
         raise HTTPException(404, f"no job {job_id}") from None
     except JobConflict as exc:
