@@ -255,7 +255,7 @@ def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
             safe(
                 f"{s['name']:<20}  {s['cron']:<16}  {s['tz']:<16}  {s['task']:<12}  "
                 f"{'paused' if s['paused'] else 'active':<6}  next={s['next_run'] or '-'}  "
-                f"last_job={s['last_job_id'] or '-'}"
+                f"last_job={s['last_job_id'] or '-'}  overlap={s.get('overlap', 'allow')}"
             )
         )
     return 0

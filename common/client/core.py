@@ -27,8 +27,8 @@ from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
 from brook.common.client.bulk import BulkOperations
-from brook.common.client.dependents import recheck, settle
-from brook.common.client.spawned import cancel_spawned
+from brook.common.client.dependents import recheck
+from brook.common.client.spawned import cancel_spawned, cancel_with_spawned
 from brook.common.client.task_directory import TaskDirectory
 from brook.common.domain.errors import (
     InvalidInput,
@@ -459,21 +459,11 @@ class ClientCore(Submitting, BulkOperations):
         running. With `dry_run`, nothing changes: the job as it is, and the count."""
         if dry_run:
             return await self._cancel_dry_run(job_id)
-        await self._store.mark_spawn_cancel([job_id])
-        try:
-            job: Job | None = await self._store.cancel(job_id)
-        except JobConflict as exc:
-            job, finished = None, exc  # finished: its spawned jobs may still run
-        if job is not None:
-            cancelled = job.status == JobStatus.CANCELLED
-            _emit(Event.JOB_CANCELLED if cancelled else Event.JOB_CANCEL_REQUESTED, job)
-            if cancelled and job.has_dependents:
-                await settle(self._store, [job.id], via="cancel")
-        spawned = await cancel_spawned(self._store, [job_id], via="cancel")
-        if job is None:
-            if not spawned:
-                raise finished
+        job, spawned = await cancel_with_spawned(self._store, job_id, via="cancel")
+        if job is None:  # it had finished: an answer only if it still reached some
             job = await self._store.get(job_id)
+            if not spawned:
+                raise JobConflict(f"job {job_id} is already {job.status.value}")
         return replace(job, spawned_cancelled=spawned)
 
     async def _cancel_dry_run(self, job_id: str) -> Job:

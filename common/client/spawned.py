@@ -21,12 +21,13 @@ from typing import Any, Literal
 import structlog
 
 from brook.common.client.dependents import settle
-from brook.common.domain.models import Doc
+from brook.common.domain.errors import JobConflict
+from brook.common.domain.models import Doc, Job
 from brook.common.domain.status import JobStatus
-from brook.common.runtime.log_events import Event, log_event, requested_by
+from brook.common.runtime.log_events import Event, job_fields, log_event, requested_by
 from brook.common.store.jobs import JobStore
 
-Via = Literal["cancel", "bulk", "sweep"]
+Via = Literal["cancel", "bulk", "sweep", "schedule"]
 
 # How many jobs one read or write of a propagation names (a wider level takes more).
 PAGE = 1000
@@ -66,6 +67,32 @@ async def cancel_spawned(
     if not dry_run:
         await store.spawn_cancel_done(list(roots))
     return count
+
+
+async def cancel_with_spawned(store: JobStore, job_id: str, *, via: Via) -> tuple[Job | None, int]:
+    """Cancel one job and every unfinished job it spawned, down the tree: the job as the
+    cancel left it (None if it had finished already: it stays as it was), and how many
+    spawned jobs were cancelled or asked to stop. A waiting or pending job is cancelled at
+    once (its dependents settled), a running one asked to stop. `JobNotFound` for no job."""
+    # Marked first: a propagation cut short is finished by a dispatcher's sweep.
+    await store.mark_spawn_cancel([job_id])
+    try:
+        job: Job | None = await store.cancel(job_id)
+    except JobConflict:
+        job = None  # finished: what it spawned may still run
+    if job is not None:
+        cancelled = job.status == JobStatus.CANCELLED
+        if structlog.is_configured():
+            event = Event.JOB_CANCELLED if cancelled else Event.JOB_CANCEL_REQUESTED
+            log_event(event, **job_fields(job), by=requested_by.get(), **_via(via))
+        if cancelled and job.has_dependents:
+            await settle(store, [job.id], via="cancel")
+    return job, await cancel_spawned(store, [job_id], via=via)
+
+
+def _via(via: Via) -> dict[str, str]:
+    # A caller's own cancel says nothing more (as before spawned jobs); others name theirs.
+    return {} if via == "cancel" else {"via": via}
 
 
 async def sweep_spawned(store: JobStore) -> int:
