@@ -10,9 +10,10 @@ ctx.transaction() as session`); a plain `def` task runs on a worker thread and g
 `SyncTaskContext` (`ctx.submit(...)` returns the job, `with ctx.transaction() as session`),
 whose calls without a session run on the worker process's event loop. Either way they go
 through this process's own clients, created in this process (`executor.clients`). Neither
-is a copy of the other: the client operations are `ClientCore`'s (`submit` marks the job
-it makes as spawned by this one, `spawned_by`, unless `detach=True`;
-`blocking_or_in_session`), and the durable ones are written once in `DurableContext`.
+is a copy of the other: the client operations are `ClientCore`'s (`submit` calls its
+`Submitting.submit`, blocking through `blocking_or_in_session` in a plain `def` task, and
+records this job as the new job's `spawned_by` unless `detach=True`), and the durable ones
+are written once in `DurableContext`.
 """
 
 from __future__ import annotations

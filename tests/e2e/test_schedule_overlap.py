@@ -1,7 +1,8 @@
 """Schedule overlap on real dispatchers: a 3 s task every second with `overlap="skip"`
 never overlaps itself in the server's history, and each tick is exactly one decision
-across the dispatchers (a job, or one `schedule.skipped` line); with `cancel_other`, each
-tick cancels the run before it, and the new run starts once that one has ended."""
+across the dispatchers (a job, or one `schedule.skipped` line); with `buffer_one`, one run
+at most waits for the running one; with `cancel_other`, each tick cancels the run before
+it, and the new run starts once that one has ended."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def iso(at: datetime) -> str:
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).isoformat()
 
 
-async def test_skip_never_overlaps_and_cancel_other_replaces_the_previous_run(
+async def test_skip_and_buffer_one_never_overlap_and_cancel_other_replaces_the_previous_run(
     cluster: Cluster, http: httpx.Client, store: JobStore
 ) -> None:
     cluster.api(**OVERLAPPING)
@@ -60,6 +61,18 @@ async def test_skip_never_overlaps_and_cancel_other_replaces_the_previous_run(
     per_tick = Counter(e["tick"] for e in skipped if e["schedule"] == "slow-skip")
     assert len(per_tick) >= 2 and set(per_tick.values()) == {1}, per_tick  # once per tick
     assert not set(per_tick) & {iso(r["schedule"]["tick"]) for r in skip_runs}  # not both
+
+    # buffer_one: each run after the first waited for the one before it (at most one
+    # waiting at a time: the ticks in between were skipped), and none overlapped.
+    chained = await poll(lambda: runs("slow-buffer", "completed", 2))
+    assert not chained[0].get("depends_on")
+    for before, after in itertools.pairwise(chained):
+        assert after["depends_on"] == [before["_id"]] and after["run_on_parent_failure"]
+        if after["started_at"] is not None:
+            assert after["started_at"] >= before["finished_at"]
+    assert sum(r["status"] == "waiting" for r in chained) <= 1
+    skipped = [e for d in disps for e in d.events("schedule.skipped")]
+    assert any(e["schedule"] == "slow-buffer" for e in skipped)
 
     # cancel_other: every run but the newest was cancelled, and each run started only once
     # the one before it had ended.

@@ -1,6 +1,7 @@
 """Schedules whose runs outlast their period (`BROOK_TASKS=tests.tasks.basic,
-tests.tasks.overlapping`): a 3 s task every second with `overlap="skip"`, and a task that
-would run a minute every two seconds with `overlap="cancel_other"`."""
+tests.tasks.overlapping`): a 3 s task every second with `overlap="skip"`, the same with
+`overlap="buffer_one"`, and a task that would run a minute every two seconds with
+`overlap="cancel_other"`."""
 
 from __future__ import annotations
 
@@ -24,4 +25,11 @@ schedule(
     task="overlap_slow",
     payload={"seconds": 60},
     overlap="cancel_other",
+)
+schedule(
+    "slow-buffer",
+    "* * * * * *",
+    task="overlap_slow",
+    payload={"seconds": 3},
+    overlap="buffer_one",
 )
