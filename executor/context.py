@@ -10,8 +10,10 @@ ctx.transaction() as session`); a plain `def` task runs on a worker thread and g
 `SyncTaskContext` (`ctx.submit(...)` returns the job, `with ctx.transaction() as session`),
 whose calls without a session run on the worker process's event loop. Either way they go
 through this process's own clients, created in this process (`executor.clients`). Neither
-is a copy of the other: the client operations are `ClientCore`'s (`delegating`,
-`blocking_or_in_session`), and the durable ones are written once in `DurableContext`.
+is a copy of the other: the client operations are `ClientCore`'s (`submit` calls its
+`Submitting.submit`, blocking through `blocking_or_in_session` in a plain `def` task, and
+records this job as the new job's `spawned_by` unless `detach=True`), and the durable ones
+are written once in `DurableContext`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import contextlib
 import functools
 import inspect
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -31,11 +33,12 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
-from brook.common.client.core import ClientCore, Submitting
+from brook.common.client.core import ClientCore, Submitting, spawning
 from brook.common.domain.errors import SignalTimeout
+from brook.common.domain.models import Job
 from brook.common.domain.steps import check_signal_key, check_step_name, seconds_of
 from brook.common.runtime import tracing
-from brook.common.runtime.blocking import Coro, T, blocking_or_in_session, delegating, drive, run_on
+from brook.common.runtime.blocking import Coro, T, blocking_or_in_session, drive, run_on
 from brook.common.runtime.log import get_logger
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, sync_database
@@ -133,6 +136,17 @@ class BaseContext:
 
     def _signals(self) -> SignalStore:
         return SignalStore(database(process_client(self.process_settings), self.process_settings))
+
+
+@contextlib.contextmanager
+def _spawning(job_id: str, detach: bool) -> Generator[None]:
+    """A submit made in this block records `job_id` as its job's `spawned_by` (nothing with
+    `detach`)."""
+    token = spawning.set(None if detach else job_id)
+    try:
+        yield
+    finally:
+        spawning.reset(token)
 
 
 def _elapsed_ms(started: float) -> float:
@@ -289,7 +303,18 @@ class TaskContext(DurableContext):
         block ends."""
         return self._attempt_tx().open_async(process_client(self.process_settings))
 
-    submit = delegating(Submitting.submit)
+    async def submit(
+        self,
+        task: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        detach: bool = False,
+        **options: Any,
+    ) -> Job:
+        """Submit a job with `Client.submit`'s arguments. It is spawned by this job
+        (`spawned_by`): cancelling this job cancels it too, unless `detach=True`."""
+        with _spawning(self.job_id, detach):
+            return await self._target().submit(task, payload, **options)
 
     async def parent_results(self) -> dict[str, Any]:
         """`{parent job id: result}` for this job's `depends_on`, in that order."""
@@ -357,7 +382,19 @@ class SyncTaskContext(DurableContext):
     def _session_target(self) -> Submitting:
         return process_sessions(self.process_settings)
 
-    submit = blocking_or_in_session(Submitting.submit)
+    _submit = blocking_or_in_session(Submitting.submit)
+
+    def submit(
+        self,
+        task: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        detach: bool = False,
+        **options: Any,
+    ) -> Job:
+        """As `TaskContext.submit`, blocking (with `session=`, in this task's transaction)."""
+        with _spawning(self.job_id, detach):
+            return self._submit(task, payload, **options)
 
     def parent_results(self) -> dict[str, Any]:
         """`{parent job id: result}` for this job's `depends_on`, in that order."""

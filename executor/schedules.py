@@ -7,8 +7,8 @@
 
     schedule("report-hourly", "0 * * * *", task="report", tz="Europe/Paris")
 
-Declaring records the schedule and checks it at once (a bad cron, zone, name or
-`catch_up` fails the import). Every dispatcher that loads the module runs it; a
+Declaring records the schedule and checks it at once (a bad cron, zone, name,
+`catch_up` or `overlap` fails the import). Every dispatcher that loads the module runs it; a
 dispatcher whose schedules name a task it does not have refuses to start.
 """
 
@@ -32,12 +32,23 @@ def schedule(
     queue: str = "default",
     tz: str = "UTC",
     catch_up: str = "latest",
+    overlap: str = "allow",
 ) -> Schedule:
     """Run `task` with `payload` at every tick of `cron` (5 fields, or 6 with seconds
     last) in time zone `tz`. After downtime, `catch_up="latest"` runs the most recent
-    missed tick once and `"none"` skips the missed ticks."""
+    missed tick once and `"none"` skips the missed ticks. While the previous run is
+    unfinished, a tick's `overlap` is `"allow"` (a job anyway), `"skip"` (no job),
+    `"buffer_one"` (a job that waits for it, at most one) or `"cancel_other"` (the previous
+    run is cancelled, and the new job waits until it has ended)."""
     declared = Schedule.declare(
-        name, cron, task=task, payload=payload, queue=queue, tz=tz, catch_up=catch_up
+        name,
+        cron,
+        task=task,
+        payload=payload,
+        queue=queue,
+        tz=tz,
+        catch_up=catch_up,
+        overlap=overlap,
     )
     existing = _SCHEDULES.get(name)
     if existing is not None and existing != declared:

@@ -196,7 +196,8 @@ def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
-    """`brook retry|cancel` with filters: `POST /jobs/retry|cancel`, prints `{"count": n}`.
+    """`brook retry|cancel` with filters: `POST /jobs/retry|cancel`, prints `{"count": n}`
+    (a cancel adds `spawned_cancelled`).
     The options are the fields of `JobFilter`, sent as written: the API checks them."""
     from dataclasses import fields
 
@@ -206,9 +207,12 @@ def _bulk(settings: Settings, args: argparse.Namespace, action: str) -> int:
         f.name: getattr(args, f.name) for f in fields(JobFilter) if getattr(args, f.name)
     }
     if args.id is not None:
-        if body or args.dry_run:
+        if body or (args.dry_run and action != "cancel"):
             die(f"brook {action} takes a job ID or filters, not both", 2)
-        print_json(call_api(settings, "POST", f"/jobs/{args.id}/{action}"))
+        # A cancel's answer is the job with `spawned_cancelled`: the jobs it spawned, and
+        # theirs, that the cancel reached (with --dry-run, would).
+        query = "?dry_run=true" if args.dry_run else ""
+        print_json(call_api(settings, "POST", f"/jobs/{args.id}/{action}{query}"))
         return 0
     if not body:
         die(f"brook {action} needs a job ID or at least one filter (--status, --task, ...)", 2)
@@ -251,7 +255,7 @@ def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
             safe(
                 f"{s['name']:<20}  {s['cron']:<16}  {s['tz']:<16}  {s['task']:<12}  "
                 f"{'paused' if s['paused'] else 'active':<6}  next={s['next_run'] or '-'}  "
-                f"last_job={s['last_job_id'] or '-'}"
+                f"last_job={s['last_job_id'] or '-'}  overlap={s.get('overlap', 'allow')}"
             )
         )
     return 0

@@ -8,19 +8,22 @@ cancelled jobs, a cancel only waiting or pending ones, and asks running ones to 
 changed job leaves the filter, so the next page is the next jobs, and the same request sent
 again changes nothing more: the answer counts the jobs it changed (under `dry_run`, the
 jobs it would change). Every job changed is one log line, as for the single-job calls;
-a cancelled parent's dependents are settled; a job with parents is retried on its own, to
-wait for those that have not completed.
+a cancelled parent's dependents are settled, and the jobs a cancelled job spawned are
+cancelled down the tree (`brook.common.client.spawned`); a job with parents is retried on
+its own, to wait for those that have not completed.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from brook.common.client.dependents import settle
+from brook.common.client.spawned import cancel_spawned
 from brook.common.domain.bulk import BulkAction, JobFilter, validate_bulk
 from brook.common.domain.errors import JobConflict, JobNotFound
 from brook.common.domain.models import Doc, Job
@@ -40,6 +43,15 @@ def _log(event: Event, doc: Doc) -> None:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class BulkCount:
+    """What a bulk operation changed: `count`, the jobs its filter named, and
+    `spawned_cancelled`, the jobs a cancel reached below them (spawned, `ParentCancelled`)."""
+
+    count: int
+    spawned_cancelled: int = 0
+
+
 class BulkOperations:
     _store: JobStore
 
@@ -49,17 +61,34 @@ class BulkOperations:
     async def bulk(self, action: BulkAction, body: object) -> int:
         """Retry or cancel the jobs the body's filter names; the number changed (or, with
         `dry_run`, that would be). `InvalidInput` (the API's 422) for a bad body."""
+        return (await self.bulk_counts(action, body)).count
+
+    async def bulk_counts(self, action: BulkAction, body: object) -> BulkCount:
+        """`bulk`, with the spawned jobs a cancel reached beside the count (a retry reaches
+        none): every unfinished job that a job it cancelled spawned (`ctx.submit`), down the
+        tree (`ParentCancelled`)."""
         f, dry_run = validate_bulk(body)
         if dry_run:
-            return await self._store.count_matching(f, action)
-        changed = 0
+            count = await self._store.count_matching(f, action)
+            if action == "retry" or not count:
+                return BulkCount(count=count)
+            roots = await self._store.matching_ids(f, action)
+            spawned = await cancel_spawned(self._store, roots, via="bulk", dry_run=True)
+            return BulkCount(count=count, spawned_cancelled=spawned)
+        out = BulkCount(count=0)
         passed: list[str] = []  # jobs it could not change (a race): not read again
         while page := await self._store.matching_page(f, action, passed):
             ids = [str(d["_id"]) for d in page]
-            done = await (self._retry_page if action == "retry" else self._cancel_page)(page)
-            changed += len(done)
+            if action == "retry":
+                done, spawned = await self._retry_page(page), 0
+            else:
+                done, spawned = await self._cancel_page(page)
+            out = BulkCount(
+                count=out.count + len(done),
+                spawned_cancelled=out.spawned_cancelled + spawned,
+            )
             passed += [i for i in ids if i not in done]
-        return changed
+        return out
 
     async def _retry_page(self, page: Sequence[Doc]) -> set[str]:
         ids = [str(d["_id"]) for d in page]
@@ -76,8 +105,11 @@ class BulkOperations:
                 out.add(str(doc["_id"]))
         return out
 
-    async def _cancel_page(self, page: Sequence[Doc]) -> set[str]:
-        done = await self._store.cancel_page([str(d["_id"]) for d in page], secrets.token_hex(8))
+    async def _cancel_page(self, page: Sequence[Doc]) -> tuple[set[str], int]:
+        ids = [str(d["_id"]) for d in page]
+        # Marked first: a propagation cut short is finished by a dispatcher's sweep.
+        await self._store.mark_spawn_cancel(ids)
+        done = await self._store.cancel_page(ids, secrets.token_hex(8))
         for doc in done:
             stopping = doc.get("status") == "running"
             _log(Event.JOB_CANCEL_REQUESTED if stopping else Event.JOB_CANCELLED, doc)
@@ -86,7 +118,8 @@ class BulkOperations:
         ]
         if parents:
             await settle(self._store, parents, via="cancel")
-        return {str(d["_id"]) for d in done}
+        spawned = await cancel_spawned(self._store, ids, via="bulk")
+        return {str(d["_id"]) for d in done}, spawned
 
     async def retry_many(
         self, where: JobFilter | None = None, /, *, dry_run: bool = False, **fields: Any
@@ -101,7 +134,9 @@ class BulkOperations:
         self, where: JobFilter | None = None, /, *, dry_run: bool = False, **fields: Any
     ) -> int:
         """Cancel every waiting or pending job the filter names, and ask the running ones to
-        stop (the filter as `retry_many`'s); the number changed, or that would be."""
+        stop (the filter as `retry_many`'s); the number changed, or that would be. The
+        jobs they spawned are cancelled too, down the tree, not counted here (the HTTP
+        answer's `spawned_cancelled` counts them)."""
         return await self.bulk("cancel", _body(where, fields, dry_run))
 
 

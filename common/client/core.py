@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,9 +27,16 @@ from pymongo.synchronous.client_session import ClientSession
 from pymongo.synchronous.database import Database
 
 from brook.common.client.bulk import BulkOperations
-from brook.common.client.dependents import recheck, settle
+from brook.common.client.dependents import recheck
+from brook.common.client.spawned import cancel_spawned, cancel_with_spawned
 from brook.common.client.task_directory import TaskDirectory
-from brook.common.domain.errors import InvalidInput, JobNotFound, StepError, WaitTimeout
+from brook.common.domain.errors import (
+    InvalidInput,
+    JobConflict,
+    JobNotFound,
+    StepError,
+    WaitTimeout,
+)
 from brook.common.domain.models import DEFAULT_QUEUE, Doc, Job, JobSpec
 from brook.common.domain.queues import validate_queue_update
 from brook.common.domain.status import TERMINAL, JobStatus
@@ -60,6 +68,12 @@ NO_TX_DEBOUNCE = "debounce_key cannot be used with session= (a debounced job joi
 WAIT_AWAIT_MS = 5000
 
 _KEEP: Any = object()  # a limit `set_queue` was not asked to change
+
+# The job whose task is submitting now, through `ctx.submit` (not `detach=True`): the task's
+# context sets it around the call, and the submit records it as the new job's `spawned_by`.
+# A context variable, so no public submit takes a parent, and it follows the call onto the
+# worker's event loop (a plain `def` task's submit runs there).
+spawning: ContextVar[str | None] = ContextVar("brook_spawning", default=None)
 
 # `ClientCore.list` shadows the builtin in the class body: annotations there use these.
 JobList = list[Job]
@@ -217,6 +231,9 @@ class Submitting:
                 "debounce_max_s": _seconds(debounce_max_s),
             }
         )
+        parent = spawning.get()
+        if parent is not None:
+            spec = replace(spec, spawned_by=parent)
         if session is not None:
             return (await self.submit_in(session, [spec], batch=False))[0].job
         return (await self.submit_spec(spec)).job
@@ -433,16 +450,28 @@ class ClientCore(Submitting, BulkOperations):
 
     # -- change one job ------------------------------------------------------------------------
 
-    async def cancel(self, job_id: str) -> Job:
+    async def cancel(self, job_id: str, *, dry_run: bool = False) -> Job:
         """A waiting or pending job is cancelled at once (and its dependents, which this
         settles); a running one is stopped by its dispatcher (`cancel_requested` until
-        then). `JobConflict` for a finished job."""
-        job = await self._store.cancel(job_id)
-        cancelled = job.status == JobStatus.CANCELLED
-        _emit(Event.JOB_CANCELLED if cancelled else Event.JOB_CANCEL_REQUESTED, job)
-        if cancelled and job.has_dependents:
-            await settle(self._store, [job.id], via="cancel")
-        return job
+        then). Every unfinished job it spawned (`ctx.submit`), and theirs, is cancelled too
+        (`ParentCancelled`), also when the job itself had finished: the answer's
+        `spawned_cancelled` counts them. `JobConflict` for a finished job that left none
+        running. With `dry_run`, nothing changes: the job as it is, and the count."""
+        if dry_run:
+            return await self._cancel_dry_run(job_id)
+        job, spawned = await cancel_with_spawned(self._store, job_id, via="cancel")
+        if job is None:  # it had finished: an answer only if it still reached some
+            job = await self._store.get(job_id)
+            if not spawned:
+                raise JobConflict(f"job {job_id} is already {job.status.value}")
+        return replace(job, spawned_cancelled=spawned)
+
+    async def _cancel_dry_run(self, job_id: str) -> Job:
+        job = await self._store.get(job_id)
+        spawned = await cancel_spawned(self._store, [job_id], via="cancel", dry_run=True)
+        if job.status in TERMINAL and not spawned:
+            raise JobConflict(f"job {job_id} is already {job.status.value}")
+        return replace(job, spawned_cancelled=spawned)
 
     async def signal(self, key: str, payload: Any = None) -> int:
         """Send a signal on `key`: it is stored (majority-written, kept for the signal

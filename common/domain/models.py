@@ -82,6 +82,9 @@ class JobSpec:
     debounce_key: str | None = None
     debounce_s: float | None = None
     debounce_max_s: float | None = None
+    # The job whose task submitted this one with `ctx.submit` (not `detach=True`): cancelling
+    # that job cancels this one. Set by `ctx.submit` only, never by a spec.
+    spawned_by: str | None = None
 
 
 # Without `debounce_max_s`, a debounced job waits at most this many times `debounce_s`.
@@ -135,6 +138,10 @@ class Job:
     key: str | None = None  # whose job it is: per-key limits and fair claiming
     debounce_key: str | None = None
     debounced: int = 0  # submits this debounced job took (the first included)
+    spawned_by: str | None = None  # the job whose task submitted it (`ctx.submit`)
+    # Only on a cancel's answer, never stored: the spawned jobs that cancel cancelled (or,
+    # under `dry_run`, would).
+    spawned_cancelled: int | None = None
 
     @property
     def job_id(self) -> str:
@@ -208,6 +215,7 @@ class Job:
             key=doc.get("key"),
             debounce_key=doc.get("debounce_key"),
             debounced=int(doc.get("debounced", 0)),
+            spawned_by=doc.get("spawned_by"),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -251,7 +259,14 @@ class Job:
             "key": self.key,
             "debounce_key": self.debounce_key,
             "debounced": self.debounced,
+            "spawned_by": self.spawned_by,
+            **self._cancel_answer(),
         }
+
+    def _cancel_answer(self) -> dict[str, Any]:
+        if self.spawned_cancelled is None:
+            return {}
+        return {"spawned_cancelled": self.spawned_cancelled}
 
     def step_results(self) -> dict[str, Any]:
         """The recorded steps' results by name: what a new run replays."""

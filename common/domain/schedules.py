@@ -17,10 +17,30 @@ from typing import Any, Literal
 import bson
 
 from brook.common.domain.cron import latest_tick, next_tick, parse_cron, zone
-from brook.common.domain.models import Doc, as_date, is_queue_name
+from brook.common.domain.models import Doc, as_count, as_date, is_queue_name
 
 CatchUp = Literal["latest", "none"]
 CATCH_UP: tuple[CatchUp, ...] = ("latest", "none")
+# What a tick does while the schedule's previous run is unfinished (not in a terminal state).
+Overlap = Literal["allow", "skip", "buffer_one", "cancel_other"]
+OVERLAP: tuple[Overlap, ...] = ("allow", "skip", "buffer_one", "cancel_other")
+# What one tick was decided to do, once for the cluster: a job (`run`), none (`skip`), a job
+# waiting for the unfinished run (`buffer`), or one that waits for it after cancelling it
+# (`replace`).
+TickDecision = Literal["run", "skip", "buffer", "replace"]
+
+
+def tick_decision(overlap: str, previous: str | None) -> TickDecision:
+    """What a tick does under `overlap`, given the status of the schedule's newest run
+    (None: there is none, or it has ended). A `waiting` newest run is one already buffered
+    (a tick's job waits only for the run before it)."""
+    if previous is None or overlap == "allow":
+        return "run"
+    if overlap == "skip":
+        return "skip"
+    if overlap == "buffer_one":
+        return "skip" if previous == "waiting" else "buffer"
+    return "replace"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 
 
@@ -55,6 +75,7 @@ class Schedule:
     queue: str = "default"
     tz: str = "UTC"
     catch_up: CatchUp = "latest"
+    overlap: Overlap = "allow"
 
     @classmethod
     def declare(
@@ -67,6 +88,7 @@ class Schedule:
         queue: str = "default",
         tz: str = "UTC",
         catch_up: str = "latest",
+        overlap: str = "allow",
     ) -> Schedule:
         """A checked schedule; `ValueError` naming the schedule and what is wrong."""
         try:
@@ -80,6 +102,8 @@ class Schedule:
                 raise ValueError("queue must be a queue name (letters, digits, '_', '.', '-')")
             if catch_up not in CATCH_UP:
                 raise ValueError(f"catch_up must be one of {', '.join(CATCH_UP)}, not {catch_up!r}")
+            if overlap not in OVERLAP:
+                raise ValueError(f"overlap must be one of {', '.join(OVERLAP)}, not {overlap!r}")
             zone(tz)
             return cls(
                 name=name,
@@ -89,6 +113,7 @@ class Schedule:
                 queue=queue,
                 tz=tz,
                 catch_up=catch_up,
+                overlap=overlap,
             )
         except ValueError as exc:
             raise ValueError(f"schedule {name!r}: {exc}") from None
@@ -111,6 +136,7 @@ class Schedule:
             "queue": self.queue,
             "tz": self.tz,
             "catch_up": self.catch_up,
+            "overlap": self.overlap,
         }
 
 
@@ -131,6 +157,11 @@ class ScheduleState:
     last_job_id: str | None
     resumed_at: datetime | None
     declared_at: datetime | None
+    overlap: str = "allow"
+    # The tick of the newest run (the newest tick decided to make a job), and how many ticks
+    # were skipped by `overlap`: kept for schedules whose `overlap` is not `allow`.
+    run_tick: datetime | None = None
+    skipped: int = 0
 
     @classmethod
     def from_doc(cls, doc: Doc) -> ScheduleState:
@@ -147,6 +178,9 @@ class ScheduleState:
             last_job_id=doc.get("last_job_id"),
             resumed_at=as_date(doc.get("resumed_at")),
             declared_at=as_date(doc.get("declared_at")),
+            overlap=str(doc.get("overlap", "allow")),
+            run_tick=as_date(doc.get("run_tick")),
+            skipped=as_count(doc.get("skipped")),
         )
 
     def next_run(self, now: datetime) -> datetime | None:
@@ -171,5 +205,7 @@ class ScheduleState:
             "payload": self.payload,
             "queue": self.queue,
             "catch_up": self.catch_up,
+            "overlap": self.overlap,
+            "skipped": self.skipped,
             "declared_at": self.declared_at,
         }

@@ -51,6 +51,7 @@ class Event(StrEnum):
     PROGRESS_DISCARDED = "progress.discarded"  # a stale attempt's progress: fenced out
     SCHEDULE_DECLARED = "schedule.declared"
     SCHEDULE_MISSED = "schedule.missed"  # ticks passed while no dispatcher ran (catch_up)
+    SCHEDULE_SKIPPED = "schedule.skipped"  # a tick made no job: its previous run (overlap)
     SCHEDULE_PAUSED = "schedule.paused"
     SCHEDULE_RESUMED = "schedule.resumed"
     TRIGGER_IDLE = "trigger.idle"  # its follower saw the pause: reads nothing until resumed

@@ -128,6 +128,7 @@ def _optional_fields(
         "trigger": spec.trigger,
         "trace": spec.trace,
         "key": spec.key,
+        "spawned_by": spec.spawned_by,
     }
     fields.update({name: value(given) for name, given in named.items() if given is not None})
     if spec.unique_for_s is not None:
@@ -289,6 +290,8 @@ def retried_fields(waiting_on: Sequence[str]) -> dict[str, Any]:
         "owner": None,
         "lease_expires_at": None,
         "cancel_requested": False,
+        "cancel_error": "$$REMOVE",
+        "spawn_cancel": "$$REMOVE",
         **history({"status": status, "at": NOW, "attempt": "$attempts", "reason": "retry"}),
     }
 

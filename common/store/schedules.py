@@ -2,14 +2,17 @@
 
 One document per schedule name: its definition as the dispatchers last declared it, and
 the state they share: `paused` (set through the API), `last_tick` / `last_job_id` (the
-newest tick whose job exists, only ever moved forward) and `resumed_at`. The jobs
+newest tick whose job exists, only ever moved forward) and `resumed_at`; for a schedule
+whose `overlap` is not `allow`, the decision of its newest decided tick (`decided_tick`,
+`decision`), the tick of its newest run (`run_tick`) and the ticks it skipped (`skipped`). The jobs
 themselves go through `JobStore.submit` like any other job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pymongo import ASCENDING, ReturnDocument, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
@@ -17,7 +20,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from brook.common.domain.errors import ScheduleNotFound
 from brook.common.domain.models import Doc
-from brook.common.domain.schedules import Schedule, ScheduleState
+from brook.common.domain.schedules import Schedule, ScheduleState, TickDecision
 
 SCHEDULES = "brook_schedules"
 
@@ -75,3 +78,44 @@ class ScheduleStore:
             {"_id": name, "$or": [{"last_tick": None}, {"last_tick": {"$lt": tick}}]},
             {"$set": {"last_tick": tick, "last_job_id": job_id}},
         )
+
+    async def decide(
+        self, name: str, tick: datetime, decision: TickDecision, after: str | None
+    ) -> Decided | None:
+        """Record what `tick` does, once for the cluster (a schedule whose `overlap` is not
+        `allow`): the first dispatcher to decide a tick later than the last decided one
+        wins, by one conditional write that also moves `run_tick` (a job is made) or counts
+        the skip. The others get the winner's decision for that tick, and None for a tick
+        older than the last decided one (stale). `after`: the run the tick's job waits for."""
+        kept = {"tick": tick, "kind": decision, "after": after}
+        update: Doc = {"$set": {"decided_tick": tick, "decision": kept}}
+        if decision == "skip":
+            update["$inc"] = {"skipped": 1}
+        else:
+            update["$set"]["run_tick"] = tick
+        won = await self.schedules.find_one_and_update(
+            {"_id": name, "$or": [{"decided_tick": None}, {"decided_tick": {"$lt": tick}}]},
+            update,
+        )
+        if won is not None:
+            return Decided(kind=decision, after=after, won=True)
+        doc = await self.schedules.find_one({"_id": name}, projection={"decision": 1})
+        seen = (doc or {}).get("decision") or {}
+        if seen.get("tick") is None or as_utc(seen["tick"]) != as_utc(tick):
+            return None
+        return Decided(kind=seen["kind"], after=seen.get("after"), won=False)
+
+
+def as_utc(at: datetime) -> datetime:
+    """A time read back from MongoDB (naive UTC, or aware) comparable with an aware one."""
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decided:
+    """What one tick does (`kind`), the run its job waits for (`after`), and whether this
+    dispatcher's write decided it (`won`: it logs a skip, and cancels for `replace`)."""
+
+    kind: TickDecision
+    after: str | None
+    won: bool

@@ -3,7 +3,9 @@
 Every sweep (`BROOK_SWEEP_SECONDS`) it requeues expired leases, anyone's (a dead or frozen
 holder; a transaction its attempt left open is ended first), stops the workers of held jobs
 whose cancel request the stream missed, settles the dependents of parents whose settler
-died, then asks the claimer to look for due work no event announced.
+died, goes down again from cancelled jobs whose spawned jobs a cut-short propagation left
+(or that spawned more before they stopped), then asks the claimer to look for due work
+no event announced.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 
 from pymongo.errors import PyMongoError
 
+from brook.common.client.spawned import sweep_spawned
 from brook.common.domain.errors import LeaseLost
 from brook.common.runtime.backoff import backoff_delay
 from brook.common.runtime.log_events import Event, job_fields, log_event
@@ -58,7 +61,8 @@ class Watchdog:
 
     async def sweep(self) -> None:
         """Requeue expired leases, stop workers of cancelled jobs, settle the dependents of
-        parents that ended without it (their settler died), and claim due work."""
+        parents that ended without it (their settler died), finish the cancels of spawned
+        jobs cut short (`spawn_cancel`), and claim due work."""
         await self.clock.sync()
         requeued = 0
         for lease in await self.store.expired():
@@ -79,8 +83,14 @@ class Watchdog:
             self.cancel(job_id)
         self.holdings.forget_old_cancels()
         parents = await self.dependents.sweep()
-        if requeued or parents:
-            log_event(Event.SWEEP_DONE, requeued=requeued, parents_settled=parents)
+        spawners = await sweep_spawned(self.store)
+        if requeued or parents or spawners:
+            log_event(
+                Event.SWEEP_DONE,
+                requeued=requeued,
+                parents_settled=parents,
+                spawn_cancels=spawners,
+            )
         self.swept()
 
     async def _requeue(self, lease: ExpiredLease) -> bool:

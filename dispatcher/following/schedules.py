@@ -16,6 +16,9 @@ past several ticks of one schedule (a long failover) submits only the latest of 
 At start, ticks that passed since the schedule's last recorded tick (or its resume) are
 missed: `catch_up="latest"` submits the most recent of them once, `"none"` skips them.
 A schedule seen for the first time starts with its next tick.
+
+A schedule whose `overlap` is not `allow` decides each tick once for the cluster before
+its job, if any, is submitted (`overlap.py`); a caught-up tick is decided the same way.
 """
 
 from __future__ import annotations
@@ -24,13 +27,15 @@ import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from brook.common.client.dependents import recheck
 from brook.common.domain.models import JobSpec
 from brook.common.domain.schedules import Schedule, ScheduleState
 from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.store.clock import ServerClock
 from brook.common.store.failover_retry import persist
-from brook.common.store.jobs import JobStore
+from brook.common.store.jobs import JobStore, Submitted
 from brook.common.store.schedules import ScheduleStore
+from brook.dispatcher.following.overlap import Overlaps
 
 MAX_SLEEP_S = 60.0
 
@@ -51,6 +56,7 @@ class ScheduleRunner:
         self.clock = clock
         self.owner = owner
         self._next: dict[str, datetime] = {}  # name → its next tick not yet handled
+        self.overlaps = Overlaps(jobs, store)
 
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now(), UTC)
@@ -100,7 +106,9 @@ class ScheduleRunner:
                     catch_up=s.catch_up,
                     latest_missed=missed.isoformat(),
                 )
-        await asyncio.gather(*(self._submit(s, tick, catch_up=True) for s, tick in late))
+        await asyncio.gather(
+            *(self._submit(s, tick, states.get(s.name), catch_up=True) for s, tick in late)
+        )
 
     @staticmethod
     def _missed(s: Schedule, state: ScheduleState | None, now: datetime) -> datetime | None:
@@ -117,7 +125,7 @@ class ScheduleRunner:
         due = [name for name, at in self._next.items() if at <= now]
         states = await persist("schedules.read", lambda: self.store.states(due))
         now = max(now, self._now())  # the read may have waited out a failover
-        ticks: list[tuple[Schedule, datetime]] = []
+        ticks: list[tuple[Schedule, datetime, ScheduleState | None]] = []
         for name in due:
             s = self.schedules[name]
             # Several ticks passed (a long failover, say): only the latest is submitted.
@@ -125,10 +133,18 @@ class ScheduleRunner:
             self._next[name] = s.next_tick(tick)
             state = states.get(name)
             if state is None or not state.paused:
-                ticks.append((s, tick))
-        await asyncio.gather(*(self._submit(s, tick, catch_up=False) for s, tick in ticks))
+                ticks.append((s, tick, state))
+        await asyncio.gather(*(self._submit(s, t, state, catch_up=False) for s, t, state in ticks))
 
-    async def _submit(self, s: Schedule, tick: datetime, *, catch_up: bool) -> None:
+    async def _submit(
+        self, s: Schedule, tick: datetime, state: ScheduleState | None, *, catch_up: bool
+    ) -> None:
+        after: str | None = None
+        if s.overlap != "allow":  # one decision for the cluster first (`overlap.py`)
+            decided = await self.overlaps.decide(s, tick, state)
+            if decided is None:
+                return
+            after = decided.after
         # `queue` stays in the schedule's document until jobs carry one (issue 8).
         spec = JobSpec(
             task=s.task,
@@ -137,8 +153,11 @@ class ScheduleRunner:
             run_at=tick,
             idempotency_key=s.key(tick),
             schedule={"name": s.name, "tick": tick},
+            # A buffered or replacing job starts once the run it follows has ended.
+            depends_on=(after,) if after is not None else (),
+            run_on_parent_failure=after is not None,
         )
-        submitted = await persist("schedule.submit", lambda: self.jobs.submit(spec))
+        submitted = await persist("schedule.submit", lambda: self._insert(spec))
         job = submitted.job
         fields = job_fields(job) | {"schedule": s.name, "tick": tick.isoformat()}
         if not submitted.created:
@@ -147,3 +166,10 @@ class ScheduleRunner:
             return
         log_event(Event.JOB_SUBMITTED, **fields, catch_up=catch_up, run_at=job.run_at.isoformat())
         await persist("schedule.ticked", lambda: self.store.ticked(s.name, tick, job.id))
+
+    async def _insert(self, spec: JobSpec) -> Submitted:
+        if not spec.depends_on:
+            return await self.jobs.submit(spec)
+        # A workflow write: its parent is marked, and settled now if it ended meanwhile.
+        [submitted] = await recheck(self.jobs, await self.jobs.submit_many([spec]), via="submit")
+        return submitted

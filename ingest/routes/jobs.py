@@ -121,9 +121,12 @@ async def retry_many(body: Annotated[object, Depends(json_body)], core: Core) ->
 @router.post("/jobs/cancel", openapi_extra=_BULK_OPENAPI, responses=_BULK_ERRORS)
 async def cancel_many(body: Annotated[object, Depends(json_body)], core: Core) -> JSONResponse:
     """Cancel every waiting or pending job the filter names and ask the running ones to
-    stop (the filter as for `POST /jobs/retry`): `{"count": n}`, the jobs changed (with
-    `dry_run: true`, that would be). Sent again, it changes nothing more."""
-    return json_response({"count": await core.bulk("cancel", body)})
+    stop (the filter as for `POST /jobs/retry`): `{"count": n, "spawned_cancelled": m}`,
+    the jobs changed (with `dry_run: true`, that would be), and below them the unfinished
+    jobs they spawned (`ctx.submit`), cancelled down the tree with `ParentCancelled`. Sent
+    again, it changes nothing more."""
+    done = await core.bulk_counts("cancel", body)
+    return json_response({"count": done.count, "spawned_cancelled": done.spawned_cancelled})
 
 
 @router.get("/jobs/{job_id}", responses=_ERRORS)
@@ -156,13 +159,27 @@ async def list_jobs(
     since: datetime | None = None,
     until: datetime | None = None,
     include: Annotated[str | None, Query(max_length=100)] = None,
+    spawned_by: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
 ) -> JSONResponse:
     """Jobs newest first, without `payload` and `result` unless `include` names them
     (`include=payload,result`); pass `next` back as `after` for the following page.
     Search by `key`, `error` (the start of the error's type, case-sensitive) and
     `since`/`until` (created at or after / before, ISO-8601). A search that cannot finish
-    within `BROOK_QUERY_MAX_MS` → `422` `search_too_broad`."""
+    within `BROOK_QUERY_MAX_MS` → `422` `search_too_broad`. `spawned_by`: the jobs that
+    job's task submitted with `ctx.submit` (with `status`, `task` and `queue` only)."""
     wanted = parse_include(include)
+    left_out = sorted(INCLUDABLE - wanted)
+    if spawned_by is not None:
+        if any(v is not None for v in (key, error, since, until)):
+            raise HTTPException(
+                422, "spawned_by combines with status, task and queue only (not key, error, "
+                "since or until)"
+            )
+        given = {"status": status.value if status else None, "task": task, "queue": queue}
+        filters = {k: v for k, v in given.items() if v is not None}
+        jobs, nxt = await store.list_spawned(spawned_by, filters=filters, limit=limit, after=after)
+        page = [_without(j.to_api(), left_out) for j in jobs]
+        return json_response({"jobs": page, "next": nxt})
     jobs, nxt = await store.list_jobs(
         status=status,
         task=task,
@@ -175,7 +192,6 @@ async def list_jobs(
         until=_utc(until),
         include=wanted,
     )
-    left_out = sorted(INCLUDABLE - wanted)
     return json_response({"jobs": [_without(j.to_api(), left_out) for j in jobs], "next": nxt})
 
 
@@ -219,11 +235,14 @@ async def failures(
 
 
 @router.post("/jobs/{job_id}/cancel", responses=_ERRORS)
-async def cancel(job_id: str, core: Core) -> JSONResponse:
+async def cancel(job_id: str, core: Core, dry_run: bool = False) -> JSONResponse:
     """Waiting or pending → cancelled at once (its dependents too, `DependencyFailed`);
-    running → its worker is stopped, then cancelled; finished → `409`."""
+    running → its worker is stopped, then cancelled. Every unfinished job it spawned
+    (`ctx.submit`), and theirs, is cancelled too (`ParentCancelled`), also for a job that
+    had finished: the job, with `spawned_cancelled`, how many. Finished with none left →
+    `409`. `?dry_run=true`: the same answer, counting, changing nothing."""
     try:
-        return job_response(await core.cancel(job_id))
+        return job_response(await core.cancel(job_id, dry_run=dry_run))
     except JobNotFound:
         raise HTTPException(404, f"no job {job_id}") from None
     except JobConflict as exc:

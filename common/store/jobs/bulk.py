@@ -38,6 +38,15 @@ class JobBulk(JobsCollection):
         hint = queries.bulk_index(f, action)
         return await (cursor.hint(hint) if hint is not None else cursor).to_list()
 
+    async def matching_ids(self, f: JobFilter, action: BulkAction) -> list[str]:
+        """The ids of every job the filter names that the action can change (a dry run's
+        walk down the trees of spawned jobs starts from them)."""
+        query = queries.bulk_match(f, action)
+        cursor = self.jobs.find(query, projection={"_id": 1})
+        hint = queries.bulk_index(f, action)
+        docs = await (cursor.hint(hint) if hint is not None else cursor).to_list()
+        return [str(d["_id"]) for d in docs]
+
     async def retry_page(self, ids: Sequence[str], tag: str) -> list[Doc]:
         """Retry these failed or cancelled jobs without parents; the jobs it changed."""
         write = queries.retried_many(ids, tag)

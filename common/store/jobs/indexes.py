@@ -157,6 +157,20 @@ INDEXES = [
         unique=True,
         partialFilterExpression={"status": P, "debounce_key": {"$type": "string"}},
     ),
+    # Spawned jobs (`ctx.submit`), by the job that spawned them, newest first: a cancel goes
+    # down the tree by it, and `GET /jobs?spawned_by=` lists them. Jobs no task spawned
+    # cost it nothing ...
+    IndexModel(
+        [("spawned_by", ASCENDING), ("_id", DESCENDING)],
+        name="spawned",
+        partialFilterExpression={"spawned_by": {"$type": "string"}},
+    ),
+    # ... and the jobs whose spawned jobs are being cancelled (the sweep's backstop).
+    IndexModel(
+        [("status", ASCENDING)],
+        name="spawn_cancelling",
+        partialFilterExpression={"spawn_cancel": True},
+    ),
     # Retention: a finished job gets `expire_at` (its finish + its retention) at its terminal
     # write, and MongoDB's TTL monitor deletes it then. Active jobs have no `expire_at`.
     IndexModel(

@@ -222,6 +222,12 @@ class JobSubmits(JobWorkflows):
             return {int(err["index"]) for err in errors if err.get("code") == 11000}
         return set()
 
+    async def by_idempotency_key(self, key: str) -> Job | None:
+        """The job holding this idempotency key now, if any (a schedule's tick finds its
+        run by it: `schedule:{name}:{tick}`)."""
+        doc = await self.jobs.find_one({"idempotency_key": key})
+        return Job.from_doc(doc) if doc is not None else None
+
     async def _key_holder(self, spec: JobSpec) -> Job | None:
         """The job holding `spec`'s idempotency key, or None if the key is free again: its
         job is gone (retention), or its unique window is over, in which case the key is

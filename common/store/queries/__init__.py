@@ -10,9 +10,9 @@ the server's clock (`$$NOW`); user data goes in as `$literal`, never read as an 
 One module per concern, as the jobs store (`brook.common.store.jobs`) has: `base` (the claim
 order, `Write`, the fences), `submits`, `claims`, `attempts` (a running attempt's lease,
 progress, start and transaction), `steps`, `outcomes`, `commands` (a caller's operations
-on one job and on many) and `workflows`; beside them `listing`, the reads that list, search
-and group jobs (the index each reads, its filter and order). Every write builder is
-importable from here.
+on one job and on many), `workflows` and `spawned` (a cancel that reaches the jobs a task
+submitted); beside them `listing`, the reads that list, search and group jobs (the index
+each reads, its filter and order). Every write builder is importable from here.
 """
 
 from brook.common.store.queries.attempts import (
@@ -66,6 +66,13 @@ from brook.common.store.queries.outcomes import (
     released,
     requeued_expired,
 )
+from brook.common.store.queries.spawned import (
+    PARENT_CANCELLED,
+    spawn_cancel_done,
+    spawn_cancel_marked,
+    spawned_cancel_requested,
+    spawned_cancelled,
+)
 from brook.common.store.queries.steps import (
     signal_waiters,
     step_entry,
@@ -94,6 +101,7 @@ __all__ = [
     "ENDED",
     "FOREVER",
     "MAX_MERGED_SCANS",
+    "PARENT_CANCELLED",
     "Update",
     "Write",
     "as_read",
@@ -134,6 +142,10 @@ __all__ = [
     "settled",
     "signal_waiters",
     "slot_taken",
+    "spawn_cancel_done",
+    "spawn_cancel_marked",
+    "spawned_cancel_requested",
+    "spawned_cancelled",
     "started",
     "step_entry",
     "step_recorded",

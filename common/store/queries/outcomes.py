@@ -27,6 +27,7 @@ from brook.common.store.queries.base import (
     running_fence,
     without_unknown_dependents,
 )
+from brook.common.store.queries.spawned import cancel_error_or
 from brook.common.store.records import ExpiredLease, Lease, RunTimes
 
 
@@ -129,6 +130,7 @@ def _attempt_ended(
     ended: Any = times.get("finished_at", NOW)
     begun = {"started_at": times["started_at"]} if ran is not None else {}
     again = {"$eq": ["$status", P]}
+    cancelled = {"$eq": ["$status", JobStatus.CANCELLED.value]}
     return Write(
         filter=fence,
         update=[
@@ -137,7 +139,7 @@ def _attempt_ended(
             {"$set": {"status": ended_status(final)}},
             {
                 "$set": {
-                    "error": lit(dict(error)),
+                    "error": {"$cond": [cancelled, cancel_error_or(dict(error)), lit(dict(error))]},
                     "run_at": {"$cond": [again, after(retry_delay_s * 1000), "$run_at"]},
                     **begun,
                     "finished_at": {"$cond": [again, None, ended]},
@@ -150,7 +152,13 @@ def _attempt_ended(
                             "status": "$status",
                             "at": NOW,
                             "attempt": "$attempts",
-                            "error": lit(error.get("type")),
+                            "error": {
+                                "$cond": [
+                                    cancelled,
+                                    {"$ifNull": ["$cancel_error.type", lit(error.get("type"))]},
+                                    lit(error.get("type")),
+                                ]
+                            },
                             # A step's exception: the history names the step.
                             **({"step": lit(error["step"])} if error.get("step") else {}),
                             **({"shared": True} if shared else {}),
@@ -215,7 +223,7 @@ def cancelled_running(
                     "updated_at": NOW,
                     "owner": None,
                     "lease_expires_at": None,
-                    "error": lit({"type": "Cancelled", "message": message}),
+                    "error": cancel_error_or({"type": "Cancelled", "message": message}),
                     **history(
                         {
                             "status": JobStatus.CANCELLED.value,
@@ -244,6 +252,7 @@ def released(lease: Lease, owner: str, retention_s: float) -> Write:
                     "attempts": {"$cond": [asked, "$attempts", {"$add": ["$attempts", -1]}]},
                     "finished_at": {"$cond": [asked, NOW, None]},
                     "expire_at": {"$cond": [asked, expiry(retention_s), "$$REMOVE"]},
+                    "error": {"$cond": [asked, {"$ifNull": ["$cancel_error", "$error"]}, "$error"]},
                     "updated_at": NOW,
                     "owner": None,
                     "lease_expires_at": None,

@@ -21,6 +21,7 @@ from brook.common.store.queries.base import (
     not_in_transaction,
     running_fence,
 )
+from brook.common.store.queries.spawned import cancel_error_or
 from brook.common.store.records import Lease
 
 
@@ -103,7 +104,7 @@ def suspended(
                     "waiting_for": {**{k: lit(v) for k, v in waiting.items()}, "since": NOW},
                     "finished_at": {"$cond": [asked, NOW, None]},
                     "expire_at": {"$cond": [asked, expiry(retention_s), "$$REMOVE"]},
-                    "error": {"$cond": [asked, lit(cancel_error), "$error"]},
+                    "error": {"$cond": [asked, cancel_error_or(cancel_error), "$error"]},
                     "updated_at": NOW,
                     "owner": None,
                     "lease_expires_at": None,

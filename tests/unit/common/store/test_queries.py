@@ -115,6 +115,10 @@ CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
         {P, C},
     ),
     "woken_by_signal": (queries.woken_by_signal("k"), {P}, set()),
+    "spawn_cancel_marked": (queries.spawn_cancel_marked(["j1"]), set(), set()),
+    "spawned_cancelled": (queries.spawned_cancelled(["j1", "j2"], 60, "op"), {W, P}, {C}),
+    "spawned_cancel_requested": (queries.spawned_cancel_requested(["j1"], "op"), {R}, set()),
+    "spawn_cancel_done": (queries.spawn_cancel_done(["j1"]), set(TERMINAL), set()),
 }
 
 
@@ -197,7 +201,7 @@ def test_every_write_of_a_running_attempt_names_its_owner_and_attempt(name: str)
         assert write.filter["$expr"] == {"$lt": ["$lease_expires_at", "$$NOW"]}
     elif name == "cancel_requested":
         assert write.filter == {"_id": "j1", "status": "running"}  # a caller's, not the holder's
-    elif name == "cancel_requested_many":  # a caller's too, for many jobs
+    elif name in ("cancel_requested_many", "spawned_cancel_requested"):  # a caller's, many
         assert write.filter == {
             "_id": {"$in": ["j1"]},
             "status": "running",
