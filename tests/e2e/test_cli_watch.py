@@ -50,7 +50,7 @@ def test_submit_wait_draws_a_progress_bar_on_a_terminal(cluster: Cluster) -> Non
         fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
         out = subprocess.run(
             [sys.executable, "-m", "brook.cli", "submit", "steps", "--wait",
-             "--payload", '{"steps": 2, "seconds": 1}'],
+             "--payload", '{"steps": 2, "seconds": 2}'],
             env=cluster.env(**LIVE),
             stdout=subprocess.PIPE,
             stderr=terminal,

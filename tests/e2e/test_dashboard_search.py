@@ -31,7 +31,12 @@ def search(driver: WebDriver, **fields: str) -> list[str]:
         fields.get("status", ""),
         fields.get("since", ""),
     )
-    driver.execute_script("document.querySelector('#search-results tbody').replaceChildren()")
+    # What the last search showed goes, "no job matches" too: what is waited for below is
+    # this search's answer (the empty note of the one before would end the wait at once).
+    driver.execute_script(
+        "document.querySelector('#search-results tbody').replaceChildren();"
+        "document.getElementById('search-empty').hidden = true;"
+    )
     driver.find_element(By.CSS_SELECTOR, "#search-form button[type=submit]").click()
     wait_for(
         driver,
