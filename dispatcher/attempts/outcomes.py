@@ -79,6 +79,10 @@ class Outcomes:
         self._completions: GroupCommit[tuple[Lease, Any, RunTimes | None], Verdict] = GroupCommit(
             self._complete_many, spawn=spawn, linger_s=COMPLETION_LINGER_S
         )
+        # A stopping dispatcher's hand-backs, together: one round trip for hundreds.
+        self._releases: GroupCommit[Lease, Job | None] = GroupCommit(
+            self._release_many, spawn=spawn
+        )
 
     def cut_off(self, at: float) -> None:
         """No write retries past the monotonic time `at` (shutdown's hard deadline)."""
@@ -266,12 +270,19 @@ class Outcomes:
         if outcome.kind == "suspended" and outcome.suspend is not None and self.steps is not None:
             return await self.steps.suspend(job, lease, outcome.suspend)
         if outcome.kind in RELEASES:
-            return await self.store.release(lease, self.owner)
+            released = await self._releases.submit(lease)
+            if released is None:
+                raise LeaseLost(f"job {lease.job_id} attempt {lease.attempt} is no longer held")
+            return released
         delay = outcome.retry_delay
         if delay is None:
             delay = self._backoff(job)
         error = outcome.error or {"type": "Error", "message": outcome.kind}
         return await self.store.fail_attempt(lease, self.owner, error, max(delay, 0.0), ran=ran)
+
+    async def _release_many(self, leases: Sequence[Lease]) -> list[Job | None]:
+        released = await self.store.release_many(self.owner, leases)
+        return [released.get(lease.job_id) for lease in leases]
 
     async def _complete_many(
         self, items: Sequence[tuple[Lease, Any, RunTimes | None]]
