@@ -102,7 +102,7 @@ def run(system: str, jobs: int, seconds: float, mode: str, url: str, log: Path) 
         t0 = time.time()
         _enqueue(system, jobs, (mode, seconds, url))
         enqueued = time.time() - t0
-        wait_until(lambda: side.llen(KEY) >= jobs, 600 + 2 * seconds * jobs / 200, "all jobs")
+        wait_until(lambda: side.llen(KEY) >= jobs, 120 + 4 * seconds * jobs / 200, "all jobs")
         figs = per_job(meter.stop(), jobs)
     finally:
         _stop(proc)

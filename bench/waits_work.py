@@ -21,6 +21,7 @@ import httpx
 BODY = {"model": "stand-in", "messages": [{"role": "user", "content": "wait"}], "stream": True}
 TIMEOUT = httpx.Timeout(120.0)
 LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=2000)
+RETRIES = 3
 _async: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
 _sync: httpx.Client | None = None
 _lock = threading.Lock()
@@ -51,22 +52,36 @@ def _tokens(line: str) -> int:
 
 async def stream_async(url: str) -> int:
     """One streamed completion read to its end with an `httpx.AsyncClient`: tokens read."""
-    tokens = 0
-    async with _async_client().stream("POST", f"{url}/v1/chat/completions", json=BODY) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            tokens += _tokens(line)
-    return tokens
+    for attempt in range(RETRIES):
+        tokens = 0
+        try:
+            async with _async_client().stream(
+                "POST", f"{url}/v1/chat/completions", json=BODY
+            ) as resp:
+                resp.raise_for_status()
+                async for line in resp.aiter_lines():
+                    tokens += _tokens(line)
+            return tokens
+        except httpx.TransportError:
+            if tokens or attempt == RETRIES - 1:
+                raise
+    raise AssertionError("not reached")
 
 
 def stream_sync(url: str) -> int:
     """The same with an `httpx.Client` (Celery's threads)."""
-    tokens = 0
-    with _sync_client().stream("POST", f"{url}/v1/chat/completions", json=BODY) as resp:
-        resp.raise_for_status()
-        for line in resp.iter_lines():
-            tokens += _tokens(line)
-    return tokens
+    for attempt in range(RETRIES):
+        tokens = 0
+        try:
+            with _sync_client().stream("POST", f"{url}/v1/chat/completions", json=BODY) as resp:
+                resp.raise_for_status()
+                for line in resp.iter_lines():
+                    tokens += _tokens(line)
+            return tokens
+        except httpx.TransportError:
+            if tokens or attempt == RETRIES - 1:
+                raise
+    raise AssertionError("not reached")
 
 
 async def work_async(mode: str, seconds: float, url: str) -> int:
