@@ -18,7 +18,10 @@ KEY = "waits:done"
 
 async def wait(ctx: dict[str, Any], mode: str, seconds: float, url: str) -> int:
     start = time.time()
-    tokens = await work_async(mode, seconds, url)
+    try:
+        tokens = await work_async(mode, seconds, url)
+    except Exception:  # recorded as failed (-1): the driver counts it, does not wait for it
+        tokens = -1
     await ctx["side"].rpush(KEY, f"{start!r} {time.time()!r} {tokens}")
     return tokens
 

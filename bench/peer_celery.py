@@ -22,6 +22,9 @@ side = redis.Redis.from_url(SIDE_URL)
 @app.task(name="wait")  # type: ignore[untyped-decorator]
 def wait(mode: str, seconds: float, url: str) -> int:
     start = time.time()
-    tokens = work_sync(mode, seconds, url)
+    try:
+        tokens = work_sync(mode, seconds, url)
+    except Exception:  # recorded as failed (-1): the driver counts it, does not wait for it
+        tokens = -1
     side.rpush(KEY, f"{start!r} {time.time()!r} {tokens}")
     return tokens

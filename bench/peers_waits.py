@@ -6,7 +6,8 @@ virtualenv (`$PEERS_HOME/venv-arq` for arq, `$PEERS_HOME/venv` for Celery):
 Starts the worker (arq: one process, `max_jobs=1000`; Celery: thread pool `-c 200`, Redis
 broker on 6390), waits for a warm-up job, then enqueues `--jobs` jobs through the system's
 one-job API (arq: `enqueue_job`, 100 at a time concurrently; Celery: `delay()` in a loop) and
-waits until each has recorded its finish in a side-channel list (Redis db 9). Prints one JSON
+waits until each has recorded its finish in a side-channel list (Redis db 9; a job whose
+work raised records -1 tokens and counts as failed). Prints one JSON
 object: wall from the first enqueue to the last finish, the worker tree's idle and peak PSS
 and CPU-ms per job (`bench.procmeter`). Redis dbs 7-9 of port 6390 are its own (flushed).
 """
@@ -109,17 +110,18 @@ def run(system: str, jobs: int, seconds: float, mode: str, url: str, log: Path) 
     rows = [line.split() for line in (b.decode() for b in side.lrange(KEY, 0, -1))]
     ends = [float(r[1]) for r in rows]
     starts = [float(r[0]) for r in rows]
-    tokens = [int(r[2]) for r in rows]
+    tokens = [int(r[2]) for r in rows if int(r[2]) >= 0]
     return {
         "system": system,
         "mode": mode,
         "jobs": jobs,
-        "finished": len(rows),
+        "finished": len(tokens),
+        "failed": len(rows) - len(tokens),
         "seconds": seconds,
         "wall_s": round(max(ends) - t0, 3),
         "enqueue_s": round(enqueued, 3),
         "first_start_s": round(min(starts) - t0, 3),
-        "tokens_min": min(tokens),
+        "tokens_min": min(tokens, default=0),
         **figs,
     }
 

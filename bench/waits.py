@@ -224,6 +224,8 @@ def summary(res: dict[str, Any]) -> list[str]:
             continue
         by[(r["mode"], r["system"])] = r
         note = f"finished {r['finished']}/{r['jobs']}; min tokens {r['tokens_min']}"
+        if r.get("failed"):
+            note += f"; FAILED {r['failed']}"
         if r["system"] == "brook":
             note += (
                 f"; not-once {r['not_once']}; ran shared {r['ran_shared']}; "
