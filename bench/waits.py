@@ -41,7 +41,7 @@ from typing import Any
 from bench.harness import ROOT, BenchError, RoleProcess, free_port, role, role_env, wait_settled
 from bench.procmeter import TreeMeter, per_job
 from bench.scenarios import Context
-from bench.stats import JobTimes, max_overlap
+from bench.stats import JobTimes, dist, max_overlap, ms
 from bench.waits_tasks import SHARED
 from brook import AsyncClient
 from brook.testing.model_api import ModelAPI
@@ -160,6 +160,21 @@ def _checks(ctx: Context, db: str, jobs: int, t0: float) -> dict[str, Any]:
         "wall_s": round(last.timestamp() - t0, 3),
         "server_wall_s": round((last - first).total_seconds(), 3),
         "max_running": max_overlap(times),
+        **_starts(times),
+    }
+
+
+def _starts(times: list[JobTimes]) -> dict[str, Any]:
+    """How fast the jobs got started: starts/s from the first start to the last, and the
+    wait from `created_at` to `started_at` (server stamps)."""
+    starts = sorted(j.started for j in times if j.started is not None)
+    if len(starts) < 2:
+        return {}
+    span = (starts[-1] - starts[0]).total_seconds()
+    waits = [ms(j.started, j.created) for j in times if j.started is not None]
+    return {
+        "starts_per_s": round((len(starts) - 1) / span, 1) if span else None,
+        "created_to_started_ms": dist(waits),
     }
 
 
@@ -229,7 +244,7 @@ def summary(res: dict[str, Any]) -> list[str]:
         if r["system"] == "brook":
             note += (
                 f"; not-once {r['not_once']}; ran shared {r['ran_shared']}; "
-                f"max running {r['max_running']}"
+                f"max running {r['max_running']}; {r.get('starts_per_s')} starts/s"
             )
         lines.append(
             f"  {r['mode']:6} {r['system']:7} {r['wall_s']:7.2f} "
@@ -251,7 +266,8 @@ def summary(res: dict[str, Any]) -> list[str]:
         lines.append(
             f"  burst: {r['jobs']} sleep jobs on 2 dispatchers: wall {r['wall_s']:.2f} s, "
             f"finished {r['finished']}, lost {r['lost']}, not-once {r['not_once']}, "
-            f"max running {r['max_running']} (≤ {2 * SHARED}), peak PSS (sum of both) "
+            f"max running {r['max_running']} (≤ {2 * SHARED}), "
+            f"{r.get('starts_per_s')} starts/s, peak PSS (sum of both) "
             f"{r['peak_pss_mib']:.0f} MiB, CPU-ms/job {r['cpu_ms_per_job']:.2f}: "
             f"{'MET' if ok else 'NOT MET'}"
         )
