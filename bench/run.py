@@ -10,6 +10,7 @@
     python -m bench.run --scenario fairness [--jobs 10000]
     python -m bench.run --scenario bulkplans [--jobs 100000]
     python -m bench.run --scenario keyscale [--jobs 1000000] [--rounds 2]
+    python -m bench.run --scenario waits [--jobs 1000] [--seconds 2] [--burst 10000]
     python -m bench.run --scenario jobcost [--rate 50] [--jobs 500] [--via http,client]
                         [--checkout PATH] [--warmup 100] [--mongo-port 26417] [--window-s 30]
 
@@ -17,7 +18,9 @@
 `bench/failover.py`, `bench/costs.py`) are not part of
 `all`: `backlog` at a million jobs takes a while and a few GB of disk; `failover` kills a
 member of the embedded set; `costs` measures MongoDB alone (raw PyMongo, no Brook role).
-`jobcost` (`bench/jobcost.py`) is not either: the CPU-ms per job of the API, the
+`waits` (`bench/waits.py`) is not either: jobs that only wait (shared jobs), Brook beside
+arq and Celery run from the peer harness's virtualenvs. `jobcost` (`bench/jobcost.py`)
+is not either: the CPU-ms per job of the API, the
 dispatcher with its workers and the three `mongod`, at a steady rate, each way in
 (`--via`) on a fresh set of its own (not the one below), the roles optionally from
 another checkout (`--checkout`, for an A/B against an older commit).
@@ -44,7 +47,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import costs, failover, fairness, jobcost, limits, scale
+from bench import costs, failover, fairness, jobcost, limits, scale, waits
 from bench.events import enable_post_images, events_fanout
 from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
@@ -69,7 +72,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=[
             "latency", "throughput", "batch", "probe", "events", "limits", "all",
             "enqueue", "startup", "drain", "backlog", "failover", "costs", "e2e", "fairness",
-            "bulkplans", "keyscale", "jobcost",
+            "bulkplans", "keyscale", "jobcost", "waits",
         ],
         default="all",
     )
@@ -109,11 +112,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--keep-mongo", action="store_true", help="leave the embedded set running")
     p.add_argument("--py-spy", dest="py_spy", help="py-spy binary: profile the role processes")
+    p.add_argument("--seconds", type=float, default=2.0, help="waits: each job's wait (2)")
+    p.add_argument(
+        "--burst", type=int, default=0,
+        help="waits: also this many jobs across two dispatchers (default 0: not run)",
+    )
     _jobcost_args(p)
     args = p.parse_args(argv)
     jobcost = args.scenario == "jobcost"
     if args.jobs is None:
-        args.jobs = 500 if jobcost else 5000
+        args.jobs = 500 if jobcost else 1000 if args.scenario == "waits" else 5000
     if args.rate is None:
         args.rate = 50.0 if jobcost else 20.0
     if args.jobs < 1 or args.rate <= 0 or args.duration <= 0 or args.concurrency < 1:
@@ -346,6 +354,8 @@ def summarize(results: dict[str, Any]) -> str:
         ]
     if "limits" in results:
         lines += limits.summary(results["limits"])
+    if "waits" in results:
+        lines += waits.summary(results["waits"])
     lines += fairness.summaries(results)
     lines += _scale_summary(results)
     for label, prof in results.get("profiles", {}).items():
@@ -458,6 +468,7 @@ def _scale_plan(
         "failover": [
             ("failover", lambda: failover.failover(ctx, args.jobs, args.clients or 32))
         ],
+        "waits": [("waits", lambda: waits.waits(ctx, args.jobs, args.seconds, args.burst))],
     }.get(args.scenario, [])
 
 
