@@ -92,6 +92,9 @@ async def serve_dispatcher(
 def exit_now(code: int) -> NoReturn:
     """End the process at once, logs flushed: nothing left (say, a driver call stuck on an
     unreachable server) may hold the exit past the shutdown deadline."""
+    from brook.executor.forking import stop_server
+
+    stop_server()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -102,8 +105,8 @@ def exit_now(code: int) -> NoReturn:
 def _remove_multiprocessing_tempdir() -> None:
     """`os._exit` skips multiprocessing's exit hooks, among them the one that removes the
     folder it made in the temp dir (`pymp-*`, the fork server's socket): remove it here, so
-    a stopped dispatcher leaves nothing behind. The fork server and the workers exit with
-    this process (their pipe to it closes)."""
+    a stopped dispatcher leaves nothing behind. The fork server was stopped and waited for
+    just before (`stop_server`); its workers die with it."""
     config = getattr(multiprocessing.process.current_process(), "_config", {})
     tempdir = config.get("tempdir") if isinstance(config, dict) else None
     if isinstance(tempdir, str):

@@ -18,10 +18,12 @@ while the dispatcher imports its own modules.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import tempfile
+import time
 
 # What the fork server imports once: the program's main module (so a worker does not run
 # it again, as `spawn` would) and the worker's own code, with pymongo, pydantic, structlog
@@ -51,3 +53,22 @@ def start_server() -> None:
     """Start the fork server now (it boots in the background); later worker starts use it."""
     if start_method() == "forkserver":
         multiprocessing.forkserver.ensure_running()
+
+
+def stop_server(timeout: float = 2.0) -> None:
+    """Stop this process's fork server, if it started one, and wait (at most `timeout`) for
+    it to exit: a stopping dispatcher leaves no process behind it, even for the moment the
+    server would otherwise take to notice its pipe closed after the dispatcher's exit."""
+    server = multiprocessing.forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if pid is None or alive is None:
+        return
+    with contextlib.suppress(OSError):
+        os.close(alive)  # the server's "alive" pipe ends: it exits, and its workers with it
+    server._forkserver_alive_fd = None  # type: ignore[attr-defined]
+    ends = time.monotonic() + timeout
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < ends:
+            time.sleep(0.01)
+    server._forkserver_pid = None  # type: ignore[attr-defined]

@@ -334,7 +334,8 @@ def test_brook_up_in_the_application_folder_runs_its_task_and_ctrl_c_leaves_noth
             up.wait()
         log.close()
     assert events("up.stopped")
-    assert not [p for p in family if pid_alive(p)], "a child of brook up outlived it"
+    outlived = {p: _cmdline(p) for p in family if pid_alive(p)}
+    assert not outlived, f"a child of brook up outlived it: {outlived}"
     stray = subprocess.run(["pgrep", "-af", str(installed.venv)], capture_output=True, text=True)
     assert stray.stdout.strip() == "", f"still running from the fresh environment:\n{stray.stdout}"
     # The fork server's folder (multiprocessing's `pymp-*`) went with the dispatcher.
@@ -371,3 +372,12 @@ def _ok(url: str) -> bool:
         return httpx.get(url, timeout=2, verify=TLS).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _cmdline(pid: int) -> str:
+    """What process `pid` runs, for a failure's message."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace")
