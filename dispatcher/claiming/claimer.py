@@ -40,11 +40,12 @@ MAX_FINISHING = 256
 
 def merged(parts: list[list[bool | None]]) -> list[bool | None]:
     """The claims of a target's parts as one (all tasks; or the tasks that take a process,
-    then the shared ones). A part that ran dry does not make the target dry while another
-    part found jobs: its room counts as lost to a race instead, so the target is looked at
-    again."""
+    then the shared ones). A part that ran dry is left out while another part filled its
+    room or lost races: the target is not dry (it is looked at again), and the batch size
+    follows the parts that found jobs (a dry part of tasks taking a process must not keep a
+    backlog of shared jobs claimed one at a time)."""
     if len(parts) > 1 and any(None not in got for got in parts):
-        parts = [[False if g is None else g for g in got] for got in parts]
+        parts = [got for got in parts if None not in got]
     return [g for got in parts for g in got]
 
 

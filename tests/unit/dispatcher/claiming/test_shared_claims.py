@@ -89,6 +89,24 @@ async def test_shared_seats_and_processes_are_claimed_for_apart_each_with_its_ow
     assert sum(shared) == 20
 
 
+async def test_a_shared_backlog_is_claimed_in_growing_batches_while_process_tasks_run_dry() -> None:
+    """Only shared jobs are due: the claims of the tasks that take a process find nothing,
+    and that must not keep the shared backlog claimed one job per round trip (the batch
+    doubles while each claim fills, as without shared tasks)."""
+    store = ScopedStore({"llm": 200})
+    holdings = Holdings()
+    claimer = claimer_for(store, holdings, seats=1000)
+    loop = asyncio.create_task(claimer.run())
+    claimer.signal()
+    await asyncio.sleep(0.1)
+    claimer.stop()
+    await loop
+    shared = [n for tasks, n in store.asks if tasks == {"llm"}]
+    assert holdings.active(None, lambda j: j.task == "llm") == 200
+    assert shared[:7] == [1, 2, 4, 8, 16, 32, 64]
+    assert len(shared) <= 10, shared
+
+
 def test_free_seats_are_room_for_shared_jobs_only_less_those_already_waiting() -> None:
     store = ScopedStore({})
     holdings = Holdings()
