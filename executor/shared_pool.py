@@ -4,7 +4,8 @@ asyncio tasks (`executor.shared_worker`): the jobs of tasks declared `@task(...,
 The parent side keeps, per process, a seat per job it runs (by job id) and the waiter of
 each. Seats are counted three ways: at most `BROOK_SHARED_MAX` in flight per dispatcher,
 at most a task's `shared=` count of its jobs in one process, and at most the seats left in
-a process that is being replaced (`BROOK_SHARED_RECYCLE`: none).
+a process that is being replaced (after `BROOK_SHARED_RECYCLE` jobs, or once its resident
+memory passed `BROOK_SHARED_MEMORY_MIB`: none).
 
 Stopping one job (timeout, cancel, lost lease, shutdown) cancels its asyncio task only; its
 `JobDone` settles it with the stop's reason. One that has not ended
@@ -22,6 +23,7 @@ import contextlib
 import dataclasses
 import itertools
 import multiprocessing
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -64,6 +66,38 @@ class _Seat:
     overdue: asyncio.TimerHandle | None = None
 
 
+MEMORY_READ_EVERY_S = 0.5
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def past_memory_ceiling(proc: _Shared, settings: Settings) -> dict[str, Any] | None:
+    """After one of its jobs ended: why a process whose resident memory has reached
+    `BROOK_SHARED_MEMORY_MIB` (a slow leak in user code) is to be replaced, or None. Read at
+    most every `MEMORY_READ_EVERY_S` while it runs jobs, and always when its last one ends."""
+    ceiling = settings.shared_memory_mib
+    if not ceiling or proc.exited.done() or proc.pid is None:
+        return None
+    now = time.monotonic()
+    if proc.in_flight() and now - proc.memory_read_at < MEMORY_READ_EVERY_S:
+        return None
+    proc.memory_read_at = now
+    rss = resident_mib(proc.pid)
+    if rss is None or rss < ceiling:
+        return None
+    return {"reason": "memory", "rss_mib": round(rss, 1), "ceiling_mib": ceiling}
+
+
+def resident_mib(pid: int) -> float | None:
+    """The resident memory of process `pid` in MiB (`/proc/<pid>/statm`), None where it
+    cannot be read (gone, or no procfs)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * PAGE_BYTES / 2**20
+
+
 class _Shared:
     def __init__(self, name: str, proc: aiomultiprocess.Process, conn: Connection) -> None:
         self.name = name
@@ -73,11 +107,16 @@ class _Shared:
         self.seats: dict[str, _Seat] = {}
         self.reserved: Counter[str] = Counter()  # seats reserved, by task
         self.runs = 0  # jobs it was given (seats reserved)
-        self.retiring = False  # replaced once it drains (`BROOK_SHARED_RECYCLE`)
+        self.retiring = False  # replaced once it drains (`BROOK_SHARED_RECYCLE`, memory)
+        self.retired_for: dict[str, Any] = {}  # why: its jobs, or its memory
+        self.memory_read_at = 0.0  # time.monotonic() of its last memory reading
         self.exited = asyncio.get_running_loop().create_future()
 
     def in_flight(self) -> int:
         return len(self.seats) + self.reserved.total()
+
+    def gauge(self) -> None:
+        SHARED_IN_FLIGHT.labels(worker=self.name).set(len(self.seats))
 
     def of_task(self, task: str) -> int:
         return sum(1 for s in self.seats.values() if s.job.task == task) + self.reserved[task]
@@ -195,10 +234,15 @@ class SharedPool:
         proc.runs += 1
         recycle = self.settings.shared_recycle
         if recycle and proc.runs >= recycle:
-            # Its last job: it takes no more, and its replacement starts now.
-            proc.retiring = True
-            self._watch(*self._launch())
+            self._retire(proc, reason="jobs")  # its last job
         return SeatReservation(proc, task)
+
+    def _retire(self, proc: _Shared, **why: Any) -> None:
+        """`proc` takes no new job and is replaced now; it stops once drained."""
+        proc.retiring = True
+        proc.retired_for = why
+        if not self._closing:
+            self._watch(*self._launch())
 
     def unreserve(self, reserved: SeatReservation) -> None:
         reserved.proc.reserved[reserved.task] -= 1
@@ -213,7 +257,7 @@ class SharedPool:
         waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         seat = _Seat(job=job, waiter=waiter, sent_at=time.monotonic())
         proc.seats[job.job_id] = seat
-        self._gauge(proc)
+        proc.gauge()
         if proc.exited.done():  # it died between the reservation and now
             self._settle(proc, seat, _death(proc, seat, proc.proc.exitcode))
         else:
@@ -280,7 +324,7 @@ class SharedPool:
             proc.ready = True
             self._spawn_failures = 0
             log_event(Event.WORKER_STARTED, worker=proc.name, pid=proc.pid, shared=True)
-            self._gauge(proc)
+            proc.gauge()
             self.on_free()
             return
         if isinstance(msg, LoopBlocked):
@@ -313,9 +357,11 @@ class SharedPool:
             del proc.seats[seat.job.job_id]
         if seat.overdue is not None:
             seat.overdue.cancel()
-        self._gauge(proc)
+        proc.gauge()
         if not seat.waiter.done():
             seat.waiter.set_result(outcome)
+        if not proc.retiring and (why := past_memory_ceiling(proc, self.settings)):
+            self._retire(proc, **why)
         self._maybe_retire(proc)
 
     def _maybe_retire(self, proc: _Shared) -> None:
@@ -323,12 +369,10 @@ class SharedPool:
         stopped once it drains (so that a slow leak in user code does not grow without
         bound); its replacement started when it took its last job."""
         if proc.retiring and proc.in_flight() == 0 and not proc.exited.done():
-            log_event(Event.WORKER_RECYCLED, worker=proc.name, pid=proc.pid, jobs=proc.runs)
+            why = {"jobs": proc.runs, **proc.retired_for}
+            log_event(Event.WORKER_RECYCLED, worker=proc.name, pid=proc.pid, **why)
             with contextlib.suppress(OSError):
                 proc.conn.send(STOP)
-
-    def _gauge(self, proc: _Shared) -> None:
-        SHARED_IN_FLIGHT.labels(worker=proc.name).set(len(proc.seats))
 
     def _on_exit(self, proc: _Shared) -> None:
         loop = asyncio.get_running_loop()

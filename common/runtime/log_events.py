@@ -44,7 +44,8 @@ class Event(StrEnum):
     # A shared worker process's event loop was blocked past BROOK_LOOP_BLOCKED_SECONDS,
     # with the jobs it held (`job_ids`).
     WORKER_LOOP_BLOCKED = "worker.loop_blocked"
-    # A shared worker process was replaced after BROOK_SHARED_RECYCLE jobs, once drained.
+    # A shared worker process was replaced once drained: after BROOK_SHARED_RECYCLE jobs
+    # (`reason: jobs`) or past BROOK_SHARED_MEMORY_MIB of resident memory (`reason: memory`).
     WORKER_RECYCLED = "worker.recycled"
     TASK_STARTED = "task.started"
     TASK_FINISHED = "task.finished"

@@ -70,12 +70,14 @@ class Settings(BaseSettings):
     # most shared jobs in flight per dispatcher; how long a shared job stopped (timeout,
     # cancel, lost lease, shutdown) may take to end before its process is killed; how long
     # a shared process's event loop may be blocked before it is reported; and after how
-    # many jobs a shared process is replaced once it drains (0: never).
+    # many jobs, or past how much resident memory (MiB), a shared process is replaced once
+    # it drains (0: never).
     shared_processes: int = Field(default=1, ge=1, le=64)
     shared_max: int = Field(default=1000, ge=1, le=100_000)
     shared_stop_grace_seconds: float = Field(default=5.0, gt=0.0, le=3600.0)
     loop_blocked_seconds: float = Field(default=1.0, gt=0.0, le=3600.0)
     shared_recycle: int = Field(default=0, ge=0, le=100_000_000)
+    shared_memory_mib: int = Field(default=0, ge=0, le=16_777_216)
     # Priority aging: a waiting job's effective priority rises by one per this many seconds
     # it has waited (dispatcher/claiming/aging.py); None: off.
     priority_aging_seconds: float | None = Field(default=None, gt=0.0, le=30 * 86400.0)

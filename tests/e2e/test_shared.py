@@ -16,7 +16,7 @@ from brook.common.runtime.settings import Settings
 from brook.common.store.jobs import JobStore
 from brook.common.store.queues import QueueStore
 from tests.e2e.conftest import Cluster, free_port
-from tests.e2e.test_faults import assert_clean, submit, wait_all_terminal
+from tests.e2e.test_faults import assert_clean, submit, wait_all_terminal, wait_until_status
 from tests.support.limits import max_overlap, runs
 from tests.support.procs import BrookProcess, pid_alive, wait_until
 
@@ -228,6 +228,33 @@ async def test_a_shared_process_is_replaced_after_its_recycle_count_once_drained
     gauges = [x for x in text.splitlines() if x.startswith("brook_shared_jobs_in_flight{")]
     assert gauges and all(float(g.split()[-1]) == 0 for g in gauges)  # drained: none in flight
     await assert_clean(store, ids, disp)
+
+
+async def test_a_shared_process_past_its_memory_ceiling_finishes_its_jobs_then_is_replaced(
+    cluster: Cluster, store: JobStore
+) -> None:
+    """A job leaks 256 MiB into its shared process (ceiling 192 MiB) while three others run
+    there: none of them is stopped, new jobs go to a new process, and the old one is stopped
+    once they are done."""
+    disp = cluster.dispatcher(**SHARED, BROOK_SHARED_MEMORY_MIB="192")
+    waiting = await submit(store, "shared_wait", 3, payload={"seconds": 2})
+    first = wait_started(disp, waiting)
+    [leak] = await submit(store, "shared_leak", payload={"mib": 256})
+    await wait_until_status(store, leak, "completed")
+    leaked = (await store.get(leak)).result
+    assert set(first.values()) == {leaked}  # all four in one process
+    after = await submit(store, "shared_wait", 5, payload={"seconds": 0.05})
+    await wait_all_terminal(store, 9, timeout=60)
+    for job_id in [*waiting, leak, *after]:
+        job = await store.get(job_id)
+        assert (job.status, job.attempts) == ("completed", 1), job_id  # none stopped for it
+    later = started(disp, after)
+    assert leaked not in later.values()  # new jobs went to its replacement
+    [recycled] = disp.events("worker.recycled")
+    assert (recycled["pid"], recycled["reason"], recycled["jobs"]) == (leaked, "memory", 4)
+    assert recycled["rss_mib"] >= 192 and recycled["ceiling_mib"] == 192
+    wait_until(lambda: not pid_alive(leaked), timeout=30)
+    await assert_clean(store, [*waiting, leak, *after], disp)
 
 
 async def test_shared_jobs_each_commit_their_own_transaction_with_progress_and_a_child(

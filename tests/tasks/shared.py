@@ -69,3 +69,14 @@ async def shared_sleeper(payload: dict[str, Any], ctx: TaskContext) -> dict[str,
     """Sleeps durably, then waits for the signal on its `key`: neither holds a seat."""
     await ctx.sleep(float(payload.get("sleep", 1.5)))  # over 1 s: the run ends to sleep
     return {"signal": await ctx.wait_for_signal(payload["key"])}
+
+
+_LEAKED: list[bytearray] = []  # what `shared_leak` keeps, as a leak in user code would
+
+
+@task("shared_leak", shared=100)
+async def shared_leak(payload: dict[str, Any], ctx: TaskContext) -> int:
+    """Keeps `mib` MiB (touched, so resident) in its process after it returns; returns the
+    pid of that process."""
+    _LEAKED.append(bytearray(b"\x01") * (int(payload["mib"]) * 2**20))
+    return os.getpid()
