@@ -77,7 +77,7 @@ class Burst:
         return str(resp.json()["id"]) if resp.status_code in (200, 202) else None
 
 
-def _primary_pid(client: MongoClient[Doc], pids: list[int]) -> tuple[str, int]:
+def primary_pid(client: MongoClient[Doc], pids: list[int]) -> tuple[str, int]:
     primary = str(client.admin.command("hello")["primary"])
     port = primary.rsplit(":", 1)[1]
     for pid in pids:
@@ -135,7 +135,7 @@ def failover(ctx: Context, n: int = 50_000, conns: int = 32) -> dict[str, Any]:
             threads = burst.run()
             while len(burst.acked) < n // 2 and any(t.is_alive() for t in threads):
                 time.sleep(0.05)
-            primary, pid = _primary_pid(ctx.client, ctx.deployment.mongod_pids)
+            primary, pid = primary_pid(ctx.client, ctx.deployment.mongod_pids)
             out["killed"] = {"member": primary, "after_s": round(time.monotonic() - start, 1),
                              "acknowledged_before": len(burst.acked)}
             os.kill(pid, signal.SIGKILL)

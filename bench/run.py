@@ -10,7 +10,7 @@
     python -m bench.run --scenario fairness [--jobs 10000]
     python -m bench.run --scenario bulkplans [--jobs 100000]
     python -m bench.run --scenario keyscale [--jobs 1000000] [--rounds 2]
-    python -m bench.run --scenario waits [--jobs 1000] [--seconds 2] [--burst 10000]
+    python -m bench.run --scenario waits [--jobs 1000] [--seconds 2] [--burst 10000 [--burst-kill]]
     python -m bench.run --scenario jobcost [--rate 50] [--jobs 500] [--via http,client]
                         [--checkout PATH] [--warmup 100] [--mongo-port 26417] [--window-s 30]
 
@@ -116,6 +116,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--burst", type=int, default=0,
         help="waits: also this many jobs across two dispatchers (default 0: not run)",
+    )
+    p.add_argument(
+        "--burst-kill", dest="burst_kill", action="store_true",
+        help="waits: SIGKILL the primary once half of the burst has started",
     )
     _jobcost_args(p)
     args = p.parse_args(argv)
@@ -468,7 +472,12 @@ def _scale_plan(
         "failover": [
             ("failover", lambda: failover.failover(ctx, args.jobs, args.clients or 32))
         ],
-        "waits": [("waits", lambda: waits.waits(ctx, args.jobs, args.seconds, args.burst))],
+        "waits": [
+            (
+                "waits",
+                lambda: waits.waits(ctx, args.jobs, args.seconds, args.burst, args.burst_kill),
+            )
+        ],
     }.get(args.scenario, [])
 
 

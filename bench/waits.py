@@ -1,7 +1,7 @@
 """The `waits` scenario: jobs that only wait, Brook's shared jobs side by side with arq and
 Celery, in one run (issue 43).
 
-    python -m bench.run --scenario waits [--jobs 1000] [--seconds 2] [--burst 10000]
+    python -m bench.run --scenario waits [--jobs 1000] [--seconds 2] [--burst 10000 [--burst-kill]]
 
 Two workloads, each on the three systems one after another (`bench/waits_work.py`):
 `sleep` (each job awaits `--seconds` of `asyncio.sleep`; Celery's threads `time.sleep`) and
@@ -22,7 +22,10 @@ dispatcher and all its descendants; the arq or Celery worker process) sampled ev
 its PSS at idle after a warm-up job, and its CPU-ms per job (utime + stime of that tree
 over the measured window / jobs). `--burst N` (0: skip) adds N `sleep` jobs across two
 dispatchers (at most 2,000 in flight: 1,000 each) and checks that none is lost and each
-completed once, by status, `attempts` and its history.
+completed once, by status, `attempts` and its history. With `--burst-kill`, the primary is
+SIGKILLed once half of the burst has started (the embedded set only; the member is started
+again after), and the checks are: none lost, none completed twice (a job whose attempt the
+failover cut runs again: the attempts are reported).
 """
 
 from __future__ import annotations
@@ -32,13 +35,26 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import subprocess
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, BenchError, RoleProcess, free_port, role, role_env, wait_settled
+from bench.failover import primary_pid
+from bench.harness import (
+    ROOT,
+    BenchError,
+    RoleProcess,
+    embedded_set,
+    free_port,
+    role,
+    role_env,
+    wait_settled,
+)
 from bench.procmeter import TreeMeter, per_job
 from bench.scenarios import Context
 from bench.stats import JobTimes, dist, max_overlap, ms
@@ -95,9 +111,16 @@ def _warm_up(ctx: Context, db: str, procs: list[RoleProcess]) -> None:
 
 
 def brook(
-    ctx: Context, mode: str, jobs: int, seconds: float, url: str, dispatchers: int = 1
+    ctx: Context,
+    mode: str,
+    jobs: int,
+    seconds: float,
+    url: str,
+    dispatchers: int = 1,
+    kill_primary: bool = False,
 ) -> dict[str, Any]:
-    """`jobs` shared jobs on `dispatchers` dispatchers: wall, PSS, CPU, and the checks."""
+    """`jobs` shared jobs on `dispatchers` dispatchers: wall, PSS, CPU, and the checks;
+    `kill_primary`: the primary SIGKILLed once half of them have started."""
     label = f"waits_{mode}_{jobs}x{dispatchers}"
     db = ctx.new_db(label)
     with _dispatchers(ctx, db, label, dispatchers) as procs:
@@ -107,10 +130,13 @@ def brook(
         for m in meters:
             m.mark()
         t0 = time.time()
+        killer = PrimaryKiller(ctx, db, jobs // 2).start() if kill_primary else None
         asyncio.run(_submit(ctx.deployment.uri, db, [_payload(mode, seconds, url)] * jobs))
         submitted = time.time() - t0
         wait_settled(ctx.client, db, procs, 120 + 4 * seconds * jobs / 1000)
         figs = [m.stop() for m in meters]
+        for p in procs:
+            p.check_alive()
         logs = {f"dispatcher-{i}": p.log_events() for i, p in enumerate(procs)}
     return {
         "system": "brook",
@@ -123,7 +149,39 @@ def brook(
         **per_job(_sum(figs), jobs),
         "per_dispatcher": figs,
         "logs": logs,
+        **({"killed": killer.stop(t0)} if killer is not None else {}),
     }
+
+
+class PrimaryKiller:
+    """SIGKILLs the embedded set's primary once `after` jobs of `db` have started (a
+    thread: the submit and the wait go on meanwhile); the member is started again at
+    `stop`."""
+
+    def __init__(self, ctx: Context, db: str, after: int) -> None:
+        if not ctx.deployment.mongod_pids:
+            raise BenchError("--burst-kill needs the embedded set (no BROOK_MONGO_URI)")
+        self.ctx, self.db, self.after = ctx, db, after
+        self.killed: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> PrimaryKiller:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        jobs = self.ctx.client[self.db]["jobs"]
+        while (n := jobs.count_documents({"started_at": {"$ne": None}})) < self.after:
+            time.sleep(0.05)
+        member, pid = primary_pid(self.ctx.client, self.ctx.deployment.mongod_pids)
+        os.kill(pid, signal.SIGKILL)
+        self.killed = {"member": member, "at": time.time(), "started_before": n}
+
+    def stop(self, t0: float) -> dict[str, Any]:
+        self._thread.join(timeout=600)
+        embedded_set().up()  # the killed member back
+        at = self.killed.pop("at", None)
+        return {**self.killed, "after_s": round(at - t0, 2) if at else None}
 
 
 def _sum(figs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -148,6 +206,8 @@ def _checks(ctx: Context, db: str, jobs: int, t0: float) -> dict[str, Any]:
     return {
         "finished": len(done),
         "lost": jobs - len(done),
+        "completed_twice": sum(1 for e in ends if e > 1),
+        "by_attempts": dict(Counter(j.attempts for j in times)),
         "not_once": sum(
             1 for j, r, e in zip(times, runs, ends, strict=True)
             if j.attempts != 1 or r != 1 or e != 1
@@ -201,7 +261,9 @@ def peer(system: str, mode: str, jobs: int, seconds: float, url: str, log: Path)
     return result
 
 
-def waits(ctx: Context, jobs: int, seconds: float, burst: int) -> dict[str, Any]:
+def waits(
+    ctx: Context, jobs: int, seconds: float, burst: int, burst_kill: bool = False
+) -> dict[str, Any]:
     if jobs > SHARED:
         raise BenchError(f"--jobs {jobs}: at most {SHARED} (the task's shared= seats)")
     out: dict[str, Any] = {"nofile": raise_nofile(), "jobs": jobs, "seconds": seconds, "runs": []}
@@ -221,7 +283,9 @@ def waits(ctx: Context, jobs: int, seconds: float, burst: int) -> dict[str, Any]
                 out["runs"].append(run)
         if burst:
             print(f"[bench] waits burst {burst} on two dispatchers ...", flush=True)
-            out["burst"] = brook(ctx, "sleep", burst, seconds, api.url, dispatchers=2)
+            out["burst"] = brook(
+                ctx, "sleep", burst, seconds, api.url, dispatchers=2, kill_primary=burst_kill
+            )
     return out
 
 
@@ -260,7 +324,18 @@ def summary(res: dict[str, Any]) -> list[str]:
             f"{TARGET_PSS_MIB:g} MiB: {b['peak_pss_mib']:.0f} MiB "
             f"{'MET' if b['peak_pss_mib'] <= TARGET_PSS_MIB else 'NOT MET'}"
         )
-    if "burst" in res:
+    if "burst" in res and "killed" in res["burst"]:
+        r = res["burst"]
+        ok = r["lost"] == 0 and r["completed_twice"] == 0 and r["max_running"] <= 2 * SHARED
+        lines.append(
+            f"  burst with the primary ({r['killed'].get('member')}) SIGKILLed at "
+            f"{r['killed'].get('after_s')} s ({r['killed'].get('started_before')} started): "
+            f"{r['jobs']} jobs on 2 dispatchers: wall {r['wall_s']:.2f} s, finished "
+            f"{r['finished']}, lost {r['lost']}, completed twice {r['completed_twice']}, "
+            f"by attempts {r['by_attempts']}, max running {r['max_running']}: "
+            f"{'MET' if ok else 'NOT MET'}"
+        )
+    elif "burst" in res:
         r = res["burst"]
         ok = r["lost"] == 0 and r["not_once"] == 0 and r["max_running"] <= 2 * SHARED
         lines.append(
