@@ -72,6 +72,10 @@ def chunk_doc(batch: AttemptOutput, chunk: Chunk) -> Doc:
     return doc
 
 
+class _SomeLost(Exception):
+    """A batch's fenced write matched nothing: the transaction is abandoned."""
+
+
 class OutputStore:
     def __init__(self, db: AsyncDatabase[Doc]) -> None:
         self.db = db
@@ -89,19 +93,27 @@ class OutputStore:
     async def append(self, batches: Sequence[AttemptOutput]) -> dict[tuple[str, int], Appended]:
         """Append each attempt's chunks in one transaction (one majority commit); each
         attempt's verdict: `written`, or `lost` (the attempt no longer holds the job, or its
-        batch is not the next one: nothing of it is inserted)."""
+        batch is not the next one: nothing of it is inserted).
+
+        The fenced writes go in one bulk write; if any matches nothing (rare: a lost lease),
+        that transaction is abandoned and a second one writes them one by one, to learn
+        which."""
         await self.ensure_indexes()
         async with self.db.client.start_session() as session:
 
-            async def run(s: AsyncClientSession) -> dict[tuple[str, int], Appended]:
-                return await self._append(s, batches)
+            async def together(s: AsyncClientSession) -> dict[tuple[str, int], Appended]:
+                return await self._append(s, batches, one_by_one=False)
 
-            return await session.with_transaction(run)
+            async def one_by_one(s: AsyncClientSession) -> dict[tuple[str, int], Appended]:
+                return await self._append(s, batches, one_by_one=True)
+
+            try:
+                return await session.with_transaction(together)
+            except _SomeLost:
+                return await session.with_transaction(one_by_one)
 
     async def _append(
-        self,
-        session: AsyncClientSession,
-        batches: Sequence[AttemptOutput],
+        self, session: AsyncClientSession, batches: Sequence[AttemptOutput], *, one_by_one: bool
     ) -> dict[tuple[str, int], Appended]:
         writes = [
             queries.output_appended(
@@ -109,38 +121,21 @@ class OutputStore:
             )
             for b in batches
         ]
-        res = await self.jobs.bulk_write(
-            [UpdateOne(w.filter, w.update) for w in writes], ordered=False, session=session
-        )
-        verdict: dict[tuple[str, int], Appended] = {b.key: "written" for b in batches}
-        if res.matched_count != len(batches):
-            verdict = await self._which_written(session, batches)
+        verdict: dict[tuple[str, int], Appended] = {}
+        if one_by_one:
+            for b, w in zip(batches, writes, strict=True):
+                one = await self.jobs.update_one(w.filter, w.update, session=session)
+                verdict[b.key] = "written" if one.matched_count else "lost"
+        else:
+            res = await self.jobs.bulk_write(
+                [UpdateOne(w.filter, w.update) for w in writes], ordered=False, session=session
+            )
+            if res.matched_count != len(batches):
+                raise _SomeLost  # aborts this transaction: nothing of it is kept
+            verdict = {b.key: "written" for b in batches}
         docs = [chunk_doc(b, c) for b in batches if verdict[b.key] == "written" for c in b.chunks]
         if docs:
             await self.output.insert_many(docs, ordered=True, session=session)
-        return verdict
-
-    async def _which_written(
-        self, session: AsyncClientSession, batches: Sequence[AttemptOutput]
-    ) -> dict[tuple[str, int], Appended]:
-        """After a bulk write some of whose writes matched nothing: the job of an attempt
-        whose write applied now counts its batch's last chunk, under that attempt and owner
-        (this transaction reads its own writes)."""
-        ids = sorted({b.lease.job_id for b in batches})
-        found = {
-            d["_id"]: d
-            async for d in self.jobs.find(
-                {"_id": {"$in": ids}},
-                projection={"attempts": 1, "owner": 1, "output": 1},
-                session=session,
-            )
-        }
-        verdict: dict[tuple[str, int], Appended] = {}
-        for b in batches:
-            doc = found.get(b.lease.job_id) or {}
-            held = doc.get("attempts") == b.lease.attempt and doc.get("owner") == b.owner
-            count = (doc.get("output") or {}).get("chunks")
-            verdict[b.key] = "written" if held and count == b.chunks[-1].seq else "lost"
         return verdict
 
     # -- reading ------------------------------------------------------------------------
