@@ -86,7 +86,7 @@ def format_position(attempt: int, seq: int) -> str:
 
 def parse_position(text: str) -> tuple[int, int] | None:
     """`(attempt, seq)` of a position's text; None for text that is no position."""
-    found = _POSITION.match(text.strip())
+    found = _POSITION.fullmatch(text)
     if found is None:
         return None
     return int(found.group(1)), int(found.group(2))
