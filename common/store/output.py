@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pymongo import ASCENDING, IndexModel, UpdateOne
+from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
@@ -30,6 +31,7 @@ from brook.common.domain.output import Chunk
 from brook.common.store import queries
 from brook.common.store.db import ensure_indexes
 from brook.common.store.jobs.base import JOBS
+from brook.common.store.pipelines import output_pipeline
 from brook.common.store.records import Lease
 
 OUTPUT = "brook_output"
@@ -159,6 +161,28 @@ class OutputStore:
             {"job": job_id, "seq": {"$in": [seq, seq + 1]}}, projection={"attempt": 1, "seq": 1}
         ).to_list()
         return any(d.get("attempt") == attempt for d in near)
+
+    async def status(self, job_id: str) -> str | None:
+        """The job's status (None: no such job)."""
+        doc = await self.jobs.find_one({"_id": job_id}, projection={"status": 1})
+        return None if doc is None else str(doc.get("status"))
+
+    async def watch(self, await_s: float) -> AsyncChangeStream[Doc]:
+        """Every chunk inserted and every job that ended, from now on: one stream for every
+        reader of an API process (`output_pipeline`); a read waits `await_s` at most."""
+        await self.ensure_indexes()
+        return await self.db.watch(
+            output_pipeline(OUTPUT, JOBS), max_await_time_ms=int(await_s * 1000)
+        )
+
+    async def watch_job(self, job_id: str) -> AsyncChangeStream[Doc]:
+        """As `watch`, for one job (a Python client's `output(follow=True)`)."""
+        await self.ensure_indexes()
+        pipeline = [
+            *output_pipeline(OUTPUT, JOBS),
+            {"$match": {"$or": [{"fullDocument.job": job_id}, {"documentKey._id": job_id}]}},
+        ]
+        return await self.db.watch(pipeline)
 
     # -- copying and retention ----------------------------------------------------------
 

@@ -299,3 +299,42 @@ def trigger_pipeline(operations: Collection[str], match: Mapping[str, Any]) -> l
             }
         },
     ]
+
+
+# -- the readers of output: each API process's one stream for all of them ------------------
+
+
+def output_pipeline(output: str, jobs: str) -> list[dict[str, Any]]:
+    """On the database: every chunk inserted into `output`, and every job of `jobs` that
+    reached a terminal status (its stream's `end`); only what a reader needs."""
+    return [
+        {
+            "$match": {
+                "$or": [
+                    {"ns.coll": output, "operationType": "insert"},
+                    {
+                        "ns.coll": jobs,
+                        "operationType": "update",
+                        "updateDescription.updatedFields.status": {
+                            "$in": sorted(TERMINAL_VALUES)
+                        },
+                    },
+                ]
+            }
+        },
+        {
+            "$project": {
+                "ns.coll": 1,
+                "documentKey": 1,
+                "fullDocument._id": 1,
+                "fullDocument.job": 1,
+                "fullDocument.seq": 1,
+                "fullDocument.attempt": 1,
+                "fullDocument.kind": 1,
+                "fullDocument.data": 1,
+                "fullDocument.step": 1,
+                "fullDocument.emitted_at": 1,
+                "updateDescription.updatedFields.status": 1,
+            }
+        },
+    ]
