@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from brook.errors import JobConflict as JobConflict
     from brook.errors import JobNotFound as JobNotFound
     from brook.errors import LeaseLost as LeaseLost
+    from brook.errors import OutputLimitExceeded as OutputLimitExceeded
     from brook.errors import Retry as Retry
     from brook.errors import ScheduleNotFound as ScheduleNotFound
     from brook.errors import SearchTooBroad as SearchTooBroad

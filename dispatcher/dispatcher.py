@@ -58,6 +58,7 @@ from brook.common.store.schedules import ScheduleStore
 from brook.dispatcher.attempts.dependents import Dependents
 from brook.dispatcher.attempts.leases import LeaseKeeper
 from brook.dispatcher.attempts.outcomes import Outcomes
+from brook.dispatcher.attempts.output_pruner import OutputPruner
 from brook.dispatcher.attempts.progress import ProgressKeeper
 from brook.dispatcher.attempts.runs import Runs
 from brook.dispatcher.attempts.start_marks import StartMarks
@@ -146,6 +147,7 @@ class Dispatcher:
             wiring.settings, store, owner, spawn, self.dependents, self.steps
         )
         self.progress = ProgressKeeper(store, owner, spawn)
+        self.output_pruner = OutputPruner(store)
         self.runs = hand_off.runs = Runs(
             wiring,
             self.runner,
@@ -226,6 +228,7 @@ class Dispatcher:
         self.loops.spawn(self.leases.heartbeat(), "heartbeat")
         self.loops.spawn(self.leases.expiries(), "lease-expiries")
         self.loops.spawn(self.watchdog.run(), "watchdog")
+        self.loops.spawn(self.output_pruner.run(), "output-pruner")
         self.loops.spawn(self.schedules.run(), "schedules")
         self.loops.spawn(self.triggers.run(), "triggers")
         await workers

@@ -23,7 +23,7 @@ import contextlib
 import functools
 import inspect
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -49,6 +49,7 @@ from brook.executor.clients import (
     process_sessions,
     process_sync_client,
 )
+from brook.executor.output import OutputStream, in_step
 from brook.executor.progress import ProgressReporter, check_progress
 from brook.executor.step_transaction import transactional_step
 from brook.executor.steps import (
@@ -79,6 +80,7 @@ class BaseContext:
     tx: AttemptTransaction | None = None
     journal: Journal | None = None
     send: Callable[[Any], None] | None = None
+    output: OutputStream | None = None
 
     @property
     def settings(self) -> Settings:
@@ -96,6 +98,26 @@ class BaseContext:
             check_progress(fraction, message)  # outside a worker: still check the arguments
             return
         self.reporter.report(fraction, message)
+
+    def emit(self, data: Any) -> None:
+        """Append `data` (text, or a JSON-encodable value) to the job's output stream, as
+        this attempt's. Returns at once: chunks are written in batches, a few tens of
+        milliseconds later, and an attempt's last ones before its end is recorded.
+        `OutputLimitExceeded` past a chunk's size or the job's cap (the chunk is not kept);
+        `LeaseLost` once the attempt has lost its lease. Inside a step, the chunks are the
+        step's: a replay of the finished step does not emit them again."""
+        if self.output is None:
+            raise RuntimeError("ctx.emit needs a running attempt of a Brook worker")
+        if self.tx is not None and self.tx.opened and self.tx.state != "ended":
+            raise RuntimeError(
+                "ctx.emit cannot run after ctx.transaction() opened in this attempt (nothing "
+                "else may write the job until it commits): emit before opening it"
+            )
+        self.output.emit(data)
+
+    async def _flush_output(self) -> None:
+        if self.output is not None:
+            await self.output.flush()
 
     def _target(self) -> ClientCore:
         return process_core(self.process_settings)
@@ -242,10 +264,14 @@ class DurableContext(BaseContext):
                             )
                         )
                     )
-                value = yield _Call(functools.partial(fn, *args, **kwargs))
+                with in_step(name):
+                    value = yield _Call(functools.partial(fn, *args, **kwargs))
             except Exception as exc:
                 mark_failed(exc, name)
                 raise
+            # The step's chunks are written before its checkpoint: a replay, which emits
+            # nothing, never leaves a reader without them.
+            yield self._flush_output()
             return (yield journal.record(name, value, _elapsed_ms(started)))
 
     def _sleep(self, duration: float | timedelta) -> Durable[None]:
@@ -301,7 +327,14 @@ class TaskContext(DurableContext):
         commit together, fenced by attempt and owner. A lost lease, an exception or a dead
         worker aborts them. One per attempt; it commits when the task returns, not when the
         block ends."""
-        return self._attempt_tx().open_async(process_client(self.process_settings))
+        return self._open_transaction()
+
+    @contextlib.asynccontextmanager
+    async def _open_transaction(self) -> AsyncIterator[AsyncClientSession]:
+        tx = self._attempt_tx()
+        await self._flush_output()  # its output so far, before the job is the task's own
+        async with tx.open_async(process_client(self.process_settings)) as session:
+            yield session
 
     async def submit(
         self,
@@ -374,7 +407,14 @@ class SyncTaskContext(DurableContext):
     def transaction(self) -> contextlib.AbstractContextManager[ClientSession]:
         """`with ctx.transaction() as session:` — as `TaskContext.transaction`, with a
         blocking session of this worker process's blocking client."""
-        return self._attempt_tx().open_sync(process_sync_client(self.process_settings))
+        return self._open_sync_transaction()
+
+    @contextlib.contextmanager
+    def _open_sync_transaction(self) -> Iterator[ClientSession]:
+        tx = self._attempt_tx()
+        self._block(self._flush_output())  # its output so far, before the job is the task's own
+        with tx.open_sync(process_sync_client(self.process_settings)) as session:
+            yield session
 
     def _block(self, coro: Coro[T]) -> T:
         return run_on(self.loop, coro)

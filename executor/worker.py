@@ -37,6 +37,7 @@ from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.settings import Settings
 from brook.common.store.transactions import TxEnd
 from brook.executor.context import SyncTaskContext, TaskContext
+from brook.executor.output import OutputStream, process_writer
 from brook.executor.progress import ProgressReporter
 from brook.executor.registry import get_task, load_tasks
 from brook.executor.steps import Journal, Suspended, deliver, failed_step, set_current
@@ -136,8 +137,10 @@ def _context(
     tx: AttemptTransaction,
     journal: Journal,
     send: Callable[[Any], None] | None,
+    output: OutputStream | None,
 ) -> TaskContext | SyncTaskContext:
     fields: dict[str, Any] = {
+        "output": output,
         "job_id": msg.job_id,
         "attempt": msg.attempt,
         "task": msg.task,
@@ -222,15 +225,21 @@ async def _run_one(
     tx = AttemptTransaction(msg, settings, send, reporter)
     journal = Journal(msg, send)
     set_current(journal)
+    # In a worker (with a pipe), its output goes through this process's writer.
+    output = process_writer(settings).open(msg, settings) if send is not None else None
     try:
         with tx.current():
             log_event(Event.TASK_STARTED)
-            done = await _attempt(msg, settings, reporter, tx, journal, send)
+            done = await _attempt(msg, settings, reporter, tx, journal, send, output)
+            if output is not None:
+                await output.close()  # its last chunks are written before its end is told
             return dataclasses.replace(
                 done, steps_replayed=journal.replayed, steps_committed=journal.committed
             )
     finally:
         set_current(None)
+        if output is not None:
+            output.writer.forget(output)
         await tx.abandon()  # cancelled mid-task: nothing of its transaction remains
         if reporter is not None:
             reporter.close()
@@ -244,9 +253,10 @@ async def _attempt(
     tx: AttemptTransaction,
     journal: Journal,
     send: Callable[[Any], None] | None,
+    output: OutputStream | None,
 ) -> JobDone:
     def context(is_async: bool) -> TaskContext | SyncTaskContext:
-        return _context(msg, settings, is_async, reporter, tx, journal, send)
+        return _context(msg, settings, is_async, reporter, tx, journal, send, output)
 
     try:
         result = await _call(msg, settings, context)

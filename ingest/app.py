@@ -33,6 +33,7 @@ from brook.ingest.routes import (
     events,
     health,
     jobs,
+    output,
     queues,
     schedules,
     signals,
@@ -52,14 +53,17 @@ def _lifespan(settings: Settings, known_tasks: frozenset[str], metrics: ApiMetri
         metrics.sse_clients.set_function(state.hub.count)
         hub = spawn_logged(state.hub.run(), "live-events")
         hub.add_done_callback(lambda task: _stop_on_crash(app, task))
+        readers = spawn_logged(state.output_hub.run(), "output-readers")
+        readers.add_done_callback(lambda task: _stop_on_crash(app, task))
         try:
             yield
         finally:
             state.depth.close()
             hub.cancel()
+            readers.cancel()
             # Its stream's goodbye (killCursors) may hang on an unreachable MongoDB: the hub
             # gets a moment, then is abandoned (a crash was logged already).
-            await asyncio.wait({hub}, timeout=CLOSE_TIMEOUT_S)
+            await asyncio.wait({hub, readers}, timeout=CLOSE_TIMEOUT_S)
             # Closing ends the server sessions; an unreachable MongoDB must not stop the exit.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(state.client.close(), CLOSE_TIMEOUT_S)
@@ -105,6 +109,7 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     app.include_router(signals.router, dependencies=protected)
     app.include_router(triggers.router, dependencies=protected)
     app.include_router(events.router, dependencies=protected)
+    app.include_router(output.router, dependencies=protected)
     app.include_router(health.probes)
     app.include_router(health.router, dependencies=protected)
     app.include_router(docs.router, dependencies=protected)

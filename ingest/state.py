@@ -17,11 +17,13 @@ from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
 from brook.common.store.jobs import JobStore, Submitted
+from brook.common.store.output import OutputStore
 from brook.ingest.caps import Slots
 from brook.ingest.eventids import DeploymentIds
 from brook.ingest.live import Hub
 from brook.ingest.livestats import LiveStats
 from brook.ingest.metrics import ApiMetrics, DepthCache
+from brook.ingest.output_hub import OutputHub
 
 API_SERVER_SELECTION_CAP_MS = 5000  # the API answers 503 quickly rather than hang a client
 INDEX_TIMEOUT_S = 30.0
@@ -43,6 +45,8 @@ class ApiState:
     ids: DeploymentIds  # signs and checks event ids (Last-Event-ID)
     streams: Slots  # event streams open now, at most BROOK_SSE_MAX_CLIENTS
     catch_ups: Slots  # catch-up cursors open now, at most BROOK_SSE_MAX_CATCH_UPS
+    # The readers of jobs' output: one more change stream, open while anyone reads.
+    output_hub: OutputHub
 
 
 async def _submit_batch(store: JobStore, specs: Sequence[JobSpec]) -> list[Submitted]:
@@ -119,5 +123,6 @@ async def open_state(
         ids=DeploymentIds(store.db),
         streams=Slots(settings.sse_max_clients),
         catch_ups=Slots(settings.sse_max_catch_ups),
+        output_hub=OutputHub(OutputStore(store.db), buffer=settings.sse_buffer),
     )
 

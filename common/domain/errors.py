@@ -24,6 +24,11 @@ class LeaseLost(BrookError):
     """A fenced write matched nothing: another attempt or owner holds the job now."""
 
 
+class OutputLimitExceeded(BrookError, ValueError):
+    """`ctx.emit` past a cap: a chunk over its size limit, or a job whose output would pass
+    its cap of chunks or bytes. The chunk is not kept; what came before it is."""
+
+
 class UnknownTask(BrookError):
     """A job names a task that no registered module provides."""
 

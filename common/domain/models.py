@@ -142,6 +142,8 @@ class Job:
     # Only on a cancel's answer, never stored: the spawned jobs that cancel cancelled (or,
     # under `dry_run`, would).
     spawned_cancelled: int | None = None
+    # Its output stream's count (`ctx.emit`), every attempt together: `{"chunks", "bytes"}`.
+    output: dict[str, Any] | None = None
 
     @property
     def job_id(self) -> str:
@@ -216,6 +218,7 @@ class Job:
             debounce_key=doc.get("debounce_key"),
             debounced=int(doc.get("debounced", 0)),
             spawned_by=doc.get("spawned_by"),
+            output=doc.get("output"),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -260,6 +263,7 @@ class Job:
             "debounce_key": self.debounce_key,
             "debounced": self.debounced,
             "spawned_by": self.spawned_by,
+            "output": self.output,
             **self._cancel_answer(),
         }
 

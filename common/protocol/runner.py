@@ -52,6 +52,10 @@ class RunJob:
     server_offset: float = 0.0
     # It runs in a shared worker process, as one of many asyncio tasks (`@task(shared=N)`).
     shared: bool = False
+    # The job's output so far (`ctx.emit`), every attempt together: this attempt's chunks
+    # go on from there, within the job's cap.
+    output_chunks: int = 0
+    output_bytes: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

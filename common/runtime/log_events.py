@@ -50,6 +50,11 @@ class Event(StrEnum):
     TASK_STARTED = "task.started"
     TASK_FINISHED = "task.finished"
     PROGRESS_DISCARDED = "progress.discarded"  # a stale attempt's progress: fenced out
+    # An attempt's output stream (`ctx.emit`): its end, with what it wrote; a batch fenced
+    # out (a stale attempt: none of it is kept); the job's cap reached (emit raised).
+    OUTPUT_ENDED = "output.ended"
+    OUTPUT_DISCARDED = "output.discarded"
+    OUTPUT_LIMIT = "output.limit"
     SCHEDULE_DECLARED = "schedule.declared"
     SCHEDULE_MISSED = "schedule.missed"  # ticks passed while no dispatcher ran (catch_up)
     SCHEDULE_SKIPPED = "schedule.skipped"  # a tick made no job: its previous run (overlap)

@@ -123,6 +123,12 @@ class Settings(BaseSettings):
     # one that needs longer answers `search_too_broad` (the API's job counts, read in the
     # background, get ten times as long).
     query_max_ms: int = Field(default=5_000, ge=1, le=600_000)
+    # A job's output stream (`ctx.emit`): its cap, every attempt together (past it, `emit`
+    # raises `OutputLimitExceeded`), and the batching window of a worker process's writes
+    # (at most one write of output per window).
+    output_max_chunks: int = Field(default=100_000, ge=1, le=10_000_000)
+    output_max_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024, le=1024**3)
+    output_window_ms: float = Field(default=25.0, ge=1.0, le=1000.0)
     # How long a connection may sit idle before its request's headers are in (from when it
     # opens, or from its last response): then it is closed.
     header_timeout_seconds: float = Field(default=10.0, ge=0.1, le=3600.0)

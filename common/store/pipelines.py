@@ -79,7 +79,8 @@ EVENT_LEFT_OUT = ("payload", "result", "steps.result")
 EVENT_PROJECTION: dict[str, int] = {name: 0 for name in EVENT_LEFT_OUT}
 
 # Every insert and replacement, and every update that changes more than the lease or the
-# clock (a lease renewal is not news to anyone watching).
+# clock (a lease renewal is not news to anyone watching), or the count of the job's output
+# (its chunks are news to the readers of its output, not of its events).
 #
 # Cut down on the server to what an event is made of: the post-image without what events
 # leave out, and of the update itself only what `Tally` reads. The cut is what keeps an
@@ -87,7 +88,7 @@ EVENT_PROJECTION: dict[str, int] = {name: 0 for name in EVENT_LEFT_OUT}
 # fields and in the post-image) beside the payload, and an event over the limit fails the
 # stream at that change, every time it is resumed (6.0 has no
 # `$changeStreamSplitLargeEvent`). It also keeps the payloads off the wire.
-_QUIET_FIELDS = ["lease_expires_at", "updated_at"]
+_QUIET_FIELDS = ["lease_expires_at", "updated_at", "output", "output.chunks", "output.bytes"]
 _LIVE_MATCH: dict[str, Any] = {
     "$match": {
         "$or": [
@@ -295,6 +296,45 @@ def trigger_pipeline(operations: Collection[str], match: Mapping[str, Any]) -> l
             "$set": {
                 "fullDocument": {"$cond": [_FITS, "$fullDocument", "$$REMOVE"]},
                 "updateDescription": {"$cond": [_FITS, "$updateDescription", "$$REMOVE"]},
+            }
+        },
+    ]
+
+
+# -- the readers of output: each API process's one stream for all of them ------------------
+
+
+def output_pipeline(output: str, jobs: str) -> list[dict[str, Any]]:
+    """On the database: every chunk inserted into `output`, and every job of `jobs` that
+    reached a terminal status (its stream's `end`); only what a reader needs."""
+    return [
+        {
+            "$match": {
+                "$or": [
+                    {"ns.coll": output, "operationType": "insert"},
+                    {
+                        "ns.coll": jobs,
+                        "operationType": "update",
+                        "updateDescription.updatedFields.status": {
+                            "$in": sorted(TERMINAL_VALUES)
+                        },
+                    },
+                ]
+            }
+        },
+        {
+            "$project": {
+                "ns.coll": 1,
+                "documentKey": 1,
+                "fullDocument._id": 1,
+                "fullDocument.job": 1,
+                "fullDocument.seq": 1,
+                "fullDocument.attempt": 1,
+                "fullDocument.kind": 1,
+                "fullDocument.data": 1,
+                "fullDocument.step": 1,
+                "fullDocument.emitted_at": 1,
+                "updateDescription.updatedFields.status": 1,
             }
         },
     ]

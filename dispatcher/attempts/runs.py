@@ -72,6 +72,8 @@ class Runs:
             trace=job.trace,
             links=await self._parent_traces(job),
             shared=lease.shared,
+            output_chunks=int((job.output or {}).get("chunks", 0)),
+            output_bytes=int((job.output or {}).get("bytes", 0)),
         )
         sent = time.monotonic()
         mark = self.starts.arm(lease, sent)

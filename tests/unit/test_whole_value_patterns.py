@@ -20,6 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 from brook.common.domain.bulk import validate_bulk
 from brook.common.domain.errors import BrookError
 from brook.common.domain.models import is_queue_name
+from brook.common.domain.output import parse_position
 from brook.common.domain.queues import validate_queue_update
 from brook.common.domain.schedules import Schedule
 from brook.common.domain.steps import check_signal_key
@@ -98,6 +99,13 @@ def _route_query(value: str) -> str:
     return str(TypeAdapter(queue).validate_python(value))
 
 
+def _position(value: str) -> str:
+    found = parse_position(value)
+    if found is None:
+        raise ValueError(f"no position: {value!r}")
+    return value
+
+
 # Site -> (a validator that returns the value it accepted, a good value). A value with a
 # newline among its characters on purpose (MongoDB allows it in a collection's name) is
 # marked: there the check is a `$` instead.
@@ -138,6 +146,7 @@ CHECKS: dict[Site, tuple[Callable[[str], object], str]] = {
         "emails",
     ),
     ("ingest/routes/jobs.py", "QUEUE_NAME"): (_route_query, "emails"),
+    ("common/domain/output.py", "_POSITION"): (_position, "2-17"),
 }
 NEWLINE_ALLOWED = {("common/domain/triggers.py", "COLLECTION")}
 REFUSED = (BrookError, ValueError, ValidationError)

@@ -66,6 +66,7 @@ from brook.common.store.queries.outcomes import (
     released,
     requeued_expired,
 )
+from brook.common.store.queries.output import output_appended
 from brook.common.store.queries.spawned import (
     PARENT_CANCELLED,
     spawn_cancel_done,
@@ -132,6 +133,7 @@ __all__ = [
     "marked_settled",
     "new_job_upsert",
     "not_in_transaction",
+    "output_appended",
     "parents_adopted",
     "progress_reported",
     "released",

@@ -75,6 +75,7 @@ CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
     "slot_taken": (queries.slot_taken(OWNER, "j1", 3, "q:0:k"), {R}, set()),
     "lease_renewed": (queries.lease_renewed(OWNER, [LEASE, KNOWING], 30), {R}, set()),
     "progress_reported": (queries.progress_reported(LEASE, OWNER, 0.5, "half"), {R}, set()),
+    "output_appended": (queries.output_appended(LEASE, OWNER, 4, 2, 10), {R}, set()),
     "started": (queries.started(LEASE, OWNER, AT), {R}, set()),
     "transaction_opened": (queries.transaction_opened(LEASE, OWNER, {"id": 1}, 30), {R}, set()),
     "transaction_closed": (queries.transaction_closed(LEASE, OWNER, 30), {R}, set()),
@@ -322,3 +323,11 @@ def test_a_signal_wakes_only_pending_jobs_waiting_on_its_key_and_the_stream_hear
         "operationType": "update",
         "updateDescription.updatedFields.woken_at": {"$exists": True},
     } in matches
+
+
+def test_an_output_append_takes_only_the_next_batch_of_the_holding_attempt() -> None:
+    write = queries.output_appended(LEASE, OWNER, 4, 2, 10)
+    assert write.filter["tx.attempt"] == {"$ne": LEASE.attempt}
+    # Only right after the job's third chunk: a batch is never taken twice or out of order.
+    assert write.filter["$expr"] == {"$eq": [{"$ifNull": ["$output.chunks", 0]}, 3]}
+    assert write.update == {"$inc": {"output.chunks": 2, "output.bytes": 10}}

@@ -1,0 +1,99 @@
+"""A job's output stream (`ctx.emit`), without a database: what a chunk may hold, its size
+caps, and the positions a reader resumes from.
+
+A chunk is text (a `str`, stored and served as it is) or a JSON-encodable value (stored as
+BSON, served as JSON). Each chunk of a job has a sequence number, per job, from 1: attempts
+go on where the last one stopped, so the job's output is one ordered stream, every chunk
+marked with the attempt that emitted it. A position is `"{attempt}-{seq}"`: a chunk's own,
+or, for the start of an attempt's output, that attempt and the sequence number before its
+first chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import bson
+
+from brook.common.domain.errors import OutputLimitExceeded
+
+MAX_CHUNK_BYTES = 64 * 1024  # one chunk, as stored
+
+Kind = Literal["text", "json"]
+
+_POSITION = re.compile(r"^([0-9]{1,9})-([0-9]{1,12})$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Chunk:
+    """One emitted chunk, as a worker hands it to the store."""
+
+    seq: int
+    kind: Kind
+    data: Any
+    size: int
+    step: str | None = None
+    emitted_at: float | None = None  # the worker's clock (time.time()): for latency figures
+
+
+def encode_chunk(data: Any) -> tuple[Kind, Any, int]:
+    """What `ctx.emit(data)` stores: its kind, its value (JSON's round trip for a value) and
+    its size. `TypeError` for what is neither text nor JSON, `OutputLimitExceeded` for a
+    chunk over MAX_CHUNK_BYTES."""
+    if isinstance(data, str):
+        kind: Kind = "text"
+        value: Any = data
+        size = len(data.encode("utf-8", "surrogatepass"))
+    else:
+        try:
+            text = json.dumps(data, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"ctx.emit takes text or a JSON-encodable value, not {type(data).__name__} ({exc})"
+            ) from exc
+        kind, value, size = "json", json.loads(text), len(text.encode())
+        try:
+            bson.encode({"v": value})
+        except (bson.errors.InvalidDocument, OverflowError) as exc:
+            raise TypeError(f"ctx.emit: this value cannot be stored ({exc})") from exc
+    if size > MAX_CHUNK_BYTES:
+        raise OutputLimitExceeded(
+            f"an output chunk is {size} bytes; a chunk's limit is {MAX_CHUNK_BYTES}"
+        )
+    return kind, value, size
+
+
+def check_job_total(chunks: int, size: int, max_chunks: int, max_bytes: int) -> None:
+    """Past a job's cap, `emit` fails with this error (the chunk is not kept)."""
+    if chunks > max_chunks:
+        raise OutputLimitExceeded(
+            f"the job's output would hold {chunks} chunks; the limit is {max_chunks} "
+            "(BROOK_OUTPUT_MAX_CHUNKS)"
+        )
+    if size > max_bytes:
+        raise OutputLimitExceeded(
+            f"the job's output would hold {size} bytes; the limit is {max_bytes} "
+            "(BROOK_OUTPUT_MAX_BYTES)"
+        )
+
+
+def format_position(attempt: int, seq: int) -> str:
+    return f"{attempt}-{seq}"
+
+
+def parse_position(text: str) -> tuple[int, int] | None:
+    """`(attempt, seq)` of a position's text; None for text that is no position."""
+    found = _POSITION.fullmatch(text)
+    if found is None:
+        return None
+    return int(found.group(1)), int(found.group(2))
+
+
+def as_text(kind: str, data: Any) -> str:
+    """A chunk in `?format=text`: text as it is, a JSON value on a line of its own."""
+    if kind == "text":
+        return str(data)
+    return json.dumps(data, separators=(",", ":")) + "\n"
