@@ -98,7 +98,14 @@ def _dispatchers(ctx: Context, db: str, label: str, n: int) -> Iterator[list[Rol
     env["BROOK_TASKS"] = "bench.waits_tasks"
     with contextlib.ExitStack() as stack:
         yield [
-            stack.enter_context(role("dispatcher", env, ctx.log_dir / f"{label}-{i}.log"))
+            stack.enter_context(
+                role(
+                    "dispatcher",
+                    # metrics on, as by default, each on a port of its own
+                    {**env, "BROOK_METRICS_PORT": str(free_port())},
+                    ctx.log_dir / f"{label}-{i}.log",
+                )
+            )
             for i in range(n)
         ]
 
