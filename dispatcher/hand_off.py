@@ -10,6 +10,7 @@ worker killed, or, still claimed ahead, handed back with its end written.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from brook.common.domain.models import Job
 from brook.common.domain.status import JobStatus
@@ -106,7 +107,7 @@ class HandOff:
                 first=lambda j: self.limits.latest_start(j) is not None,
                 keyed=self.limits.keyed,
                 line=self.claimer.target_of,
-                fits=self._fits,
+                fits=self._fitter(),
             )
             if job is None:
                 return
@@ -127,11 +128,25 @@ class HandOff:
         a process of its own, so that one crashing task cannot keep killing neighbours)."""
         return job.task in self.runner.shared and not died_shared_twice(job)
 
-    def _fits(self, job: Job) -> bool:
-        """A worker (or, for a shared job, a seat) is free for it now."""
-        if self.runs_shared(job):
-            return self.runner.free_seats(job.task) > 0
-        return self.runner.free_workers() > 0
+    def _fitter(self) -> Callable[[Job], bool] | None:
+        """What a job claimed ahead needs to start now: a free worker, or for a shared job a
+        free seat of its task (each asked once per hand-off, not once per job of the
+        buffer). None when every job fits: no task shares, and the hand-off runs only while
+        a worker is free."""
+        runner = self.runner
+        if not runner.shared:
+            return None
+        worker_free = runner.free_workers() > 0
+        seat_free: dict[str, bool] = {}
+
+        def fits(job: Job) -> bool:
+            if not self.runs_shared(job):
+                return worker_free
+            if job.task not in seat_free:
+                seat_free[job.task] = runner.free_seats(job.task) > 0
+            return seat_free[job.task]
+
+        return fits
 
     def stop(self, job_id: str, reason: KillReason) -> bool:
         """Stop a held job: kill its worker; or, if it is still claimed ahead, take it out of

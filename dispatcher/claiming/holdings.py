@@ -96,7 +96,7 @@ class Holdings:
         first: Callable[[Job], bool] = lambda _: False,
         keyed: Callable[[str], bool] = lambda _: False,
         line: Callable[[str], object] = lambda _: None,
-        fits: Callable[[Job], bool] = lambda _: True,
+        fits: Callable[[Job], bool] | None = None,
     ) -> Job | None:
         """The best job claimed ahead (claim order: priority, then due time), among the queues
         that have a free worker (`room`: free workers by queue; None: any queue); jobs that
@@ -106,11 +106,11 @@ class Holdings:
         queue (claimed by turns across keys) the job whose key has: a line's or a key's new
         job does not wait behind the older jobs of a busy one claimed ahead (the buffer
         refills with those as fast as it runs them). Only jobs that `fits` (a worker, or a
-        shared seat, is free for them) are considered."""
+        shared seat, is free for them; None: every job) are considered."""
         fitting = [
             j
             for j in self._claimed_ahead.values()
-            if (room is None or room.get(j.queue, 0) > 0) and fits(j)
+            if (room is None or room.get(j.queue, 0) > 0) and (fits is None or fits(j))
         ]
         if not fitting:
             return None
