@@ -38,6 +38,18 @@ def check_step_name(name: object) -> str:
     return name
 
 
+def change_marker(change_id: object) -> str:
+    """The step that records `ctx.changed(change_id)`'s answer: `changed#ID` (no step of a
+    user's can be named so). An id is a step name: 1 to MAX_STEP_NAME characters, no `#`."""
+    if not isinstance(change_id, str) or not change_id:
+        raise StepError(f"a change id must be a non-empty string, not {change_id!r}")
+    if len(change_id) > MAX_STEP_NAME or "#" in change_id:
+        raise StepError(
+            f"change id {change_id[:40]!r} must be at most {MAX_STEP_NAME} characters, without '#'"
+        )
+    return f"changed#{change_id}"
+
+
 def encode_step_result(name: str, value: Any) -> tuple[Any, int]:
     """The result as it will be stored and replayed (BSON's round trip: a tuple comes back
     a list), and its size; a `StepError` naming the step if it cannot be stored."""
