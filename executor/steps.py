@@ -29,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from brook.common.domain.errors import DuplicateStep, LeaseLost, StepError
-from brook.common.domain.steps import check_steps_total, encode_step_result
+from brook.common.domain.steps import CHANGED, check_steps_total, encode_step_result
 from brook.common.protocol.runner import RunJob, StepAck, StepRecord, Suspend
 from brook.common.runtime.log_events import Event, log_event
 
@@ -83,8 +83,10 @@ class Journal:
         self._send = send
         self.recorded: dict[str, Any] = dict(run.steps)
         # Recorded steps this run has not reached yet: while any is left, the run replays
-        # what an earlier run (maybe older code) did past this point (`ctx.changed`).
-        self._unreached: set[str] = set(run.steps)
+        # what an earlier run (maybe older code) did past this point (`ctx.changed`). The
+        # markers of `ctx.changed` are answers, not progress: one whose call a later deploy
+        # removed must not hold every later marker on the old path.
+        self._unreached: set[str] = {n for n in run.steps if not n.startswith(CHANGED)}
         self.total = run.steps_bytes
         self.used: set[str] = set()
         self._counters: dict[str, int] = {}

@@ -24,6 +24,7 @@ MAX_STEP_NAME = 200
 MAX_SIGNAL_PAYLOAD_BYTES = 256 * 1024
 SIGNAL_KEY = re.compile(r"^[A-Za-z0-9_.:@=+-]{1,200}$")
 SIGNAL_KEY_RULE = "1 to 200 characters among letters, digits and _ . : @ = + -"
+CHANGED = "changed#"  # the start of the name of a `ctx.changed` marker
 
 
 def check_step_name(name: object) -> str:
@@ -47,7 +48,7 @@ def change_marker(change_id: object) -> str:
         raise StepError(
             f"change id {change_id[:40]!r} must be at most {MAX_STEP_NAME} characters, without '#'"
         )
-    return f"changed#{change_id}"
+    return f"{CHANGED}{change_id}"
 
 
 def encode_step_result(name: str, value: Any) -> tuple[Any, int]:

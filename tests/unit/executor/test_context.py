@@ -122,3 +122,9 @@ async def test_a_replay_returns_the_recorded_answer_of_changed() -> None:
         for journal, ctx in _contexts(loop, steps):
             assert await _call(ctx, "changed", "v2") is expected, (steps, type(ctx).__name__)
             assert journal.ran == 0 and journal.replayed == 1
+
+
+async def test_a_marker_whose_call_was_removed_does_not_hold_later_ones_on_the_old_path() -> None:
+    for journal, ctx in _contexts(asyncio.get_running_loop(), {"changed#gone": True}):
+        assert await _call(ctx, "changed", "v3") is True, type(ctx).__name__
+        assert journal.ran == 1
