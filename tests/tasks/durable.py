@@ -138,3 +138,19 @@ async def changing(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     await ctx.wait_for_signal(f"{payload['key']}-1")
     await ctx.wait_for_signal(f"{payload['key']}-2")
     return {"fetched": got, "deployed": deployed}
+
+
+@task("paid_steps")
+async def paid_steps(payload: dict[str, Any], ctx: TaskContext) -> list[int]:
+    """Five steps, each inserting one row in `effects` and emitting `step N`; step
+    `fail_at` raises after its insert (a bug: a rerun fixes it with another payload)."""
+    effects = ctx.database()["effects"]
+
+    async def effect(n: int) -> int:
+        ctx.emit(f"step {n}\n")
+        await effects.insert_one({"job_id": ctx.job_id, "step": n, "attempt": ctx.attempt})
+        if n == payload.get("fail_at"):
+            raise RuntimeError(f"step {n} has a bug")
+        return n
+
+    return [await ctx.step(f"step-{n}", effect, n) for n in range(1, 6)]
