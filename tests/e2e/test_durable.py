@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
@@ -506,14 +507,15 @@ async def test_a_sleeping_job_frees_its_queues_slot_and_its_dependents_wait_for_
 # -- code changed under a job -----------------------------------------------------------------
 
 
+@pytest.mark.parametrize("task", ["changing", "sync_changing"])
 async def test_changed_keeps_a_job_on_the_old_path_across_a_replay_that_straddles_the_deploy(
-    cluster: Cluster, store: JobStore, settings: Settings
+    cluster: Cluster, store: JobStore, settings: Settings, task: str
 ) -> None:
     cluster.dispatcher(**DURABLE)
-    before = await submit(store, "changing", {"key": "old-job"})
+    before = await submit(store, task, {"key": "old-job"})
     await suspended(store, before)  # fetched on the old code, waits for its first signal
-    await store.db["deploys"].insert_one({"_id": "changing"})  # the deploy
-    after = await submit(store, "changing", {"key": "new-job"})
+    await store.db["deploys"].insert_one({"_id": task})  # the deploy
+    after = await submit(store, task, {"key": "new-job"})
     await suspended(store, after)
     async with AsyncClient(settings.mongo_uri, settings.db) as client:
         for key in ("old-job-1", "new-job-1", "old-job-2", "new-job-2"):

@@ -154,3 +154,22 @@ async def paid_steps(payload: dict[str, Any], ctx: TaskContext) -> list[int]:
         return n
 
     return [await ctx.step(f"step-{n}", effect, n) for n in range(1, 6)]
+
+
+@task("sync_changing")
+def sync_changing(payload: dict[str, Any], ctx: SyncTaskContext) -> dict[str, Any]:
+    """`changing` as a plain `def` task."""
+    db = ctx.database()
+    deployed = db["deploys"].find_one({"_id": "sync_changing"}) is not None
+
+    def fetch(version: str) -> str:
+        db["effects"].insert_one({"job_id": ctx.job_id, "version": version})
+        return version
+
+    if deployed and ctx.changed("v2"):
+        got = ctx.step("fetch-v2", fetch, "new")
+    else:
+        got = ctx.step("fetch", fetch, "old")
+    ctx.wait_for_signal(f"{payload['key']}-1")
+    ctx.wait_for_signal(f"{payload['key']}-2")
+    return {"fetched": got, "deployed": deployed}
