@@ -47,7 +47,7 @@ def failed_at_step_four(http: httpx.Client) -> dict[str, Any]:
 def test_a_rerun_from_step_three_runs_steps_three_to_five_only(
     cluster: Cluster, http: httpx.Client, settings: Settings
 ) -> None:
-    cluster.api(**DURABLE)
+    api = cluster.api(**DURABLE)
     cluster.dispatcher(**DURABLE)
     source = failed_at_step_four(http)
     assert effects(settings, source["id"]) == [(1, 1), (2, 1), (3, 1), (4, 1)]
@@ -74,6 +74,13 @@ def test_a_rerun_from_step_three_runs_steps_three_to_five_only(
     text = http.get(f"/jobs/{rerun['id']}/output", params={"format": "text"}).text
     assert text == "".join(f"step {n}\n" for n in range(1, 6)), text
     assert http.get(f"/jobs/{source['id']}").json()["reruns"] == [rerun["id"]]
+    [logged] = api.events("job.rerun")
+    assert (logged["job_id"], logged["rerun_of"], logged["from_step"]) == (
+        rerun["id"],
+        source["id"],
+        "step-3",
+    )
+    assert logged["carried"] == 2 and logged["by"] == "none"
     # The CLI and the Python client make reruns the same way, from any recorded step or
     # the step the job failed in (which carries every recorded step).
     out = cluster.cli("rerun", source["id"], "--from-step", "step-4", "--payload", "{}")
