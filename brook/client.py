@@ -48,7 +48,7 @@ def _settings(uri: str | None, db: str | None) -> Settings:
 
 
 class AsyncClient(ClientCore):
-    """Submit, read, cancel, retry and wait for jobs from asyncio code.
+    """Submit, read, cancel, retry, rerun and wait for jobs from asyncio code.
 
     `uri` and `db` default to `BROOK_MONGO_URI` (unset: the embedded replica set) and
     `BROOK_DB`. Or give it your application's own `AsyncMongoClient` as `mongo_client`:
@@ -185,6 +185,7 @@ class Client:
     set_queue = blocking(ClientCore.set_queue)
     cancel = blocking(ClientCore.cancel)
     retry = blocking(ClientCore.retry)
+    rerun = blocking(ClientCore.rerun)
     retry_many = blocking(ClientCore.retry_many)
     cancel_many = blocking(ClientCore.cancel_many)
     wait = blocking(ClientCore.wait)

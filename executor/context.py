@@ -3,7 +3,8 @@
 got), `transaction` (its MongoDB writes, committed together with its completion),
 `parent_results` (what the jobs it depends on returned), and durable execution: `step`
 (run once, its result checkpointed and replayed by later attempts), `sleep` and
-`wait_for_signal` (the job waits without a worker; `executor.steps`).
+`wait_for_signal` (the job waits without a worker; `executor.steps`), and `changed` (which
+side of a code change a job runs, recorded like a step).
 
 An `async def` task gets a `TaskContext` (`await ctx.submit(...)`, `async with
 ctx.transaction() as session`); a plain `def` task runs on a worker thread and gets a
@@ -36,7 +37,12 @@ from pymongo.synchronous.database import Database
 from brook.common.client.core import ClientCore, Submitting, spawning
 from brook.common.domain.errors import SignalTimeout
 from brook.common.domain.models import Job
-from brook.common.domain.steps import check_signal_key, check_step_name, seconds_of
+from brook.common.domain.steps import (
+    change_marker,
+    check_signal_key,
+    check_step_name,
+    seconds_of,
+)
 from brook.common.runtime import tracing
 from brook.common.runtime.blocking import Coro, T, blocking_or_in_session, drive, run_on
 from brook.common.runtime.log import get_logger
@@ -290,6 +296,18 @@ class DurableContext(BaseContext):
             return
         raise Suspended(sleep_suspend(name, wake))
 
+    def _changed(self, change_id: str) -> Durable[bool]:
+        name = change_marker(change_id)
+        journal = self._journal("ctx.changed")
+        if name in journal.used and name in journal.recorded:
+            return bool(journal.recorded[name])  # asked again in this run: the same answer
+        found, answer = journal.enter(name)
+        if not found:
+            # Recorded steps not reached yet: an earlier run went past here without this
+            # marker, on the code before it (its replay must take the old path).
+            answer = yield journal.record(name, not journal.past_here(), 0.0)
+        return bool(answer)
+
     def _wait_for_signal(self, key: str, timeout: float | timedelta | None) -> Durable[Any]:
         check_signal_key(key)
         seconds = timeout_seconds(timeout)
@@ -393,6 +411,15 @@ class TaskContext(DurableContext):
         outcome is recorded as a step: a later attempt gets the same answer."""
         return await self._run(self._wait_for_signal(key, timeout))
 
+    async def changed(self, change_id: str) -> bool:
+        """Whether this job runs the code of the change `change_id` (a deploy changed the
+        task under jobs that were sleeping, waiting or retrying): `True` for a job that
+        reaches this call with no recorded step past it (a new job, or one that had not got
+        this far), `False` for one whose recorded steps already go past it (it ran the old
+        code there, and its replay must take the old path). Recorded like a step the first
+        time: every later call and replay of the job gets the same answer."""
+        return await self._run(self._changed(change_id))
+
 
 @dataclass(frozen=True, kw_only=True)
 class SyncTaskContext(DurableContext):
@@ -472,3 +499,7 @@ class SyncTaskContext(DurableContext):
     def wait_for_signal(self, key: str, timeout: float | timedelta | None = None) -> Any:
         """As `TaskContext.wait_for_signal`, blocking."""
         return drive(self._run(self._wait_for_signal(key, timeout)))
+
+    def changed(self, change_id: str) -> bool:
+        """As `TaskContext.changed`, blocking."""
+        return drive(self._run(self._changed(change_id)))

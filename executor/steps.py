@@ -1,4 +1,5 @@
-"""Durable steps in a worker process: `ctx.step`, `ctx.sleep` and `ctx.wait_for_signal`.
+"""Durable steps in a worker process: `ctx.step`, `ctx.sleep`, `ctx.wait_for_signal` and
+`ctx.changed`.
 
 An attempt's `Journal` holds the steps earlier runs recorded (handed over with the job,
 `RunJob.steps`): a step found there is replayed, its function not called. A new step runs,
@@ -7,7 +8,10 @@ by attempt and owner (`dispatcher.attempts.step_keeper`); the step returns only 
 majority-acknowledged (`StepAck`), so a step that returned is never run again. A sleep is
 a step whose result is its wake time; a signal wait is a step whose result is the signal.
 Either ends the run (`Suspended`) when it cannot return yet: the dispatcher writes the job
-back to pending until its wake time or a signal, and the next run replays up to it.
+back to pending until its wake time or a signal, and the next run replays up to it. A
+`ctx.changed` marker is a step whose result is its answer: `True` when the run reached it
+with no recorded step left to replay (it is at its frontier and runs the new code), `False`
+when earlier runs recorded steps past it (they ran the old code there).
 
 A transactional step (`transactional=True`) is the exception to "the dispatcher writes":
 its function's writes and its checkpoint commit in one MongoDB transaction, so the worker
@@ -25,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from brook.common.domain.errors import DuplicateStep, LeaseLost, StepError
-from brook.common.domain.steps import check_steps_total, encode_step_result
+from brook.common.domain.steps import CHANGED, check_steps_total, encode_step_result
 from brook.common.protocol.runner import RunJob, StepAck, StepRecord, Suspend
 from brook.common.runtime.log_events import Event, log_event
 
@@ -78,6 +82,11 @@ class Journal:
         self.run = run
         self._send = send
         self.recorded: dict[str, Any] = dict(run.steps)
+        # Recorded steps this run has not reached yet: while any is left, the run replays
+        # what an earlier run (maybe older code) did past this point (`ctx.changed`). The
+        # markers of `ctx.changed` are answers, not progress: one whose call a later deploy
+        # removed must not hold every later marker on the old path.
+        self._unreached: set[str] = {n for n in run.steps if not n.startswith(CHANGED)}
         self.total = run.steps_bytes
         self.used: set[str] = set()
         self._counters: dict[str, int] = {}
@@ -93,11 +102,17 @@ class Journal:
                 f"step {name!r} already ran in this run: step names must be unique within a run"
             )
         self.used.add(name)
+        self._unreached.discard(name)
         if name in self.recorded:
             self.replayed += 1
             log_event(Event.STEP_REPLAYED, step=name)
             return True, self.recorded[name]
         return False, None
+
+    def past_here(self) -> bool:
+        """Whether earlier runs recorded steps this run has not reached yet: they went past
+        the current point of the task."""
+        return bool(self._unreached)
 
     def auto_name(self, prefix: str) -> str:
         """`prefix#n`: the n-th sleep (or wait on one key) of this run."""

@@ -1,5 +1,5 @@
 """The commands that talk to a running API over HTTP: submit, status, ls, watch, cancel,
-retry, signal, schedules, triggers and queue. Any failure exits with one line on stderr
+retry, rerun, signal, schedules, triggers and queue. Any failure exits with one line on stderr
 (`die`)."""
 
 from __future__ import annotations
@@ -289,6 +289,20 @@ def cmd_triggers(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_retry(settings: Settings, args: argparse.Namespace) -> int:
     return _bulk(settings, args, "retry")
+
+
+def cmd_rerun(settings: Settings, args: argparse.Namespace) -> int:
+    """Rerun a finished job from one of its steps: prints the new job."""
+    from urllib.parse import quote
+
+    body: JsonObject = {"from_step": args.from_step}
+    if args.payload is not None:
+        try:
+            body["payload"] = json.loads(args.payload)
+        except ValueError as exc:
+            die(f"--payload is not valid JSON: {exc}", 2)
+    print_json(call_api(settings, "POST", f"/jobs/{quote(args.id, safe='')}/rerun", body))
+    return 0
 
 
 def _limits(q: JsonObject) -> str:

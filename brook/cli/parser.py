@@ -16,6 +16,7 @@ from brook.cli.api_commands import (
     cmd_ls,
     cmd_queue_ls,
     cmd_queue_set,
+    cmd_rerun,
     cmd_retry,
     cmd_schedules,
     cmd_signal,
@@ -267,6 +268,15 @@ def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     r.add_argument("id", nargs="?", help="one job (or give filters instead)")
     _add_bulk_filters(r)
     r.set_defaults(fn=cmd_retry)
+    rr = sub.add_parser(
+        "rerun", help="rerun a finished job from one of its steps, keeping the steps before it"
+    )
+    rr.add_argument("id", metavar="ID")
+    rr.add_argument(
+        "--from-step", dest="from_step", required=True, metavar="NAME", help="the step to run again"
+    )
+    rr.add_argument("--payload", help="a new payload, as JSON (default: the job's own)")
+    rr.set_defaults(fn=cmd_rerun)
     _add_queue_commands(sub)
 
 

@@ -144,6 +144,9 @@ class Job:
     spawned_cancelled: int | None = None
     # Its output stream's count (`ctx.emit`), every attempt together: `{"chunks", "bytes"}`.
     output: dict[str, Any] | None = None
+    # Rerun from a step: the job this one reruns, and the reruns of this one, oldest first.
+    rerun_of: str | None = None
+    reruns: list[str] = field(default_factory=list)
 
     @property
     def job_id(self) -> str:
@@ -219,6 +222,8 @@ class Job:
             debounced=int(doc.get("debounced", 0)),
             spawned_by=doc.get("spawned_by"),
             output=doc.get("output"),
+            rerun_of=doc.get("rerun_of"),
+            reruns=list(doc.get("reruns") or []),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -264,6 +269,8 @@ class Job:
             "debounced": self.debounced,
             "spawned_by": self.spawned_by,
             "output": self.output,
+            "rerun_of": self.rerun_of,
+            "reruns": self.reruns,
             **self._cancel_answer(),
         }
 

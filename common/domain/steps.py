@@ -24,6 +24,7 @@ MAX_STEP_NAME = 200
 MAX_SIGNAL_PAYLOAD_BYTES = 256 * 1024
 SIGNAL_KEY = re.compile(r"^[A-Za-z0-9_.:@=+-]{1,200}$")
 SIGNAL_KEY_RULE = "1 to 200 characters among letters, digits and _ . : @ = + -"
+CHANGED = "changed#"  # the start of the name of a `ctx.changed` marker
 
 
 def check_step_name(name: object) -> str:
@@ -36,6 +37,18 @@ def check_step_name(name: object) -> str:
     if "#" in name:
         raise StepError(f"step name {name!r} contains '#', which Brook keeps for its own steps")
     return name
+
+
+def change_marker(change_id: object) -> str:
+    """The step that records `ctx.changed(change_id)`'s answer: `changed#ID` (no step of a
+    user's can be named so). An id is a step name: 1 to MAX_STEP_NAME characters, no `#`."""
+    if not isinstance(change_id, str) or not change_id:
+        raise StepError(f"a change id must be a non-empty string, not {change_id!r}")
+    if len(change_id) > MAX_STEP_NAME or "#" in change_id:
+        raise StepError(
+            f"change id {change_id[:40]!r} must be at most {MAX_STEP_NAME} characters, without '#'"
+        )
+    return f"{CHANGED}{change_id}"
 
 
 def encode_step_result(name: str, value: Any) -> tuple[Any, int]:

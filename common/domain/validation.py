@@ -265,7 +265,7 @@ def _check_scalar(value: object, at: _Path) -> None:
         raise ValueError(f"{_name(at)}: a {type(value).__name__} is not a JSON value")
 
 
-def _errors(exc: ValidationError) -> list[dict[str, object]]:
+def pydantic_detail(exc: ValidationError) -> list[dict[str, object]]:
     return [
         {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
         for e in exc.errors(include_url=False, include_context=False, include_input=False)
@@ -279,7 +279,7 @@ def validate_spec(data: object) -> JobSpec:
     try:
         spec = SubmitJob.model_validate(data).to_spec()
     except ValidationError as exc:
-        raise InvalidInput(_errors(exc)) from None
+        raise InvalidInput(pydantic_detail(exc)) from None
     check_graph([spec], batch=False)
     return spec
 
@@ -293,7 +293,7 @@ def validate_batch(data: object) -> list[JobSpec]:
     try:
         specs = [job.to_spec() for job in SubmitBatch.model_validate(data).jobs]
     except ValidationError as exc:
-        raise InvalidInput(_errors(exc)) from None
+        raise InvalidInput(pydantic_detail(exc)) from None
     check_graph(specs, batch=True)
     return specs
 

@@ -20,6 +20,7 @@ class Event(StrEnum):
     JOB_CANCELLED = "job.cancelled"
     JOB_CANCEL_REQUESTED = "job.cancel_requested"
     JOB_RETRIED = "job.retried"  # a caller brought a failed or cancelled job back
+    JOB_RERUN = "job.rerun"  # a new job from a finished one's steps (rerun_of, from_step)
     JOB_UNBLOCKED = "job.unblocked"  # waiting → pending: its parents ended
     JOB_DEPENDENCY_FAILED = "job.dependency_failed"  # waiting → cancelled: a parent failed
     JOB_RELEASED = "job.released"

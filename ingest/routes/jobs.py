@@ -1,4 +1,4 @@
-"""Submit (one or a batch), read, list, cancel and retry jobs."""
+"""Submit (one or a batch), read, list, cancel, retry and rerun jobs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from brook.common.domain.bulk import BulkBody
 from brook.common.domain.errors import JobConflict, JobNotFound
 from brook.common.domain.models import QUEUE_NAME, JobSpec
+from brook.common.domain.reruns import RerunBody, validate_rerun
 from brook.common.domain.status import JobStatus
 from brook.common.domain.validation import MAX_BATCH, SubmitJob
 from brook.ingest.deps import Core, Store, batch_body, json_body, submit_body
@@ -261,3 +262,40 @@ async def retry(job_id: str, core: Core) -> JSONResponse:
         raise HTTPException(404, f"no job {job_id}") from None
     except JobConflict as exc:
         raise HTTPException(409, str(exc)) from None
+
+
+_RERUN_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": RerunBody.model_json_schema()}},
+    }
+}
+
+
+@router.post(
+    "/jobs/{job_id}/rerun",
+    status_code=202,
+    openapi_extra=_RERUN_OPENAPI,
+    responses={
+        404: _ERRORS[404],
+        413: {"description": "body over the limit"},
+        422: {
+            "description": "a job that has not finished, one without steps, an unknown step "
+            "or a bad payload; nothing made"
+        },
+    },
+)
+async def rerun(
+    job_id: str, body: Annotated[object, Depends(json_body)], core: Core
+) -> JSONResponse:
+    """Rerun a finished job (completed, failed or cancelled) from one of its recorded steps:
+    body `{"from_step": "name", "payload": {...}?}`. `202` with a new job of the same task,
+    queue, key and payload (or `payload`), which carries the steps recorded before
+    `from_step`, with their output, and runs the rest; its `rerun_of` names the job, whose
+    `reruns` names it. The idempotency key is not copied. `404` for an unknown job."""
+    wanted = validate_rerun(body)
+    try:
+        job = await core.rerun(job_id, wanted.from_step, payload=wanted.payload)
+    except JobNotFound:
+        raise HTTPException(404, f"no job {job_id}") from None
+    return job_response(job, 202, {"Location": f"/jobs/{job.id}"})

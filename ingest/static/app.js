@@ -508,8 +508,13 @@ function renderJob(job) {
   }
   const fields = ["status", "queue", "priority", "attempts", "max_attempts", "run_at", "created_at", "started_at",
     "finished_at", "timeout_s", "idempotency_key", "lease_owner", "lease_expires_at", "cancel_requested"];
-  $("#job-fields tbody").replaceChildren(...fields.filter((f) => f in job).map((f) =>
-    el("tr", {}, el("th", {}, f), el("td", {}, job[f] === null ? "—" : String(job[f])))));
+  const rows = fields.filter((f) => f in job).map((f) =>
+    el("tr", {}, el("th", {}, f), el("td", {}, job[f] === null ? "—" : String(job[f]))));
+  // Rerun from a step: the job this one reruns, and its reruns, as links.
+  for (const [name, ids] of [["rerun_of", job.rerun_of ? [job.rerun_of] : []], ["reruns", job.reruns || []]]) {
+    if (ids.length) rows.push(el("tr", { class: "links" }, el("th", {}, name), el("td", {}, ids.flatMap((id) => [jobLink({ id }), " "]))));
+  }
+  $("#job-fields tbody").replaceChildren(...rows);
   $("#job-payload").textContent = pretty(job.payload);
   $("#job-result").textContent = pretty(job.result);
   $("#job-error-panel").hidden = !job.error;
@@ -547,7 +552,7 @@ function renderDurable(job) {
   $("#job-steps tbody").replaceChildren(...steps.map((s) => el("tr", {},
     el("td", {}, s.name), el("td", {}, s.at ? new Date(s.at).toLocaleString() : ""),
     el("td", {}, typeof s.duration_ms === "number" ? `${s.duration_ms.toFixed(1)} ms` : ""),
-    el("td", {}, bytes(s.size)), el("td", {}, s.attempt ?? ""))));
+    el("td", {}, bytes(s.size)), el("td", {}, s.carried_from ? "0 (carried)" : (s.attempt ?? "")))));
 }
 
 async function showJob(id) {

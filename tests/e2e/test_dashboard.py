@@ -298,3 +298,34 @@ def test_the_dashboard_shows_each_trigger_its_follower_lag_jobs_made_skipped_and
         assert http.get("/triggers").json()["triggers"][0]["paused"] is True
     finally:
         client.close()
+
+
+def test_the_job_page_links_a_rerun_and_its_source_and_marks_the_carried_steps(
+    cluster: Cluster, browser: WebDriver, http: httpx.Client
+) -> None:
+    tasks = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.durable"}
+    cluster.api(**tasks)
+    cluster.dispatcher(**tasks)
+    spec = {"task": "paid_steps", "payload": {"fail_at": 4}, "max_attempts": 1}
+    source = http.post("/jobs", json=spec).json()["id"]
+    browser.get(f"{cluster.api_url}/#/jobs/{source}")
+    wait_for(browser, lambda d: text(d, "#job-status") == "failed", timeout=30)
+    rerun = http.post(f"/jobs/{source}/rerun", json={"from_step": "step-3", "payload": {}})
+    rerun_id = rerun.json()["id"]
+    browser.get(f"{cluster.api_url}/#/jobs/{rerun_id}")
+    wait_for(browser, lambda d: text(d, "#job-status") == "completed", timeout=30)
+    row = "#job-fields tr.links"
+    assert texts(browser, f"{row} th") == ["rerun_of"]
+    assert browser.find_element(By.CSS_SELECTOR, f"{row} a").get_attribute("title") == source
+    assert texts(browser, "#job-steps tbody td:nth-child(5)") == [
+        "0 (carried)",
+        "0 (carried)",
+        "1",
+        "1",
+        "1",
+    ]
+    screenshot(browser, "job-rerun.png")
+    browser.find_element(By.CSS_SELECTOR, f"{row} a").click()  # to the job it reruns
+    wait_for(browser, lambda d: text(d, "#job-id") == source, timeout=30)
+    wait_for(browser, lambda d: texts(d, f"{row} th") == ["reruns"], timeout=30)
+    assert browser.find_element(By.CSS_SELECTOR, f"{row} a").get_attribute("title") == rerun_id

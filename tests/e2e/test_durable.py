@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
@@ -501,3 +502,52 @@ async def test_a_sleeping_job_frees_its_queues_slot_and_its_dependents_wait_for_
     assert done.status == "completed"
     kid = await finished(store, child)
     assert kid.status == "completed" and kid.result == {"child": True}
+
+
+# -- code changed under a job -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", ["changing", "sync_changing"])
+async def test_changed_keeps_a_job_on_the_old_path_across_a_replay_that_straddles_the_deploy(
+    cluster: Cluster, store: JobStore, settings: Settings, task: str
+) -> None:
+    cluster.dispatcher(**DURABLE)
+    before = await submit(store, task, {"key": "old-job"})
+    await suspended(store, before)  # fetched on the old code, waits for its first signal
+    await store.db["deploys"].insert_one({"_id": task})  # the deploy
+    after = await submit(store, task, {"key": "new-job"})
+    await suspended(store, after)
+    async with AsyncClient(settings.mongo_uri, settings.db) as client:
+        for key in ("old-job-1", "new-job-1", "old-job-2", "new-job-2"):
+            await client.signal(key)
+            if key.endswith("-1"):  # replayed once, up to its second wait
+                job_id = before if key.startswith("old") else after
+                await wait_until_async(
+                    store, job_id, lambda j, key=key: f"signal:{key}#1" in step_names(j)
+                )
+                await suspended(store, job_id)
+    old, new = await finished(store, before), await finished(store, after)
+    # The job that fetched before the deploy replays its recorded `fetch`: the new code's
+    # `fetch-v2` never runs for it. The job made after it runs the new code from the start.
+    assert old.result == {"fetched": "old", "deployed": True}, old
+    assert new.result == {"fetched": "new", "deployed": True}, new
+    assert step_names(old) == ["fetch", "changed#v2", "signal:old-job-1#1", "signal:old-job-2#1"]
+    assert step_names(new) == ["changed#v2", "fetch-v2", "signal:new-job-1#1", "signal:new-job-2#1"]
+    recorded = {j.id: {s["name"]: s.get("result") for s in j.steps} for j in (old, new)}
+    assert recorded[before]["changed#v2"] is False and recorded[after]["changed#v2"] is True
+    rows = [(r["job_id"], r["version"]) async for r in store.db["effects"].find()]
+    assert sorted(rows) == sorted([(before, "old"), (after, "new")])
+
+
+def step_names(job: Job) -> list[str]:
+    return [s["name"] for s in job.steps]
+
+
+async def wait_until_async(store: JobStore, job_id: str, check: Any, timeout: float = 30) -> Job:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = await store.get(job_id)
+        if check(job):
+            return job
+        assert time.monotonic() < deadline, f"never true: {job}"
+        await asyncio.sleep(0.05)

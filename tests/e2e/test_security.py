@@ -137,6 +137,7 @@ def state_changes(job_id: str) -> list[tuple[str, str, dict[str, Any] | None]]:
         ("POST", "/jobs/batch", {"jobs": [{"task": "noop"}]}),
         ("POST", f"/jobs/{job_id}/cancel", None),
         ("POST", f"/jobs/{job_id}/retry", None),
+        ("POST", f"/jobs/{job_id}/rerun", {"from_step": "one"}),
         ("PUT", "/queues/default", {"paused": True}),
         ("POST", "/schedules/nightly/pause", None),
         ("POST", "/schedules/nightly/resume", None),

@@ -117,3 +117,59 @@ async def waiter(payload: dict[str, Any], ctx: TaskContext) -> Any:
 @task("sync_waiter")
 def sync_waiter(payload: dict[str, Any], ctx: SyncTaskContext) -> Any:
     return {"signal": ctx.wait_for_signal(payload["key"], timeout=payload.get("timeout"))}
+
+
+@task("changing")
+async def changing(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """A task whose code a test changes under its jobs: a document in `deploys` stands for
+    the deploy. The new code fetches with another step (`fetch-v2`), behind
+    `ctx.changed("v2")`; each fetch inserts one row in `effects`. Then two signal waits."""
+    db = ctx.database()
+    deployed = await db["deploys"].find_one({"_id": "changing"}) is not None
+
+    async def fetch(version: str) -> str:
+        await db["effects"].insert_one({"job_id": ctx.job_id, "version": version})
+        return version
+
+    if deployed and await ctx.changed("v2"):
+        got = await ctx.step("fetch-v2", fetch, "new")
+    else:
+        got = await ctx.step("fetch", fetch, "old")
+    await ctx.wait_for_signal(f"{payload['key']}-1")
+    await ctx.wait_for_signal(f"{payload['key']}-2")
+    return {"fetched": got, "deployed": deployed}
+
+
+@task("paid_steps")
+async def paid_steps(payload: dict[str, Any], ctx: TaskContext) -> list[int]:
+    """Five steps, each inserting one row in `effects` and emitting `step N`; step
+    `fail_at` raises after its insert (a bug: a rerun fixes it with another payload)."""
+    effects = ctx.database()["effects"]
+
+    async def effect(n: int) -> int:
+        ctx.emit(f"step {n}\n")
+        await effects.insert_one({"job_id": ctx.job_id, "step": n, "attempt": ctx.attempt})
+        if n == payload.get("fail_at"):
+            raise RuntimeError(f"step {n} has a bug")
+        return n
+
+    return [await ctx.step(f"step-{n}", effect, n) for n in range(1, 6)]
+
+
+@task("sync_changing")
+def sync_changing(payload: dict[str, Any], ctx: SyncTaskContext) -> dict[str, Any]:
+    """`changing` as a plain `def` task."""
+    db = ctx.database()
+    deployed = db["deploys"].find_one({"_id": "sync_changing"}) is not None
+
+    def fetch(version: str) -> str:
+        db["effects"].insert_one({"job_id": ctx.job_id, "version": version})
+        return version
+
+    if deployed and ctx.changed("v2"):
+        got = ctx.step("fetch-v2", fetch, "new")
+    else:
+        got = ctx.step("fetch", fetch, "old")
+    ctx.wait_for_signal(f"{payload['key']}-1")
+    ctx.wait_for_signal(f"{payload['key']}-2")
+    return {"fetched": got, "deployed": deployed}

@@ -10,9 +10,10 @@ the server's clock (`$$NOW`); user data goes in as `$literal`, never read as an 
 One module per concern, as the jobs store (`brook.common.store.jobs`) has: `base` (the claim
 order, `Write`, the fences), `submits`, `claims`, `attempts` (a running attempt's lease,
 progress, start and transaction), `steps`, `outcomes`, `commands` (a caller's operations
-on one job and on many), `workflows` and `spawned` (a cancel that reaches the jobs a task
-submitted); beside them `listing`, the reads that list, search and group jobs (the index
-each reads, its filter and order). Every write builder is importable from here.
+on one job and on many), `workflows`, `spawned` (a cancel that reaches the jobs a task
+submitted) and `reruns` (a new job from a finished one's steps); beside them `listing`,
+the reads that list, search and group jobs (the index each reads, its filter and order).
+Every write builder is importable from here.
 """
 
 from brook.common.store.queries.attempts import (
@@ -67,6 +68,7 @@ from brook.common.store.queries.outcomes import (
     requeued_expired,
 )
 from brook.common.store.queries.output import output_appended
+from brook.common.store.queries.reruns import rerun_job, rerun_linked, rerun_spec
 from brook.common.store.queries.spawned import (
     PARENT_CANCELLED,
     spawn_cancel_done,
@@ -138,6 +140,9 @@ __all__ = [
     "progress_reported",
     "released",
     "requeued_expired",
+    "rerun_job",
+    "rerun_linked",
+    "rerun_spec",
     "retried",
     "retried_many",
     "running_fence",

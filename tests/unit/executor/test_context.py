@@ -11,7 +11,7 @@ import pytest
 
 from brook.common.protocol.runner import RunJob, StepAck, StepRecord
 from brook.common.runtime.settings import Settings
-from brook.errors import DuplicateStep
+from brook.errors import DuplicateStep, StepError
 from brook.executor.context import SyncTaskContext, TaskContext
 from brook.executor.steps import Journal, failed_step
 
@@ -36,7 +36,7 @@ def test_a_task_sees_the_settings_without_the_mongodb_password() -> None:
 
 
 def _contexts(
-    loop: asyncio.AbstractEventLoop,
+    loop: asyncio.AbstractEventLoop, steps: dict[str, Any] | None = None
 ) -> list[tuple[Journal, TaskContext | SyncTaskContext]]:
     """An async and a plain-`def` context of one attempt, each with its own journal (an
     earlier run recorded the step `done`) whose dispatcher acknowledges every write at once
@@ -44,7 +44,13 @@ def _contexts(
     out: list[tuple[Journal, TaskContext | SyncTaskContext]] = []
     for sync in (False, True):
         run = RunJob(
-            job_id="j", attempt=1, task="t", payload={}, owner="d", steps={"done": 7}, steps_bytes=9
+            job_id="j",
+            attempt=1,
+            task="t",
+            payload={},
+            owner="d",
+            steps={"done": 7} if steps is None else steps,
+            steps_bytes=9,
         )
         journal = Journal(run, lambda record: None)
 
@@ -90,3 +96,35 @@ async def test_an_async_and_a_plain_def_task_run_the_same_durable_operations() -
         assert await _call(ctx, "sleep", 5) is None  # due in 0.1 s: waits in its worker
         assert isinstance(journal.recorded["sleep#1"], datetime)
         assert (journal.replayed, journal.ran) == (1, 2), type(ctx).__name__
+
+
+async def test_changed_is_true_at_the_frontier_false_where_recorded_steps_go_past_it() -> None:
+    for journal, ctx in _contexts(asyncio.get_running_loop()):
+        kind = type(ctx).__name__
+        # The earlier run recorded `done`, not reached yet: it went past here on the old code.
+        assert await _call(ctx, "changed", "v2") is False, kind
+        assert journal.recorded["changed#v2"] is False
+        assert await _call(ctx, "changed", "v2") is False  # asked again: the same answer
+        assert await _call(ctx, "step", "done", lambda: 0) == 7
+        # Nothing recorded is left to replay: this run is at its frontier, on the new code.
+        assert await _call(ctx, "changed", "v3") is True, kind
+        assert journal.recorded["changed#v3"] is True
+        with pytest.raises(StepError):
+            await _call(ctx, "changed", "bad#id")
+
+
+async def test_a_replay_returns_the_recorded_answer_of_changed() -> None:
+    loop = asyncio.get_running_loop()
+    for steps, expected in (
+        ({"changed#v2": False}, False),  # at the frontier now, but recorded on the old path
+        ({"changed#v2": True, "later": 1}, True),  # steps past it, but recorded on the new
+    ):
+        for journal, ctx in _contexts(loop, steps):
+            assert await _call(ctx, "changed", "v2") is expected, (steps, type(ctx).__name__)
+            assert journal.ran == 0 and journal.replayed == 1
+
+
+async def test_a_marker_whose_call_was_removed_does_not_hold_later_ones_on_the_old_path() -> None:
+    for journal, ctx in _contexts(asyncio.get_running_loop(), {"changed#gone": True}):
+        assert await _call(ctx, "changed", "v3") is True, type(ctx).__name__
+        assert journal.ran == 1

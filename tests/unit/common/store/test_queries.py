@@ -120,6 +120,7 @@ CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
     "spawned_cancelled": (queries.spawned_cancelled(["j1", "j2"], 60, "op"), {W, P}, {C}),
     "spawned_cancel_requested": (queries.spawned_cancel_requested(["j1"], "op"), {R}, set()),
     "spawn_cancel_done": (queries.spawn_cancel_done(["j1"]), set(TERMINAL), set()),
+    "rerun_linked": (queries.rerun_linked("j1", "j2"), set(TERMINAL), set()),
 }
 
 
