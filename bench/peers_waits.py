@@ -107,7 +107,8 @@ def run(system: str, jobs: int, seconds: float, mode: str, url: str, log: Path) 
         figs = per_job(meter.stop(), jobs)
     finally:
         _stop(proc)
-    rows = [line.split() for line in (b.decode() for b in side.lrange(KEY, 0, -1))]
+    entries = side.lrange(KEY, 0, -1)
+    rows = [(e.decode() if isinstance(e, bytes) else e).split() for e in entries]
     ends = [float(r[1]) for r in rows]
     starts = [float(r[0]) for r in rows]
     tokens = [int(r[2]) for r in rows if int(r[2]) >= 0]
