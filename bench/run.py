@@ -11,6 +11,8 @@
     python -m bench.run --scenario bulkplans [--jobs 100000]
     python -m bench.run --scenario keyscale [--jobs 1000000] [--rounds 2]
     python -m bench.run --scenario waits [--jobs 1000] [--seconds 2] [--burst 10000 [--burst-kill]]
+    python -m bench.run --scenario output [--jobs 100] [--chunks-per-s 25] [--stream-s 10]
+                        [--drain 5000]
     python -m bench.run --scenario jobcost [--rate 50] [--jobs 500] [--via http,client]
                         [--checkout PATH] [--warmup 100] [--mongo-port 26417] [--window-s 30]
 
@@ -18,9 +20,10 @@
 `bench/failover.py`, `bench/costs.py`) are not part of
 `all`: `backlog` at a million jobs takes a while and a few GB of disk; `failover` kills a
 member of the embedded set; `costs` measures MongoDB alone (raw PyMongo, no Brook role).
-`waits` (`bench/waits.py`) is not either: jobs that only wait (shared jobs), Brook beside
-arq and Celery run from the peer harness's virtualenvs. `jobcost` (`bench/jobcost.py`)
-is not either: the CPU-ms per job of the API, the
+`output` (`bench/output.py`) is not either: jobs that stream their output to SSE readers,
+and a drain beside them. `waits` (`bench/waits.py`) is not either: jobs that only wait
+(shared jobs), Brook beside arq and Celery run from the peer harness's virtualenvs.
+`jobcost` (`bench/jobcost.py`) is not either: the CPU-ms per job of the API, the
 dispatcher with its workers and the three `mongod`, at a steady rate, each way in
 (`--via`) on a fresh set of its own (not the one below), the roles optionally from
 another checkout (`--checkout`, for an A/B against an older commit).
@@ -47,7 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import costs, failover, fairness, jobcost, limits, scale, waits
+from bench import costs, failover, fairness, jobcost, limits, output, scale, waits
 from bench.events import enable_post_images, events_fanout
 from bench.harness import OUT, ROOT, BenchError, Profiler, replica_set
 from bench.harness import sync_client as make_sync_client
@@ -72,7 +75,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=[
             "latency", "throughput", "batch", "probe", "events", "limits", "all",
             "enqueue", "startup", "drain", "backlog", "failover", "costs", "e2e", "fairness",
-            "bulkplans", "keyscale", "jobcost", "waits",
+            "bulkplans", "keyscale", "jobcost", "waits", "output",
         ],
         default="all",
     )
@@ -121,11 +124,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--burst-kill", dest="burst_kill", action="store_true",
         help="waits: SIGKILL the primary once half of the burst has started",
     )
+    p.add_argument(
+        "--chunks-per-s", dest="chunks_per_s", type=float, default=25.0,
+        help="output: chunks each job emits a second (25)",
+    )
+    p.add_argument(
+        "--stream-s", dest="stream_s", type=float, default=10.0,
+        help="output: how long each job emits (10)",
+    )
+    p.add_argument(
+        "--drain", type=int, default=5000,
+        help="output: noop jobs drained alone, then beside the streams (5000; 0: skip)",
+    )
     _jobcost_args(p)
     args = p.parse_args(argv)
     jobcost = args.scenario == "jobcost"
     if args.jobs is None:
-        args.jobs = 500 if jobcost else 1000 if args.scenario == "waits" else 5000
+        defaults = {"waits": 1000, "output": 100}
+        args.jobs = 500 if jobcost else defaults.get(args.scenario, 5000)
     if args.rate is None:
         args.rate = 50.0 if jobcost else 20.0
     if args.jobs < 1 or args.rate <= 0 or args.duration <= 0 or args.concurrency < 1:
@@ -255,6 +271,15 @@ def _scale_summary(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def _module_summaries(results: dict[str, Any]) -> list[str]:
+    """The summaries the scenarios of a module of their own write."""
+    lines: list[str] = []
+    for name, module in (("limits", limits), ("waits", waits), ("output", output)):
+        if name in results:
+            lines += module.summary(results[name])
+    return lines
+
+
 def summarize(results: dict[str, Any]) -> str:
     env = results["environment"]
     lines = [
@@ -356,10 +381,7 @@ def summarize(results: dict[str, Any]) -> str:
             _cpu_note(bs.get("resources", {}), 2 * bs["jobs"]),
             _log_note(bs["logs"]),
         ]
-    if "limits" in results:
-        lines += limits.summary(results["limits"])
-    if "waits" in results:
-        lines += waits.summary(results["waits"])
+    lines += _module_summaries(results)
     lines += fairness.summaries(results)
     lines += _scale_summary(results)
     for label, prof in results.get("profiles", {}).items():
@@ -471,6 +493,14 @@ def _scale_plan(
         ],
         "failover": [
             ("failover", lambda: failover.failover(ctx, args.jobs, args.clients or 32))
+        ],
+        "output": [
+            (
+                "output",
+                lambda: output.output(
+                    ctx, args.jobs, args.chunks_per_s, args.stream_s, args.drain
+                ),
+            )
         ],
         "waits": [
             (

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from brook.client import Client as Client
     from brook.common.domain.bulk import JobFilter as JobFilter
     from brook.common.domain.models import Job as Job
+    from brook.common.domain.output import OutputChunk as OutputChunk
     from brook.common.domain.status import JobStatus as JobStatus
     from brook.errors import BrookError as BrookError
     from brook.errors import ConfigError as ConfigError

@@ -10,6 +10,8 @@ runs the `AsyncClient` coroutine of the same name on a private event-loop thread
     with Client() as client:
         job = client.submit("echo", {"x": 1})
         print(client.wait(job.id, timeout=30).result)
+        for chunk in client.output(job.id, follow=True):   # what its task emits, live
+            print(chunk.text, end="")
 
 Wrapping the application's own client, jobs are inserted inside its transactions:
 
@@ -22,6 +24,8 @@ Wrapping the application's own client, jobs are inserted inside its transactions
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -31,6 +35,7 @@ from brook.common.client.core import BlockingSessions, ClientCore, Submitting
 from brook.common.client.task_directory import TaskDirectory
 from brook.common.domain.errors import InvalidSession
 from brook.common.domain.models import Doc
+from brook.common.domain.output import OutputChunk
 from brook.common.runtime.blocking import Coro, LoopThread, T, blocking, blocking_or_in_session
 from brook.common.runtime.settings import Settings, load_settings
 from brook.common.store.db import database, make_client, sync_database
@@ -191,6 +196,36 @@ class Client:
     wait = blocking(ClientCore.wait)
     parent_results = blocking(ClientCore.parent_results)
     signal = blocking(ClientCore.signal)
+
+    def output(
+        self,
+        job_id: str,
+        *,
+        follow: bool = False,
+        after: str | None = None,
+        attempt: int | None = None,
+    ) -> Iterator[OutputChunk]:
+        """`AsyncClient.output`, as a blocking iterator: `for chunk in client.output(id,
+        follow=True): print(chunk.text, end="")`. Its errors (`JobNotFound`, ...) come with
+        the first chunk asked for; leaving the loop early closes the stream."""
+        source = self._target().output(job_id, follow=follow, after=after, attempt=attempt)
+
+        async def next_chunk() -> tuple[bool, OutputChunk | None]:
+            try:
+                return True, await anext(source)
+            except StopAsyncIteration:
+                return False, None
+
+        try:
+            while True:
+                more, chunk = self._block(next_chunk())
+                if not more:
+                    return
+                assert chunk is not None
+                yield chunk
+        finally:
+            with contextlib.suppress(RuntimeError):  # closed, or stopped mid-read
+                self._block(source.aclose())
 
     def close(self) -> None:
         try:

@@ -1,8 +1,8 @@
 """How the CLI shows a job while it is waited for: a progress bar on a terminal (`rich`),
 one plain line per change otherwise.
 
-A view is fed the job as the API returns it, once per update, wherever the updates come
-from (polling `GET /jobs/{id}` today, an event stream later). It writes to stderr, so
+A view is fed the job as the API returns it, once per update (from its event stream), and
+the text its task emits (from its output stream), as it comes. It writes to stderr, so
 stdout carries only the result and `brook submit --wait ... | jq` stays clean.
 """
 
@@ -11,13 +11,17 @@ from __future__ import annotations
 import sys
 from typing import Any, Protocol, TextIO
 
-from brook.terminal import safe
+from brook.output_follow import TextSink
+from brook.terminal import safe, safe_text
 
 JsonObject = dict[str, Any]
 
 
 class JobView(Protocol):
     def update(self, job: JsonObject) -> None: ...
+
+    def output(self, text: str) -> None:
+        """Text the job's task emitted (`ctx.emit`), shown as it comes."""
 
     def close(self) -> None: ...
 
@@ -51,15 +55,19 @@ class LineView:
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self._last = ""
+        self._text = TextSink(stream)
 
     def update(self, job: JsonObject) -> None:
         line = describe(job)
         if line != self._last:
-            print(line, file=self.stream, flush=True)
+            self._text.note(line)
             self._last = line
 
+    def output(self, text: str) -> None:
+        self._text.write(text)
+
     def close(self) -> None:
-        pass
+        self._text.end_line()
 
 
 class BarView:
@@ -87,6 +95,13 @@ class BarView:
         )
         self._task = self._bar.add_task("", total=None, message="")
         self._bar.start()
+        self._partial = ""  # output after its last newline: printed once its line ends
+
+    def output(self, text: str) -> None:
+        """Whole lines, printed above the bar (which stays at the bottom)."""
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            self._bar.console.print(safe_text(line), markup=False, highlight=False)
 
     def update(self, job: JsonObject) -> None:
         progress = job.get("progress") if isinstance(job.get("progress"), dict) else None
@@ -105,4 +120,6 @@ class BarView:
         )
 
     def close(self) -> None:
+        if self._partial:
+            self.output("\n")
         self._bar.stop()

@@ -25,3 +25,12 @@ def _escape(match: re.Match[str]) -> str:
 def safe(text: object) -> str:
     """`text` as a string with nothing a terminal would act on."""
     return _UNSAFE.sub(_escape, str(text))
+
+
+# As `_UNSAFE`, but newline and tab pass: for a task's output, shown as lines of text.
+_UNSAFE_IN_TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def safe_text(text: str) -> str:
+    """`text` (many lines) with nothing a terminal would act on but its newlines and tabs."""
+    return _UNSAFE_IN_TEXT.sub(_escape, text)

@@ -62,10 +62,12 @@ def follow(
     *,
     params: dict[str, str] | None = None,
     deadline: float = float("inf"),
+    kinds: tuple[str, ...] = ("job", "reset"),
+    last_id: str | None = None,
 ) -> bool:
     """Follow the stream at `path` until `on_event` says stop (True), the stream is over
-    (204: True), or `deadline` (monotonic) passes (False). Cuts are resumed."""
-    last_id: str | None = None
+    (204: True), or `deadline` (monotonic) passes (False). Cuts are resumed. `on_event`
+    hears the events of `kinds`; `last_id` starts it after that event."""
     down_since: float | None = None
     while time.monotonic() < deadline:
         headers = {"Accept": "text/event-stream", **auth_headers(settings)}
@@ -89,7 +91,7 @@ def follow(
                 down_since = None
                 for sse in EventSource(resp).iter_sse():
                     last_id = sse.id or last_id
-                    if sse.event in ("job", "reset") and on_event(sse.event, json.loads(sse.data)):
+                    if sse.event in kinds and on_event(sse.event, json.loads(sse.data)):
                         return True
         except (httpx.HTTPError, SSEError, _Unavailable) as exc:
             down_since = down_since or time.monotonic()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from typing import Any
 
@@ -17,6 +18,9 @@ from brook.terminal import safe
 
 # `brook queue set`: an option that was not given (None is a value: it clears a limit).
 UNSET: Any = object()
+# Once a job has ended, how long `--wait` and `watch ID` wait for the end of its output
+# stream (it comes right after the job's last chunks) before they show the job's end.
+OUTPUT_END_WAIT_S = 10.0
 
 
 def call_api(
@@ -97,20 +101,31 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
 
 def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
     """Follow the job's event stream (no polling) until it is terminal, showing its status
-    and progress on stderr; a cut stream is resumed with Last-Event-ID."""
+    and progress on stderr, and beside it its output stream, the text its task emits as it
+    comes; a cut stream is resumed with Last-Event-ID."""
     from brook.job_view import job_view
+    from brook.output_follow import OutputFollower, chunk_text
     from brook.watching import StreamFailed, follow
 
     view = job_view()
     latest = job
+    lock = threading.Lock()  # the view is fed from both streams' threads
+
+    def on_output(kind: str, data: JsonObject) -> None:
+        if kind == "output":
+            with lock:
+                view.output(chunk_text(data))
 
     def on_event(kind: str, data: JsonObject) -> bool:
         nonlocal latest
         if kind == "job":
             latest = data
-            view.update(data)
+            with lock:
+                view.update(data)
         return str(latest["status"]) in TERMINAL
 
+    deadline = time.monotonic() + timeout
+    output = OutputFollower(settings, job["id"], on_output, deadline=deadline).start()
     try:
         view.update(job)
         done = follow(
@@ -118,12 +133,15 @@ def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
             f"/jobs/{job['id']}/events",
             on_event,
             params={"include": "result"},  # events leave it out unless asked for
-            deadline=time.monotonic() + timeout,
+            deadline=deadline,
         )
+        if done:
+            output.finish(OUTPUT_END_WAIT_S)  # its last chunks, shown before the result
     except StreamFailed as exc:
         die(str(exc))
     finally:
-        view.close()
+        with lock:
+            view.close()
     if not done or latest["status"] not in TERMINAL:
         die(f"job {job['id']} still {latest['status']} after {timeout}s")
     return latest
@@ -147,15 +165,25 @@ def _submit_count(settings: Settings, spec: JsonObject, count: int) -> int:
 
 
 def cmd_watch(settings: Settings, args: argparse.Namespace) -> int:
-    """Print each event as it happens: one job's until it ends, or every matching job's."""
+    """Print each event as it happens: one job's until it ends (and between them its output
+    as it comes, unless `--no-output`), or every matching job's."""
+    from brook.output_follow import OutputFollower, WatchPrinter
     from brook.watching import StreamFailed, event_line, follow
+
+    printer = WatchPrinter(sys.stdout, as_json=args.json)
+    output = None
+    if args.id is not None and args.output:
+        output = OutputFollower(settings, args.id, printer.output).start()
 
     def on_event(kind: str, data: JsonObject) -> bool:
         if kind == "reset":
             print(safe(f"# reset: {data.get('reason')}"), file=sys.stderr, flush=True)
             return False
-        print(json.dumps(data) if args.json else event_line(data), flush=True)
-        return args.id is not None and str(data["status"]) in TERMINAL
+        ended = args.id is not None and str(data["status"]) in TERMINAL
+        if ended and output is not None:
+            output.finish(OUTPUT_END_WAIT_S)  # the job's last output, before its end
+        printer.event(json.dumps(data) if args.json else event_line(data))
+        return ended
 
     given = {"status": args.status, "task": args.task, "queue": args.queue}
     given["include"] = args.include

@@ -25,6 +25,7 @@ from brook.cli.api_commands import (
     cmd_triggers,
     cmd_watch,
 )
+from brook.cli.output_commands import cmd_output
 from brook.cli.printing import JsonObject, die
 from brook.cli.serve import cmd_api, cmd_dispatcher, cmd_mongo
 from brook.cli.up import cmd_up
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     _role_commands(sub)
     _submit_command(sub)
+    _output_command(sub)
     _job_commands(sub)
     return p
 
@@ -224,6 +226,22 @@ def _add_bulk_filters(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _output_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    o = sub.add_parser("output", help="a job's output (what its task emits): so far, or followed")
+    o.add_argument("id")
+    o.add_argument(
+        "--follow", "-f", action="store_true", help="stream it as it comes until the job ends"
+    )
+    o.add_argument("--attempt", type=int, metavar="N", help="only attempt N's output")
+    o.add_argument(
+        "--after", metavar="POSITION", help="with --follow: resume after this ATTEMPT-SEQ"
+    )
+    o.add_argument(
+        "--json", action="store_true", help="with --follow: print each chunk as one JSON line"
+    )
+    o.set_defaults(fn=cmd_output)
+
+
 def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st = sub.add_parser("status", help="show a job")
     st.add_argument("id")
@@ -246,6 +264,12 @@ def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="FIELDS",
         help="`payload`, `result` or both (comma-separated): add them to each event's job, "
         "which leaves them out otherwise",
+    )
+    w.add_argument(
+        "--no-output",
+        dest="output",
+        action="store_false",
+        help="with ID: leave out the output its task emits (shown as it comes otherwise)",
     )
     w.set_defaults(fn=cmd_watch)
     c = sub.add_parser("cancel", help="cancel a job, or every job a filter names")

@@ -29,6 +29,7 @@ from pymongo.synchronous.database import Database
 from brook.common.client.bulk import BulkOperations
 from brook.common.client.dependents import recheck
 from brook.common.client.reruns import Reruns
+from brook.common.client.output import OutputReading
 from brook.common.client.spawned import cancel_spawned, cancel_with_spawned
 from brook.common.client.task_directory import TaskDirectory
 from brook.common.domain.errors import (
@@ -289,7 +290,7 @@ class Submitting:
         raise NotImplementedError
 
 
-class ClientCore(Submitting, BulkOperations, Reruns):
+class ClientCore(Submitting, BulkOperations, Reruns, OutputReading):
     def __init__(
         self,
         store: JobStore,

@@ -39,6 +39,40 @@ class Chunk:
     emitted_at: float | None = None  # the worker's clock (time.time()): for latency figures
 
 
+@dataclass(frozen=True, kw_only=True)
+class OutputChunk:
+    """One chunk of a job's output, as a reader gets it (`Client.output`): the attempt that
+    emitted it, its sequence number in the job's stream, its kind (`text` or `json`), its
+    value, and the step it was emitted in (None outside steps)."""
+
+    attempt: int
+    seq: int
+    kind: Kind
+    data: Any
+    step: str | None = None
+
+    @property
+    def position(self) -> str:
+        """`"{attempt}-{seq}"`: give it back as `after=` (or `Last-Event-ID`) to resume
+        right after this chunk."""
+        return format_position(self.attempt, self.seq)
+
+    @property
+    def text(self) -> str:
+        """The chunk as `?format=text` shows it: text as it is, a JSON value on a line."""
+        return as_text(self.kind, self.data)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> OutputChunk:
+        return cls(
+            attempt=int(doc["attempt"]),
+            seq=int(doc["seq"]),
+            kind="text" if doc.get("kind") == "text" else "json",
+            data=doc.get("data"),
+            step=doc.get("step"),
+        )
+
+
 def encode_chunk(data: Any) -> tuple[Kind, Any, int]:
     """What `ctx.emit(data)` stores: its kind, its value (JSON's round trip for a value) and
     its size. `TypeError` for what is neither text nor JSON, `OutputLimitExceeded` for a

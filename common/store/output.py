@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bson import Timestamp
 from pymongo import ASCENDING, IndexModel, UpdateOne
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.client_session import AsyncClientSession
@@ -175,14 +176,20 @@ class OutputStore:
             output_pipeline(OUTPUT, JOBS), max_await_time_ms=int(await_s * 1000)
         )
 
-    async def watch_job(self, job_id: str) -> AsyncChangeStream[Doc]:
-        """As `watch`, for one job (a Python client's `output(follow=True)`)."""
+    async def watch_job(
+        self, job_id: str, *, start_at: Timestamp | None = None, await_ms: int = 5000
+    ) -> AsyncChangeStream[Doc]:
+        """As `watch`, for one job (a Python client's `output(follow=True)`), from the
+        cluster time `start_at` (that of a read of the job: no change after it is missed)
+        or from now."""
         await self.ensure_indexes()
         pipeline = [
             *output_pipeline(OUTPUT, JOBS),
             {"$match": {"$or": [{"fullDocument.job": job_id}, {"documentKey._id": job_id}]}},
         ]
-        return await self.db.watch(pipeline)
+        return await self.db.watch(
+            pipeline, start_at_operation_time=start_at, max_await_time_ms=await_ms
+        )
 
     # -- copying and retention ----------------------------------------------------------
 

@@ -561,6 +561,7 @@ async function showJob(id) {
   $("#job-action-result").textContent = "";
   Object.assign(jobView, { id, body: {}, bodyKey: null });
   await detectFeatures();
+  showOutput(id);
   jobView.stream = openStream(`/jobs/${encodeURIComponent(id)}/events`, {
     onOpen: () => setLive(true),
     onDown: () => setLive(false),
@@ -574,6 +575,45 @@ async function showJob(id) {
       const job = JSON.parse(data);
       onJobEvent(job);
       if (TERMINAL.has(job.status)) jobView.stream.finish();
+    },
+  });
+}
+
+// The job's output stream (what its task emits): every attempt in turn, each chunk as it
+// is written, until `end`. Text is appended as text nodes, never parsed as HTML.
+const outputView = { stream: null, pre: null, chunks: 0 };
+
+function outputAttempt(attempt) {
+  outputView.pre = el("pre", { class: "output" });
+  $("#job-output").append(el("div", { class: "output-attempt", "data-attempt": attempt },
+    el("h3", {}, `attempt ${attempt}`), outputView.pre));
+}
+
+function outputChunk(chunk) {
+  if (!outputView.pre) outputAttempt(chunk.attempt);
+  const pre = outputView.pre;
+  const atBottom = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 8;
+  pre.append(chunk.kind === "text" ? String(chunk.data) : JSON.stringify(chunk.data) + "\n");
+  if (atBottom) pre.scrollTop = pre.scrollHeight;  // follow the end, unless scrolled back
+  outputView.chunks += 1;
+  $("#job-output-panel").hidden = false;
+  $("#job-output-state").textContent = `${outputView.chunks} chunks, live`;
+}
+
+function showOutput(id) {
+  if (outputView.stream) outputView.stream.stop();
+  Object.assign(outputView, { pre: null, chunks: 0 });
+  $("#job-output").replaceChildren();
+  $("#job-output-panel").hidden = true;
+  outputView.stream = openStream(`/jobs/${encodeURIComponent(id)}/output`, {
+    onEvent: (kind, data) => {
+      const doc = JSON.parse(data);
+      if (kind === "attempt") outputAttempt(doc.attempt);
+      else if (kind === "output") outputChunk(doc);
+      else if (kind === "end") {
+        outputView.stream.finish();
+        $("#job-output-state").textContent = `${outputView.chunks} chunks, ${doc.status}`;
+      }
     },
   });
 }
@@ -690,8 +730,8 @@ async function showFailures() {
 // -- routing ---------------------------------------------------------------------------------
 
 function stopAll() {
-  for (const stream of [overview.stream, jobView.stream]) if (stream) stream.stop();
-  overview.stream = jobView.stream = jobView.id = null;
+  for (const stream of [overview.stream, jobView.stream, outputView.stream]) if (stream) stream.stop();
+  overview.stream = jobView.stream = jobView.id = outputView.stream = null;
   clearInterval(overview.statsTimer);
 }
 
