@@ -1,6 +1,7 @@
 """Bulk retry and cancel with real processes: `brook retry` by error type after a batch of
 failures (a dry run, the retry, a resend that changes nothing), and `POST /jobs/cancel` of
-one tenant's jobs, over HTTP."""
+one tenant's jobs, over HTTP, and a cancel of 5,000 pending jobs racing the dispatcher that
+claims and finishes them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 
+from brook.common.domain.models import JobSpec
 from brook.common.store.jobs import JobStore
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_faults import wait_all_terminal
@@ -69,3 +71,53 @@ async def test_post_jobs_cancel_cancels_one_tenants_jobs_and_a_resend_changes_no
     bad = http.post("/jobs/cancel", json={"dry_run": True})
     assert bad.status_code == 422
     assert http.post("/jobs/retry", json={"status": "nope"}).status_code == 422
+
+
+async def test_a_bulk_cancel_racing_a_dispatcher_cancels_or_leaves_each_job_never_both(
+    cluster: Cluster, http: httpx.Client, store: JobStore
+) -> None:
+    """Between a page's read and its write the dispatcher claims and finishes jobs of that
+    page: the write's fence (waiting or pending) lets only the jobs still waiting be
+    cancelled; a running one is asked to stop; a finished one is left as it is."""
+    n = 5000
+    for _ in range(n // 1000):
+        await store.submit_many([JobSpec(task="noop", payload={}) for _ in range(1000)])
+    cluster.api()
+    disp = cluster.dispatcher(BROOK_CONCURRENCY="4")
+    wait_until(lambda: len(disp.events("job.completed")) >= 200, timeout=60)
+    answer = http.post("/jobs/cancel", json={"task": "noop"}, timeout=120)
+    assert answer.status_code == 200, answer.text
+    count = answer.json()["count"]
+    await wait_all_terminal(store, n, timeout=120)
+    docs = await store.jobs.find(
+        {}, {"status": 1, "history": 1, "cancel_requested": 1, "bulk_op": 1}
+    ).to_list()
+    by_status: dict[str, set[str]] = {}
+    for d in docs:
+        by_status.setdefault(d["status"], set()).add(d["_id"])
+    assert set(by_status) == {"completed", "cancelled"}, {k: len(v) for k, v in by_status.items()}
+    both = [
+        d["_id"] for d in docs if {"completed", "cancelled"} <= {h["status"] for h in d["history"]}
+    ]
+    assert both == []
+    # A cancelled job that had started was asked to stop first, never cancelled under its
+    # worker; every job the dispatcher finished is completed, once, and none is cancelled.
+    cut = [
+        d["_id"]
+        for d in docs
+        if d["status"] == "cancelled"
+        and "running" in {h["status"] for h in d["history"]}
+        and not d.get("cancel_requested")
+    ]
+    assert cut == []
+    finished = [e["job_id"] for e in disp.events("job.completed")]
+    assert sorted(finished) == sorted(by_status["completed"])
+    # The count is what the action changed: the jobs it cancelled and those it asked to stop.
+    assert count == sum(1 for d in docs if d.get("bulk_op")) > 0
+    assert {d["_id"] for d in docs if d["status"] == "cancelled"} <= {
+        d["_id"] for d in docs if d.get("bulk_op")
+    }
+    again = http.post("/jobs/cancel", json={"task": "noop"}, timeout=120)
+    assert again.json() == {"count": 0, "spawned_cancelled": 0}
+    after = {d["_id"]: d["status"] for d in await store.jobs.find({}, {"status": 1}).to_list()}
+    assert after == {d["_id"]: d["status"] for d in docs}

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
+from pymongo.read_concern import ReadConcern
 
 from brook import AsyncClient, Job
 from brook.common.domain.models import Doc, JobSpec
@@ -299,6 +300,60 @@ async def test_a_waiting_job_is_cancelled_at_once_and_bad_signals_get_422(
     big = {"payload": "x" * (300 * 1024)}
     assert http.post("/signals/ok-key", json=big).status_code == 422
     assert http.post("/signals/ok-key", json={"nope": 1}).status_code == 422
+
+
+async def test_a_signal_sent_while_its_waiter_is_being_suspended_is_not_lost(
+    cluster: Cluster, store: JobStore, settings: Settings, tmp_path: Any
+) -> None:
+    """The signal lands between the worker's look (nothing sent yet) and the suspend write
+    (held 3 s on the server): its sender wakes no one, as the job is still running, so only
+    the look that follows the suspend write can wake it. No sweep falls in the test."""
+    disp = cluster.dispatcher(**DURABLE, BROOK_SWEEP_SECONDS="300")
+    gate = tmp_path / "gate"
+    job_id = await submit(store, "gated_waiter", {"key": "approval:1", "gate": str(gate)})
+    disp.wait_for_event("task.started", timeout=30, where=lambda e: e.get("job_id") == job_id)
+    admin = store.db.client.admin
+    app = f"brook-dispatcher:{disp.pid}"
+    # findAndModify: the suspend write's command (`write_held`); a lease renewal is an
+    # update, so it cannot take the one hold. The claim came before the fail point.
+    armed = await admin.command(
+        "configureFailPoint",
+        "failCommand",
+        mode={"times": 1},
+        data={
+            "failCommands": ["findAndModify"],
+            "appName": app,
+            "blockConnection": True,
+            "blockTimeMS": 3000,
+        },
+    )
+    try:
+        gate.touch()
+        await admin.command(
+            "waitForFailPoint", "failCommand", timesEntered=armed["count"] + 1, maxTimeMS=30000
+        )
+        local = store.db.client.get_database("admin", read_concern=ReadConcern("local"))
+        held = await (
+            await local.aggregate(
+                [{"$currentOp": {"allUsers": True}}, {"$match": {"appName": app}}]
+            )
+        ).to_list()
+        suspends = [
+            op
+            for op in held
+            if op.get("command", {}).get("findAndModify") == "jobs"
+            and op["command"].get("query", {}).get("_id") == job_id
+            and "waiting_for" in str(op["command"].get("update"))
+        ]
+        assert suspends, held  # the hold is this job's suspend write, and it is in flight
+        async with AsyncClient(settings.mongo_uri, settings.db) as client:
+            assert await client.signal("approval:1", {"approved": True}) == 0  # still running
+        assert (await store.get(job_id)).status == "running"
+    finally:
+        await admin.command("configureFailPoint", "failCommand", mode="off")
+    job = await finished(store, job_id, timeout=30)  # the sweep is 300 s away
+    assert job.status == "completed" and job.result == {"signal": {"approved": True}}, job
+    assert [e for e in disp.events("job.woken") if e.get("job_id") == job_id]
 
 
 async def test_a_thousand_waiting_jobs_are_woken_by_a_thousand_signals_without_polling(

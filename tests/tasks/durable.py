@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -112,6 +113,14 @@ async def waiter(payload: dict[str, Any], ctx: TaskContext) -> Any:
     except SignalTimeout:
         return {"timed_out": True}
     return {"signal": got}
+
+
+@task("gated_waiter")
+def gated_waiter(payload: dict[str, Any], ctx: SyncTaskContext) -> Any:
+    """`sync_waiter`, once the file `gate` exists: a test arms a fail point while it is shut."""
+    while not os.path.exists(payload["gate"]):
+        time.sleep(0.05)
+    return {"signal": ctx.wait_for_signal(payload["key"])}
 
 
 @task("sync_waiter")
