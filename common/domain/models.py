@@ -85,6 +85,8 @@ class JobSpec:
     # The job whose task submitted this one with `ctx.submit` (not `detach=True`): cancelling
     # that job cancels this one. Set by `ctx.submit` only, never by a spec.
     spawned_by: str | None = None
+    # The quotas it draws on, each with its cost in units (None: its task's default).
+    quotas: dict[str, int] | None = None
 
 
 # Without `debounce_max_s`, a debounced job waits at most this many times `debounce_s`.
@@ -144,6 +146,8 @@ class Job:
     spawned_cancelled: int | None = None
     # Its output stream's count (`ctx.emit`), every attempt together: `{"chunks", "bytes"}`.
     output: dict[str, Any] | None = None
+    # The quotas it draws on, with their costs (None: its task's default, if any).
+    quotas: dict[str, int] | None = None
 
     @property
     def job_id(self) -> str:
@@ -219,6 +223,7 @@ class Job:
             debounced=int(doc.get("debounced", 0)),
             spawned_by=doc.get("spawned_by"),
             output=doc.get("output"),
+            quotas=doc.get("quotas"),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -264,6 +269,7 @@ class Job:
             "debounced": self.debounced,
             "spawned_by": self.spawned_by,
             "output": self.output,
+            "quotas": self.quotas,
             **self._cancel_answer(),
         }
 
