@@ -327,6 +327,11 @@ class Quota:
         return max(self.used("units", now) - self.units.limit, 0.0)
 
     def to_api(self, totals: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """As the API shows it, its effective rate as it stands now."""
+        q = recovered(self, self.now) if self.now is not None else self
+        return q._api(totals)
+
+    def _api(self, totals: Mapping[str, Any] | None) -> dict[str, Any]:
         now = self.now
         out: dict[str, Any] = {
             "name": self.name,
@@ -549,3 +554,19 @@ def rate_limited(q: Quota, delay_s: float, now: datetime) -> Quota:
     return replace(
         q, closed_until=until, strikes=strikes, factor=factor, last_429=now, calm_since=until
     )
+
+
+
+MAX_DELAY_S = 86_400.0
+
+
+def rate_limited_waiting(name: object, delay: object) -> dict[str, Any] | None:
+    """What a job a task's `RateLimited` ended waits for (`waiting_for`: the quota, closed
+    `delay` seconds); None for a bad quota name or delay (the attempt fails, as any error)."""
+    if not isinstance(name, str) or not _QUOTA_NAME.fullmatch(name):
+        return None
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        return None
+    if not (math.isfinite(delay) and 0 <= delay <= MAX_DELAY_S):
+        return None
+    return {"kind": "quota", "name": name, "delay": float(delay), "reason": "rate_limited"}

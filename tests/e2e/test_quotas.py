@@ -4,7 +4,7 @@ refused with a 422 that stores nothing."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -102,9 +102,7 @@ async def test_bad_quota_input_gets_a_clear_422_and_stores_nothing(
     # A name with `/`; a field left out keeps its value; `null` clears one.
     put = http.put("/quotas/anthropic/claude", json={"concurrency": 3})
     assert put.status_code == 200, put.text
-    put = http.put(
-        "/quotas/anthropic/claude", json={"requests": {"limit": 50, "per_seconds": 60}}
-    )
+    put = http.put("/quotas/anthropic/claude", json={"requests": {"limit": 50, "per_seconds": 60}})
     assert put.json()["concurrency"] == 3 and put.json()["requests"]["limit"] == 50
     put = http.put("/quotas/anthropic/claude", json={"concurrency": None})
     assert put.json()["concurrency"] is None and put.json()["requests"]["limit"] == 50
@@ -168,3 +166,111 @@ async def test_three_dispatchers_share_a_quota_of_concurrency_and_units_even_one
     shown = http.get("/quotas/provider").json()
     assert shown["totals"]["minutes"], shown
     assert sum(m["requests"] for m in shown["totals"]["minutes"]) >= 60
+
+
+async def job_doc(store: JobStore, job_id: str) -> dict[str, Any]:
+    doc = await store.jobs.find_one({"_id": job_id})
+    assert doc is not None
+    return doc
+
+
+def post(http: httpx.Client, body: dict[str, Any]) -> str:
+    r = http.post("/jobs", json=body)
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+async def test_reported_usage_frees_units_a_waiting_job_uses_and_an_overdraft_holds_the_next(
+    cluster: Cluster, http: httpx.Client, store: JobStore
+) -> None:
+    cluster.api(BROOK_TASKS=TASKS)
+    put = http.put("/quotas/tokens", json={"units": {"limit": 1000, "per_seconds": 10}})
+    assert put.status_code == 200, put.text
+    cluster.dispatcher(BROOK_TASKS=TASKS, BROOK_CONCURRENCY="4")
+    # A estimates the whole window, reports 100 used, and keeps running: the 900 refunded
+    # let B (800) start while A still runs, not when A's charge leaves the window.
+    a = post(
+        http,
+        {
+            "task": "quota_usage",
+            "payload": {"quota": "tokens", "used": 100, "seconds": 3},
+            "quotas": {"tokens": 1000},
+        },
+    )
+    wait_until(lambda: http.get("/quotas/tokens").json()["used"]["units"] == 100, timeout=30)
+    b = post(http, {"task": "quota_sleep", "payload": {"seconds": 0}, "quotas": {"tokens": 800}})
+    await wait_all_terminal(store, 2, timeout=60)
+    doc_a, doc_b = await job_doc(store, a), await job_doc(store, b)
+    assert doc_b["started_at"] < doc_a["finished_at"]
+    assert doc_a["quota_usage"] == {"tokens": 100}
+    # C estimates 100 and reports 1,500: the window is overdrawn by 600 (a debt, shown), and
+    # D waits until C's charge has left the window, however little it costs.
+    c = post(
+        http,
+        {
+            "task": "quota_usage",
+            "payload": {"quota": "tokens", "used": 1500},
+            "quotas": {"tokens": 100},
+        },
+    )
+    await wait_all_terminal(store, 3, timeout=60)
+    shown = http.get("/quotas/tokens").json()
+    assert shown["debt"] > 0, shown
+    d = post(http, {"task": "quota_sleep", "payload": {"seconds": 0}, "quotas": {"tokens": 1}})
+    held = wait_until(lambda: http.get(f"/jobs/{d}").json()["waiting_for"], timeout=30)
+    assert held["kind"] == "quota" and held["name"] == "tokens"
+    await wait_all_terminal(store, 4, timeout=60)
+    doc_c, doc_d = await job_doc(store, c), await job_doc(store, d)
+    assert (doc_d["started_at"] - doc_c["started_at"]).total_seconds() >= 10
+    ledger = http.get("/quotas/tokens").json()["totals"]["days"][0]
+    assert ledger["units"] == 100 + 800 + 1500 + 1 and ledger["requests"] == 4
+
+
+async def test_rate_limited_closes_the_quota_for_every_dispatcher_and_keeps_the_jobs_budget(
+    cluster: Cluster, http: httpx.Client, store: JobStore
+) -> None:
+    cluster.api(BROOK_TASKS=TASKS)
+    put = http.put("/quotas/model", json={"requests": {"limit": 1000, "per_seconds": 2}})
+    assert put.status_code == 200, put.text
+    for _ in range(2):
+        cluster.dispatcher(BROOK_TASKS=TASKS, BROOK_CONCURRENCY="4")
+    first = post(
+        http,
+        {
+            "task": "quota_429",
+            "payload": {"quota": "model", "delay": 3, "refusals": 1},
+            "quotas": {"model": 1},
+        },
+    )
+    closed = wait_until(lambda: http.get("/quotas/model").json()["closed_until"], timeout=30)
+    # While it is closed, no dispatcher starts a job that draws on it.
+    others = [
+        post(http, {"task": "quota_sleep", "payload": {"seconds": 0}, "quotas": {"model": 1}})
+        for _ in range(6)
+    ]
+    await wait_all_terminal(store, 7, timeout=60)
+    until = datetime.fromisoformat(closed)
+    for job_id in others:
+        doc = await job_doc(store, job_id)
+        assert doc["status"] == "completed" and doc["started_at"] >= until
+    # Its budget untouched: the start counted (the fencing token), max_attempts grew by one.
+    doc = await job_doc(store, first)
+    assert doc["status"] == "completed" and doc["result"] == 2
+    assert doc["attempts"] == 2 and doc["max_attempts"] == 4
+    assert any(h.get("reason") == "quota" for h in doc["history"])
+    # Three 429s in a row, each within a window of the last: the effective rate is lower.
+    assert http.get("/quotas/model").json()["effective_rate"] == 1.0
+    post(
+        http,
+        {
+            "task": "quota_429",
+            "payload": {"quota": "model", "delay": 0.2, "refusals": 3},
+            "quotas": {"model": 1},
+            "max_attempts": 1,
+        },
+    )
+    await wait_all_terminal(store, 8, timeout=60)
+    shown = http.get("/quotas/model").json()
+    assert shown["strikes"] == 3 and shown["effective_rate"] < 1.0, shown
+    # Calm windows step it back up to the whole rate.
+    wait_until(lambda: http.get("/quotas/model").json()["effective_rate"] == 1.0, timeout=60)
