@@ -481,8 +481,29 @@ def _over_share(q: Quota, start: Start, now: datetime) -> Refused | None:
             continue
         cost = float(start.cost) if name == "units" else 1.0
         if q.used_by(name, start.key, now) + cost > limit * share:
-            return Refused(reason="fair", retry_at=now.timestamp() + w.bucket_s)
+            return Refused(
+                reason="fair", retry_at=_key_room_at(q, name, start.key, limit * share - cost, now)
+            )
     return None
+
+
+def _key_room_at(q: Quota, name: WindowName, key: str, most: float, now: datetime) -> float:
+    """When `key`'s part of the window will have aged down to `most`: a timestamp."""
+    w = q.window(name)
+    assert w is not None
+    mine = sorted(
+        (
+            (b.t, sum(n for k, n in b.keys if k == key))
+            for b in q.buckets.get(name, ())
+            if w.counted(b.t, now)
+        ),
+    )
+    used = sum(n for _, n in mine)
+    for t, n in mine:
+        used -= n
+        if used <= max(most, 0.0):
+            return w.leaves_at(t)
+    return now.timestamp() + w.bucket_s
 
 
 def _room_at(q: Quota, name: WindowName, cost: float, limit: float, now: datetime) -> float:
@@ -554,7 +575,6 @@ def rate_limited(q: Quota, delay_s: float, now: datetime) -> Quota:
     return replace(
         q, closed_until=until, strikes=strikes, factor=factor, last_429=now, calm_since=until
     )
-
 
 
 MAX_DELAY_S = 86_400.0

@@ -274,3 +274,49 @@ async def test_rate_limited_closes_the_quota_for_every_dispatcher_and_keeps_the_
     assert shown["strikes"] == 3 and shown["effective_rate"] < 1.0, shown
     # Calm windows step it back up to the whole rate.
     wait_until(lambda: http.get("/quotas/model").json()["effective_rate"] == 1.0, timeout=60)
+
+
+async def test_two_tenants_under_one_quota_each_get_their_share_even_against_priority(
+    cluster: Cluster, http: httpx.Client, store: JobStore
+) -> None:
+    cluster.api(BROOK_TASKS=TASKS)
+    put = http.put("/quotas/shared", json={"units": {"limit": 1000, "per_seconds": 2}})
+    assert put.status_code == 200, put.text
+    # Tenant a's backlog is older and outranks b's: without fair shares it would take every
+    # unit of the quota until it ran dry.
+    spec = {"task": "quota_sleep", "payload": {"seconds": 0}, "quotas": {"shared": 100}}
+    submit_many(http, [{**spec, "key": "a", "priority": 5} for _ in range(80)])
+    submit_many(http, [{**spec, "key": "b"} for _ in range(80)])
+    for _ in range(2):
+        cluster.dispatcher(BROOK_TASKS=TASKS, BROOK_CONCURRENCY="4")
+
+    async def completed() -> list[dict[str, Any]]:
+        docs = await store.jobs.find({"status": "completed"}).to_list()
+        return sorted(docs, key=lambda d: d["started_at"])
+
+    await wait_all_terminal(store, 60, timeout=120)  # 60 of the 160 ended
+    first = (await completed())[:60]
+    share = {k: sum(1 for d in first if d["key"] == k) / len(first) for k in ("a", "b")}
+    assert share["a"] >= 0.4 and share["b"] >= 0.4, share
+
+
+async def test_a_tasks_declared_quotas_apply_unless_the_submit_names_its_own(
+    cluster: Cluster, http: httpx.Client, store: JobStore
+) -> None:
+    cluster.api(BROOK_TASKS=TASKS)
+    # `quota_default` declares quotas={"tq": 100}: one job's worth a minute.
+    put = http.put("/quotas/tq", json={"units": {"limit": 100, "per_seconds": 60}})
+    assert put.status_code == 200, put.text
+    cluster.dispatcher(BROOK_TASKS=TASKS)
+    first = post(http, {"task": "quota_default"})
+    await wait_all_terminal(store, 1, timeout=60)
+    second = post(http, {"task": "quota_default"})
+    held = wait_until(lambda: http.get(f"/jobs/{second}").json()["waiting_for"], timeout=30)
+    assert held["kind"] == "quota" and held["name"] == "tq"
+    # A value given at submit wins: no quota at all here.
+    free = post(http, {"task": "quota_default", "quotas": {}})
+    await wait_all_terminal(store, 2, timeout=60)
+    assert (await job_doc(store, free))["status"] == "completed"
+    assert (await job_doc(store, first))["status"] == "completed"
+    assert (await job_doc(store, second))["status"] == "pending"
+    assert http.post(f"/jobs/{second}/cancel").status_code == 200
