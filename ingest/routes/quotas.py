@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
 from brook.common.domain.errors import QuotaNotFound
 from brook.common.domain.quotas import QuotaUpdate
@@ -59,13 +59,11 @@ async def set_quota(
     return json_response(quota.to_api())
 
 
-@router.delete(
-    "/quotas/{name:path}", status_code=204, responses={404: {"description": "no such quota"}}
-)
-async def delete_quota(name: Name, core: Core) -> Response:
-    """Remove the quota. Jobs that name it wait until it is set again."""
+@router.delete("/quotas/{name:path}", responses={404: {"description": "no such quota"}})
+async def delete_quota(name: Name, core: Core) -> JSONResponse:
+    """Remove the quota (`{"deleted": name}`). Jobs that name it wait until it is set again."""
     try:
         await core.delete_quota(name)
     except QuotaNotFound:
         raise HTTPException(404, f"no quota named {name!r}") from None
-    return Response(status_code=204)
+    return json_response({"deleted": name})

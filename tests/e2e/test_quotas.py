@@ -4,6 +4,7 @@ refused with a 422 that stores nothing."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -107,7 +108,7 @@ async def test_bad_quota_input_gets_a_clear_422_and_stores_nothing(
     put = http.put("/quotas/anthropic/claude", json={"concurrency": None})
     assert put.json()["concurrency"] is None and put.json()["requests"]["limit"] == 50
     assert http.get("/quotas/anthropic/claude").status_code == 200
-    assert http.delete("/quotas/anthropic/claude").status_code == 204
+    assert http.delete("/quotas/anthropic/claude").json() == {"deleted": "anthropic/claude"}
     assert http.get("/quotas/anthropic/claude").status_code == 404
     assert http.delete("/quotas/anthropic/claude").status_code == 404
 
@@ -320,3 +321,26 @@ async def test_a_tasks_declared_quotas_apply_unless_the_submit_names_its_own(
     assert (await job_doc(store, first))["status"] == "completed"
     assert (await job_doc(store, second))["status"] == "pending"
     assert http.post(f"/jobs/{second}/cancel").status_code == 200
+
+
+def test_brook_quota_sets_lists_shows_and_removes_a_quota(cluster: Cluster) -> None:
+    cluster.api()
+    made = cluster.cli(
+        "quota", "set", "openai:gpt-4o", "--units", "90000/60", "--requests", "500/60"
+    )
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["units"] == {"limit": 90000, "per_seconds": 60.0}
+    listed = cluster.cli("quota", "ls")
+    assert listed.returncode == 0 and "openai:gpt-4o" in listed.stdout
+    assert "units=90000/60s" in listed.stdout and "requests=500/60s" in listed.stdout
+    shown = cluster.cli("quota", "show", "openai:gpt-4o")
+    assert shown.returncode == 0, shown.stderr
+    body = json.loads(shown.stdout)
+    assert body["effective_rate"] == 1.0 and body["debt"] == 0 and "totals" in body
+    cleared = cluster.cli("quota", "set", "openai:gpt-4o", "--requests", "none")
+    assert json.loads(cleared.stdout)["requests"] is None
+    bad = cluster.cli("quota", "set", "openai:gpt-4o", "--units", "none")
+    assert bad.returncode != 0 and "at least one" in bad.stderr
+    assert cluster.cli("quota", "rm", "openai:gpt-4o").returncode == 0
+    gone = cluster.cli("quota", "show", "openai:gpt-4o")
+    assert gone.returncode != 0 and "no quota" in gone.stderr
