@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from brook.errors import JobNotFound as JobNotFound
     from brook.errors import LeaseLost as LeaseLost
     from brook.errors import OutputLimitExceeded as OutputLimitExceeded
+    from brook.errors import QuotaNotFound as QuotaNotFound
+    from brook.errors import RateLimited as RateLimited
     from brook.errors import Retry as Retry
     from brook.errors import ScheduleNotFound as ScheduleNotFound
     from brook.errors import SearchTooBroad as SearchTooBroad

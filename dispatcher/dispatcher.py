@@ -54,6 +54,7 @@ from brook.common.runtime.supervision import Supervisor
 from brook.common.store.failover_retry import ride_out
 from brook.common.store.jobs import JobStore
 from brook.common.store.queues import QueueStore
+from brook.common.store.quotas import QuotaStore
 from brook.common.store.schedules import ScheduleStore
 from brook.dispatcher.attempts.dependents import Dependents
 from brook.dispatcher.attempts.leases import LeaseKeeper
@@ -68,6 +69,7 @@ from brook.dispatcher.claiming.claimer import Claimer
 from brook.dispatcher.claiming.holdings import Holdings
 from brook.dispatcher.claiming.insert_hints import Announced, InsertHints
 from brook.dispatcher.claiming.limits import Limits
+from brook.dispatcher.claiming.quota_gate import QuotaGate
 from brook.dispatcher.following.presence import Presence
 from brook.dispatcher.following.schedules import ScheduleRunner
 from brook.dispatcher.following.stream import StreamFollower, TokenSaver
@@ -91,8 +93,11 @@ class Dispatcher:
         tasks: frozenset[str],
         schedules: Sequence[Schedule] = (),
         triggers: Sequence[Trigger] = (),
+        quotas: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
-        """`tasks`: the task names this dispatcher's workers run; it claims only those."""
+        """`tasks`: the task names this dispatcher's workers run; it claims only those.
+        `quotas`: the quotas each task's jobs draw on by default (`@task(quotas=...)`)."""
+        self.task_quotas = dict(quotas or {})
         self.settings = settings
         self.store = store
         self.runner = runner
@@ -122,7 +127,10 @@ class Dispatcher:
     def _claiming(self, wiring: Wiring, hand_off: HandOff) -> tuple[Limits, Claimer]:
         """The claimer, and the cluster-wide queue limits it claims within."""
         limits = Limits(wiring, QueueStore(wiring.store.db))
-        claimer = Claimer(wiring, hand_off.claimed, limits, refuse=hand_off.refused)
+        gate = QuotaGate(wiring, QuotaStore(wiring.store.db), self.task_quotas)
+        gate.start, gate.refuse = hand_off.claimed, hand_off.refused
+        claimer = Claimer(wiring, gate.take, limits, refuse=hand_off.refused)
+        hand_off.quotas = gate
         claimer.free_workers = self.runner.free_workers
         claimer.room.shared = frozenset(self.runner.shared)
         claimer.room.free_seats = self.runner.free_seats

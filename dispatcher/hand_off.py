@@ -21,6 +21,7 @@ from brook.dispatcher.attempts.leases import LeaseKeeper
 from brook.dispatcher.attempts.runs import Runs
 from brook.dispatcher.claiming.claimer import Claimer
 from brook.dispatcher.claiming.limits import Limits
+from brook.dispatcher.claiming.quota_gate import QuotaGate
 from brook.dispatcher.wiring import Wiring
 
 # Time allowed from a hand-off to the task's start in its worker (a pipe write away).
@@ -44,6 +45,7 @@ class HandOff:
     limits: Limits
     leases: LeaseKeeper
     runs: Runs
+    quotas: QuotaGate | None = None
 
     def __init__(self, wiring: Wiring, runner: Runner) -> None:
         self.settings = wiring.settings
@@ -168,4 +170,6 @@ class HandOff:
         queue or key slot (if any) may go."""
         self.holdings.drop(job.id)
         self.limits.finished(job, over=over)
+        if self.quotas is not None:
+            self.quotas.ended(job)
         self.claimer.worker_freed()

@@ -37,6 +37,7 @@ from pymongo.synchronous.database import Database
 from brook.common.client.core import ClientCore, Submitting, spawning
 from brook.common.domain.errors import SignalTimeout
 from brook.common.domain.models import Job
+from brook.common.domain.quotas import check_quota_name
 from brook.common.domain.steps import (
     change_marker,
     check_signal_key,
@@ -48,6 +49,8 @@ from brook.common.runtime.blocking import Coro, T, blocking_or_in_session, drive
 from brook.common.runtime.log import get_logger
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, sync_database
+from brook.common.store.quotas import QuotaStore
+from brook.common.store.records import Lease
 from brook.common.store.signals import SignalStore
 from brook.executor.clients import (
     process_client,
@@ -87,6 +90,7 @@ class BaseContext:
     journal: Journal | None = None
     send: Callable[[Any], None] | None = None
     output: OutputStream | None = None
+    owner: str = ""  # the dispatcher holding the attempt's lease: its writes are fenced by it
 
     @property
     def settings(self) -> Settings:
@@ -127,6 +131,16 @@ class BaseContext:
 
     def _target(self) -> ClientCore:
         return process_core(self.process_settings)
+
+    async def _usage(self, quota: str, total: int) -> float:
+        check_quota_name(quota)
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise ValueError("ctx.usage: the usage is a whole number of units, at least 0")
+        if not self.owner:
+            raise RuntimeError("ctx.usage needs a running attempt of a Brook worker")
+        db = database(process_client(self.process_settings), self.process_settings)
+        lease = Lease(job_id=self.job_id, attempt=self.attempt)
+        return await QuotaStore(db).usage(quota, lease, self.owner, float(total))
 
     def _attempt_tx(self) -> AttemptTransaction:
         if self.tx is None:
@@ -371,6 +385,15 @@ class TaskContext(DurableContext):
         """`{parent job id: result}` for this job's `depends_on`, in that order."""
         return await self._target().parent_results(self.job_id)
 
+    async def usage(self, quota: str, total: int) -> float:
+        """Report this attempt's real usage of `quota` so far, in units (the cumulative
+        figure: each call says the total): the difference from what its start was charged
+        (the estimate, or the last report) is charged or refunded. A charge can overdraw
+        the quota's window (a debt: it admits nothing more until that is repaid). Inside a
+        step it is part of the step: a replay does not charge it again. `LeaseLost` once
+        the attempt lost its lease. Returns the difference charged (negative: refunded)."""
+        return await self._usage(quota, total)
+
     async def _perform(self, effect: Effect) -> Any:
         if isinstance(effect, _Nap):
             return await asyncio.sleep(effect.seconds)
@@ -466,6 +489,10 @@ class SyncTaskContext(DurableContext):
     def parent_results(self) -> dict[str, Any]:
         """`{parent job id: result}` for this job's `depends_on`, in that order."""
         return self._block(self._target().parent_results(self.job_id))
+
+    def usage(self, quota: str, total: int) -> float:
+        """As `TaskContext.usage`, blocking."""
+        return self._block(self._usage(quota, total))
 
     async def _perform(self, effect: Effect) -> Any:
         # Never suspends (so `drive` runs `_run` here): each effect blocks this task's thread.

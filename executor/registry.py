@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from brook.common.domain.errors import ConfigError, UnknownTask
+from brook.common.domain.quotas import check_job_quotas
 from brook.common.runtime.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -33,16 +34,26 @@ class TaskDef:
     wants_context: bool
     # Up to this many of its jobs at once in one shared worker process (None: a process each).
     shared: int | None = None
+    # The quotas its jobs draw on by default, each with its cost in units (a submit's wins).
+    quotas: dict[str, int] | None = None
 
 
 _REGISTRY: dict[str, TaskDef] = {}
 
 
-def task(name: str, *, shared: int | None = None) -> Callable[[F], F]:
+def task(
+    name: str, *, shared: int | None = None, quotas: Mapping[str, int] | None = None
+) -> Callable[[F], F]:
     """Register `fn` as task `name`. It is called as `fn(payload)` or `fn(payload, ctx)`.
-    `shared`: up to that many of its jobs run at once in one shared worker process."""
+    `shared`: up to that many of its jobs run at once in one shared worker process.
+    `quotas`: the quotas its jobs draw on, each with its cost in units, unless a submit
+    names its own (applied by the dispatchers, which import the task modules)."""
     if not name or not isinstance(name, str):
         raise ValueError("a task needs a non-empty name")
+    try:
+        default_quotas = None if quotas is None else check_job_quotas(quotas)
+    except ValueError as exc:
+        raise ValueError(f"task {name!r}: quotas= {exc}") from None
     if shared is not None and (
         isinstance(shared, bool) or not isinstance(shared, int) or shared < 1
     ):
@@ -67,6 +78,7 @@ def task(name: str, *, shared: int | None = None) -> Callable[[F], F]:
             is_async=is_async,
             wants_context=len(params) >= 2,
             shared=shared,
+            quotas=default_quotas,
         )
         return fn
 
@@ -90,6 +102,11 @@ def load_tasks(settings: Settings) -> dict[str, TaskDef]:
 def shared_tasks(tasks: dict[str, TaskDef]) -> dict[str, int]:
     """The tasks whose jobs share worker processes, each with its `shared=` count."""
     return {name: d.shared for name, d in tasks.items() if d.shared is not None}
+
+
+def task_quotas(tasks: dict[str, TaskDef]) -> dict[str, dict[str, int]]:
+    """The tasks that draw on quotas by default, each with its `quotas=`."""
+    return {name: d.quotas for name, d in tasks.items() if d.quotas}
 
 
 def registered() -> frozenset[str]:

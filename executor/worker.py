@@ -29,7 +29,8 @@ from typing import Any, Literal
 import bson
 import structlog
 
-from brook.common.domain.errors import Retry
+from brook.common.domain.errors import RateLimited, Retry
+from brook.common.domain.quotas import rate_limited_waiting
 from brook.common.protocol.runner import RunJob, Suspend
 from brook.common.runtime import tracing
 from brook.common.runtime.log import configure_logging
@@ -149,6 +150,7 @@ def _context(
         "tx": tx,
         "journal": journal,
         "send": send,
+        "owner": msg.owner,
     }
     if is_async:
         return TaskContext(**fields)
@@ -267,6 +269,14 @@ async def _attempt(
             Event.TASK_FINISHED, ok=True, suspended=waiting.get("kind"), step=waiting.get("step")
         )
         return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, suspend=pause.suspend)
+    except RateLimited as exc:
+        await tx.abandon()
+        log_event(Event.TASK_FINISHED, ok=False, error_type="RateLimited", quota=exc.quota)
+        quota_wait = rate_limited_waiting(exc.quota, exc.delay)
+        if quota_wait is None:
+            return _failed(msg, error_doc(exc))
+        suspend = Suspend(until=None, waiting=quota_wait)
+        return JobDone(job_id=msg.job_id, attempt=msg.attempt, ok=True, suspend=suspend)
     except Retry as exc:
         await tx.abandon()
         log_event(Event.TASK_FINISHED, ok=False, error_type="Retry", delay=exc.delay)

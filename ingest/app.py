@@ -35,6 +35,7 @@ from brook.ingest.routes import (
     jobs,
     output,
     queues,
+    quotas,
     schedules,
     signals,
     triggers,
@@ -105,6 +106,7 @@ def create_app(settings: Settings, known_tasks: Iterable[str]) -> FastAPI:
     protected = [Depends(require_token)]
     app.include_router(jobs.router, dependencies=protected)
     app.include_router(queues.router, dependencies=protected)
+    app.include_router(quotas.router, dependencies=protected)
     app.include_router(schedules.router, dependencies=protected)
     app.include_router(signals.router, dependencies=protected)
     app.include_router(triggers.router, dependencies=protected)

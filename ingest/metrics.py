@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pymongo.errors import PyMongoError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -153,6 +153,22 @@ class _DepthCollector(Collector):
         yield family
 
 
+class _QuotaCollector(Collector):
+    def __init__(self, metrics: ApiMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "brook_quota_units",
+            "Units counted against each quota, cluster-wide: the estimates charged at starts,"
+            " corrected by the usage tasks reported (ctx.usage), from the quotas' ledger.",
+            labels=["quota"],
+        )
+        for quota, units in sorted(self.metrics.quota_units.items()):
+            family.add_metric([quota], units)
+        yield family
+
+
 class ApiMetrics:
     """This app's registry (one per app, so several apps may live in one process)."""
 
@@ -173,6 +189,8 @@ class ApiMetrics:
         )
         self.depth: Depth = {}
         self.registry.register(_DepthCollector(self))
+        self.quota_units: dict[str, float] = {}
+        self.registry.register(_QuotaCollector(self))
 
     def render(self, depth: Depth) -> bytes:
         self.depth = depth

@@ -27,6 +27,7 @@ from brook.cli.api_commands import (
 )
 from brook.cli.output_commands import cmd_output
 from brook.cli.printing import JsonObject, die
+from brook.cli.quota_commands import cmd_quota_ls, cmd_quota_rm, cmd_quota_set, cmd_quota_show
 from brook.cli.serve import cmd_api, cmd_dispatcher, cmd_mongo
 from brook.cli.up import cmd_up
 from brook.common.domain.errors import BrookError
@@ -127,6 +128,40 @@ def _add_queue_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         qp = qs.add_parser(action, help=f"{text} in a queue, cluster-wide")
         qp.add_argument("name", metavar="NAME")
         qp.set_defaults(fn=cmd_queue_set, action=action)
+
+
+def _add_quota_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`brook quota ls|set|show|rm`."""
+    q = sub.add_parser("quota", help="the quotas: named limits shared across queues and tasks")
+    qs = q.add_subparsers(dest="quota_command", required=True)
+    qs.add_parser("ls", help="each quota: its limits and state").set_defaults(fn=cmd_quota_ls)
+    show = qs.add_parser("show", help="one quota: limits, state and its cost ledger")
+    show.add_argument("name", metavar="NAME")
+    show.set_defaults(fn=cmd_quota_show)
+    rm = qs.add_parser("rm", help="remove a quota (jobs that name it wait)")
+    rm.add_argument("name", metavar="NAME")
+    rm.set_defaults(fn=cmd_quota_rm)
+    qset = qs.add_parser(
+        "set",
+        help="set a quota's cluster-wide limits",
+        usage="brook quota set NAME [--units N/S] [--requests N/S] [--concurrency N]",
+    )
+    qset.add_argument("name", metavar="NAME")
+    for flag, text in (
+        ("--units", "units (each job's cost) per window of S seconds, e.g. 90000/60"),
+        ("--requests", "starts per window of S seconds, e.g. 500/60"),
+    ):
+        qset.add_argument(
+            flag, type=parse_rate, default=UNSET, metavar="N/S", help=f"{text} (none: clear)"
+        )
+    qset.add_argument(
+        "--concurrency",
+        type=parse_concurrency,
+        default=UNSET,
+        metavar="N",
+        help="jobs running at once (none: clear)",
+    )
+    qset.set_defaults(fn=cmd_quota_set)
 
 
 def _version() -> str:
@@ -302,6 +337,7 @@ def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     rr.add_argument("--payload", help="a new payload, as JSON (default: the job's own)")
     rr.set_defaults(fn=cmd_rerun)
     _add_queue_commands(sub)
+    _add_quota_commands(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

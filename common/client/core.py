@@ -28,8 +28,9 @@ from pymongo.synchronous.database import Database
 
 from brook.common.client.bulk import BulkOperations
 from brook.common.client.dependents import recheck
-from brook.common.client.reruns import Reruns
 from brook.common.client.output import OutputReading
+from brook.common.client.quotas import QuotaOperations, quota_errors, quota_names
+from brook.common.client.reruns import Reruns
 from brook.common.client.spawned import cancel_spawned, cancel_with_spawned
 from brook.common.client.task_directory import TaskDirectory
 from brook.common.domain.errors import (
@@ -52,6 +53,7 @@ from brook.common.runtime.settings import WEEK_S
 from brook.common.store.db import is_transient
 from brook.common.store.jobs import JobStore, Submitted
 from brook.common.store.queues import QueueStore, QueueUsage
+from brook.common.store.quotas import QuotaStore, named_blocking
 from brook.common.store.signals import SignalStore
 from brook.common.store.transactions import (
     AsyncTxOps,
@@ -203,6 +205,7 @@ class Submitting:
         debounce_key: str | None = None,
         debounce_s: float | timedelta | None = None,
         debounce_max_s: float | timedelta | None = None,
+        quotas: Mapping[str, int] | None = None,
         session: TxSession | None = None,
     ) -> Job:
         """Submit one job and return it (the existing job for a known `idempotency_key`).
@@ -231,6 +234,7 @@ class Submitting:
                 "debounce_key": debounce_key,
                 "debounce_s": _seconds(debounce_s),
                 "debounce_max_s": _seconds(debounce_max_s),
+                "quotas": None if quotas is None else dict(quotas),
             }
         )
         parent = spawning.get()
@@ -270,6 +274,7 @@ class Submitting:
                 )
         ops = self._session_ops(session)
         await self._directory.check(specs, batch=batch)
+        await self._check_quotas(specs, batch=batch)
         await self._ensure_indexes()
         with _submit_span(specs):
             staged = await stage_jobs(ops, _stamped(specs))
@@ -289,8 +294,11 @@ class Submitting:
     async def _ensure_indexes(self) -> None:
         raise NotImplementedError
 
+    async def _check_quotas(self, specs: Sequence[JobSpec], *, batch: bool) -> None:
+        raise NotImplementedError
 
-class ClientCore(Submitting, BulkOperations, Reruns, OutputReading):
+
+class ClientCore(QuotaOperations, Submitting, BulkOperations, Reruns, OutputReading):
     def __init__(
         self,
         store: JobStore,
@@ -303,6 +311,7 @@ class ClientCore(Submitting, BulkOperations, Reruns, OutputReading):
     ) -> None:
         self._store = store
         self._queues = QueueStore(store.db)
+        self._quota_store = QuotaStore(store.db)
         self._signals = SignalStore(store.db)
         self.signal_retention_s = signal_retention_s
         self._directory = directory
@@ -338,6 +347,7 @@ class ClientCore(Submitting, BulkOperations, Reruns, OutputReading):
             [submitted] = await self.submit_specs([spec], batch=False)
             return submitted
         await self._directory.check([spec], batch=False)
+        await self._check_quotas([spec], batch=False)
         await self._ensure_indexes()
         with _submit_span([spec]) as current:
             # A debounced spec joins its key's job: one conditional upsert, not a group insert.
@@ -352,6 +362,7 @@ class ClientCore(Submitting, BulkOperations, Reruns, OutputReading):
         """Validated specs, all or nothing: check every task and parent first, then one
         write. Jobs with parents that ended already are settled before this returns."""
         await self._directory.check(specs, batch=batch)
+        await self._check_quotas(specs, batch=batch)
         missing = await self._store.missing_jobs(external_parents(specs))
         if missing:
             raise InvalidInput(unknown_parents_detail(specs, missing, batch=batch))
@@ -578,6 +589,7 @@ class BlockingSessions(Submitting):
         on_staged: OnStaged | None = None,
     ) -> None:
         self._client = client
+        self._db = db
         self._jobs = SyncJobs(db)
         self._directory = TaskDirectory(self._jobs, local, open_while_none_live=True)
         self.on_staged = on_staged
@@ -587,6 +599,13 @@ class BlockingSessions(Submitting):
 
     async def _ensure_indexes(self) -> None:
         await self._jobs.ensure_indexes()
+
+    async def _check_quotas(self, specs: Sequence[JobSpec], *, batch: bool) -> None:
+        names = quota_names(specs)
+        if names:
+            errors = quota_errors(specs, named_blocking(self._db, names), batch=batch)
+            if errors:
+                raise InvalidInput(errors)
 
 
 def _emit(event: Event, job: Job, **fields: Any) -> None:

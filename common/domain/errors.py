@@ -29,6 +29,24 @@ class OutputLimitExceeded(BrookError, ValueError):
     its cap of chunks or bytes. The chunk is not kept; what came before it is."""
 
 
+class QuotaNotFound(BrookError, LookupError):
+    """No quota has that name."""
+
+
+class RateLimited(BrookError):
+    """Raised by a task when a provider refused a call for a quota's limit (its `429`):
+    `quota` is closed for every dispatcher until `delay` seconds from now (its
+    `Retry-After`), and this job goes back to pending, due then, its attempts untouched."""
+
+    def __init__(self, quota: str, delay: float = 1.0, message: str = "rate limited") -> None:
+        super().__init__(message)
+        self.quota = quota
+        self.delay = delay
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (RateLimited, (self.quota, self.delay, self.args[0] if self.args else ""))
+
+
 class UnknownTask(BrookError):
     """A job names a task that no registered module provides."""
 

@@ -85,6 +85,8 @@ class JobSpec:
     # The job whose task submitted this one with `ctx.submit` (not `detach=True`): cancelling
     # that job cancels this one. Set by `ctx.submit` only, never by a spec.
     spawned_by: str | None = None
+    # The quotas it draws on, each with its cost in units (None: its task's default).
+    quotas: dict[str, int] | None = None
 
 
 # Without `debounce_max_s`, a debounced job waits at most this many times `debounce_s`.
@@ -147,6 +149,8 @@ class Job:
     # Rerun from a step: the job this one reruns, and the reruns of this one, oldest first.
     rerun_of: str | None = None
     reruns: list[str] = field(default_factory=list)
+    # The quotas it draws on, with their costs (None: its task's default, if any).
+    quotas: dict[str, int] | None = None
 
     @property
     def job_id(self) -> str:
@@ -224,6 +228,7 @@ class Job:
             output=doc.get("output"),
             rerun_of=doc.get("rerun_of"),
             reruns=list(doc.get("reruns") or []),
+            quotas=doc.get("quotas"),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -271,6 +276,7 @@ class Job:
             "output": self.output,
             "rerun_of": self.rerun_of,
             "reruns": self.reruns,
+            "quotas": self.quotas,
             **self._cancel_answer(),
         }
 

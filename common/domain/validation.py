@@ -26,6 +26,7 @@ from pydantic import (
 
 from brook.common.domain.errors import ErrorDetail, InvalidInput
 from brook.common.domain.models import DEFAULT_QUEUE, QUEUE_NAME, JobSpec, whole_ms
+from brook.common.domain.quotas import check_job_quotas
 from brook.common.domain.schedules import TICK_KEY_PREFIX
 from brook.common.domain.triggers import TRIGGER_KEY_PREFIX
 from brook.common.domain.workflows import MAX_PARENTS, check_graph
@@ -95,6 +96,10 @@ class SubmitJob(BaseModel):
         default=False,
         description="run once every parent ended, even if one failed or was cancelled",
     )
+    quotas: dict[str, Any] | None = Field(
+        default=None,
+        description="the quotas it draws on, each with its cost in units (an estimate)",
+    )
 
     @field_validator("run_at")
     @classmethod
@@ -118,6 +123,11 @@ class SubmitJob(BaseModel):
     def _payload(cls, value: dict[str, Any]) -> dict[str, Any]:
         check_document(value)
         return value
+
+    @field_validator("quotas")
+    @classmethod
+    def _quotas(cls, value: dict[str, Any] | None) -> dict[str, int] | None:
+        return None if value is None else check_job_quotas(value)
 
     @field_validator("idempotency_key")
     @classmethod
@@ -184,6 +194,7 @@ class SubmitJob(BaseModel):
             debounce_key=self.debounce_key,
             debounce_s=self.debounce_s,
             debounce_max_s=self.debounce_max_s,
+            quotas=self.quotas,
         )
 
 

@@ -74,6 +74,10 @@ class Event(StrEnum):
     TRIGGER_PAUSED = "trigger.paused"
     TRIGGER_RESUMED = "trigger.resumed"
     QUEUE_UPDATED = "queue.updated"  # a queue's limits were set (API, client)
+    QUOTA_UPDATED = "quota.updated"  # a quota's limits were set (API, client)
+    QUOTA_DELETED = "quota.deleted"
+    QUOTA_HELD = "quota.held"  # a claimed job was handed back: a quota had no room
+    QUOTA_CLOSED = "quota.closed"  # a task's RateLimited closed a quota for everyone
     QUEUE_PAUSED = "queue.paused"
     QUEUE_RESUMED = "queue.resumed"
     QUEUE_LIMITS_SEEN = "queue.limits_seen"  # a dispatcher applies a queue's new limits

@@ -129,6 +129,7 @@ def _optional_fields(
         "trace": spec.trace,
         "key": spec.key,
         "spawned_by": spec.spawned_by,
+        "quotas": spec.quotas,
     }
     fields.update({name: value(given) for name, given in named.items() if given is not None})
     if spec.unique_for_s is not None:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pymongo.errors import PyMongoError
 
+from brook.common.domain.errors import QuotaNotFound
 from brook.common.domain.models import Job, whole_ms
 from brook.common.protocol.runner import StepAck, StepRecord, Suspend
 from brook.common.runtime.log_events import Event, log_event
@@ -31,6 +32,7 @@ from brook.common.runtime.supervision import Spawn
 from brook.common.store.clock import ServerClock
 from brook.common.store.failover_retry import ride_out
 from brook.common.store.jobs import JobStore, Lease
+from brook.common.store.quotas import QuotaStore
 from brook.common.store.signals import SignalStore
 
 
@@ -44,6 +46,7 @@ class StepKeeper:
         spawn: Spawn,
     ) -> None:
         self.store = store
+        self.quotas = QuotaStore(store.db)
         self.owner = owner
         self.clock = clock
         self.lease_seconds = lease_seconds
@@ -99,13 +102,36 @@ class StepKeeper:
     async def suspend(self, job: Job, lease: Lease, suspend: Suspend) -> Job:
         """The attempt ended to wait: the job back to pending until its wake time; a wait
         whose signal was sent meanwhile is woken at once. Raises `LeaseLost`."""
-        done = await self.store.suspend(lease, self.owner, suspend.until, suspend.waiting)
+        until = suspend.until
+        if suspend.waiting.get("kind") == "quota":
+            until = await self._close_quota(job, suspend.waiting)
+        done = await self.store.suspend(lease, self.owner, until, suspend.waiting)
         key = suspend.waiting.get("key")
         if suspend.waiting.get("kind") == "signal" and isinstance(key, str):
             sent, _ = await self.signals.get(key)
             if sent and await self.store.wake_signal_waiters(key, job.id):
                 log_event(Event.JOB_WOKEN, job_id=job.id, task=job.task, key=key)
         return done
+
+    async def _close_quota(self, job: Job, waiting: dict[str, Any]) -> datetime:
+        """A task's `RateLimited`: its quota closed for every dispatcher until `delay` from
+        now on the server's clock (the adaptive rule lowers its rate on repeats); the job
+        is due then."""
+        name, delay = str(waiting["name"]), float(waiting.get("delay", 0.0))
+        try:
+            quota = await self.quotas.rate_limited(name, delay)
+        except QuotaNotFound:
+            return datetime.fromtimestamp(self.clock.now() + delay, UTC)
+        assert quota.closed_until is not None
+        log_event(
+            Event.QUOTA_CLOSED,
+            job_id=job.id,
+            task=job.task,
+            quota=name,
+            until=quota.closed_until,
+            effective_rate=round(quota.factor, 4),
+        )
+        return quota.closed_until
 
 
 def _ack(step: StepRecord, *, ok: bool, result: object = None, error: str | None = None) -> StepAck:

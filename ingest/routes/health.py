@@ -51,5 +51,7 @@ async def readyz(state: State) -> JSONResponse:
 async def metrics(state: State) -> Response:
     """Prometheus text: jobs by queue and status (one aggregation kept in memory, refreshed
     in the background), requests by route and code, event-stream clients, change-stream
-    resumes, uptime."""
+    resumes, uptime; units counted per quota (`brook_quota_units_total`, from the quotas'
+    ledger: every start's estimate and every correction by reported usage)."""
+    state.metrics.quota_units = await state.core.quota_units()
     return Response(state.metrics.render(await state.depth.get()), media_type=CONTENT_TYPE)

@@ -22,6 +22,7 @@ from brook.common.domain.errors import BrookError
 from brook.common.domain.models import is_queue_name
 from brook.common.domain.output import parse_position
 from brook.common.domain.queues import validate_queue_update
+from brook.common.domain.quotas import check_quota_name
 from brook.common.domain.schedules import Schedule
 from brook.common.domain.steps import check_signal_key
 from brook.common.domain.triggers import Trigger
@@ -147,6 +148,7 @@ CHECKS: dict[Site, tuple[Callable[[str], object], str]] = {
     ),
     ("ingest/routes/jobs.py", "QUEUE_NAME"): (_route_query, "emails"),
     ("common/domain/output.py", "_POSITION"): (_position, "2-17"),
+    ("common/domain/quotas.py", "_QUOTA_NAME"): (check_quota_name, "openai:gpt-4o"),
 }
 NEWLINE_ALLOWED = {("common/domain/triggers.py", "COLLECTION")}
 REFUSED = (BrookError, ValueError, ValidationError)

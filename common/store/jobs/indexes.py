@@ -72,6 +72,12 @@ INDEXES = [
         name="dependents_unsettled",
         partialFilterExpression={"unsettled": {"$exists": True}},
     ),
+    # The jobs held back by a quota, by quota and due time (a released hold wakes them).
+    IndexModel(
+        [("waiting_for.name", ASCENDING), ("run_at", ASCENDING)],
+        name="quota_waiters",
+        partialFilterExpression={"status": P, "waiting_for.kind": "quota"},
+    ),
     # The jobs waiting for a signal, by key (a signal wakes them: `woken_by_signal`).
     IndexModel(
         [("waiting_for.key", ASCENDING)],

@@ -1,0 +1,592 @@
+"""Quotas: named limits shared by every queue and task that draws on them (a provider's
+tokens and requests per minute, its calls at once), without a database.
+
+A quota holds any of `units` (weighted starts in a window: a job's cost), `requests` (one
+per start, in a window) and `concurrency` (jobs running at once). Its state lives in
+`brook_quotas` (`brook.common.store.quotas`); this module is its arithmetic: whether a start
+may be charged (`admit`), what a usage report or a 429 changes, and how a quota reads.
+
+Windows are counted in buckets, `BUCKETS` to a window: a start is charged to the bucket of
+its moment, and admission sums every bucket that overlaps the last `per_seconds` (one more
+than a window's worth), so no window of `per_seconds`, wherever it starts, holds more than
+the limit, save a debt (below). The price: up to 1/BUCKETS of the limit left unused.
+
+Debt: a usage report (`ctx.usage`) that lands after a start can charge more than the
+estimate and overdraw the window; the window then holds more than the limit and admits
+nothing until enough of it has aged out.
+
+The adaptive rule (AIMD): each 429 (`RateLimited`) multiplies the quota's effective rate by
+`DECREASE` (never below `FLOOR` of the limit) when it comes within a window of the previous
+one (a lone 429 only closes the quota), and each window without a 429 adds `INCREASE` of
+the limit back, up to the whole limit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+
+from brook.common.domain.errors import InvalidInput
+
+# A quota's name: a provider and a model, say (`openai:gpt-4o`, `anthropic/claude`). No `.`
+# or `$` (it is a key of a job's `quotas`), no spaces.
+QUOTA_NAME = r"^[A-Za-z0-9][A-Za-z0-9_:/@+-]{0,127}$"
+_QUOTA_NAME = re.compile(QUOTA_NAME)
+MAX_QUOTA_LIMIT = 10**12
+MAX_QUOTA_SECONDS = 86_400.0
+MAX_QUOTA_CONCURRENCY = 100_000
+MAX_QUOTAS_PER_JOB = 16
+
+BUCKETS = 20  # buckets to a window
+DECREASE = 0.7  # each 429 within a window of the previous one: the effective rate x 0.7
+FLOOR = 0.1  # never below this share of the limit
+INCREASE = 0.1  # each window without a 429: this share of the limit back
+# A fair share is kept among the keys (tenants) refused room within this many windows.
+FAIR_WINDOWS = 1.0
+# A job waiting on a quota's concurrency is looked at again after this long at most (a
+# released slot wakes one at once; this covers a holder whose dispatcher died).
+CONCURRENCY_RECHECK_S = 5.0
+
+WindowName = Literal["units", "requests"]
+WINDOWS: tuple[WindowName, ...] = ("units", "requests")
+
+
+class WindowSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: StrictInt = Field(ge=1, le=MAX_QUOTA_LIMIT, description="units (or starts) per window")
+    per_seconds: StrictInt | StrictFloat = Field(
+        gt=0, le=MAX_QUOTA_SECONDS, description="the window, in seconds"
+    )
+
+
+class QuotaUpdate(BaseModel):
+    """The body of `PUT /quotas/{name}`: each field given replaces that limit (`null` clears
+    it); a field left out keeps its value. A quota must end with at least one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    units: WindowSpec | None = Field(
+        default=None, description="weighted starts (each job's cost) per window; null: none"
+    )
+    requests: WindowSpec | None = Field(default=None, description="starts per window; null: none")
+    concurrency: StrictInt | None = Field(
+        default=None, ge=1, le=MAX_QUOTA_CONCURRENCY, description="jobs running at once"
+    )
+
+    def changes(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in ("units", "requests"):
+            if name in self.model_fields_set:
+                spec = getattr(self, name)
+                out[name] = None if spec is None else _window_doc(spec)
+        if "concurrency" in self.model_fields_set:
+            out["concurrency"] = self.concurrency
+        return out
+
+
+def _window_doc(spec: WindowSpec) -> dict[str, Any]:
+    seconds = float(spec.per_seconds)
+    if not math.isfinite(seconds):
+        raise InvalidInput("per_seconds must be a finite number")
+    return {"limit": spec.limit, "per_seconds": seconds}
+
+
+def check_quota_name(name: object) -> str:
+    if not isinstance(name, str) or not _QUOTA_NAME.fullmatch(name):
+        raise InvalidInput(f"{name!r} is not a quota name (pattern {QUOTA_NAME})")
+    return name
+
+
+def validate_quota_update(name: object, body: object) -> dict[str, Any]:
+    """The fields a valid `PUT /quotas/{name}` body changes; `InvalidInput` otherwise. Whether
+    the quota is left with a limit at all is checked against what it holds (`has_limit`)."""
+    check_quota_name(name)
+    if not isinstance(body, Mapping):
+        raise InvalidInput("the body must be a JSON object")
+    try:
+        update = QuotaUpdate.model_validate(dict(body))
+    except ValidationError as exc:
+        raise InvalidInput(
+            [
+                {"loc": ["body", *e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")}
+                for e in exc.errors()
+            ]
+        ) from None
+    return update.changes()
+
+
+def has_limit(fields: Mapping[str, Any]) -> bool:
+    return any(fields.get(f) is not None for f in ("units", "requests", "concurrency"))
+
+
+NO_LIMIT = "a quota needs at least one of units, requests or concurrency"
+
+
+def check_job_quotas(value: object) -> dict[str, int]:
+    """A job's `quotas`: `{name: cost in units}`, each name a quota name, each cost a whole
+    number of at least 0. Raises `ValueError` (the spec's validator reports it)."""
+    if not isinstance(value, Mapping):
+        raise ValueError("must be an object of quota name to cost")
+    if len(value) > MAX_QUOTAS_PER_JOB:
+        raise ValueError(f"names at most {MAX_QUOTAS_PER_JOB} quotas")
+    out: dict[str, int] = {}
+    for name, cost in value.items():
+        if not isinstance(name, str) or not _QUOTA_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a quota name (pattern {QUOTA_NAME})")
+        if isinstance(cost, bool) or not isinstance(cost, int):
+            raise ValueError(f"the cost of {name!r} must be a whole number of units")
+        if cost < 0:
+            raise ValueError(f"the cost of {name!r} must not be negative")
+        if cost > MAX_QUOTA_LIMIT:
+            raise ValueError(f"the cost of {name!r} is over {MAX_QUOTA_LIMIT}")
+        out[name] = cost
+    return out
+
+
+# -- a quota's state ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Window:
+    limit: int
+    per_seconds: float
+
+    @property
+    def bucket_s(self) -> float:
+        return self.per_seconds / BUCKETS
+
+    def bucket(self, now: datetime) -> int:
+        return math.floor(now.timestamp() / self.bucket_s)
+
+    def counted(self, t: int, now: datetime) -> bool:
+        """Whether bucket `t` overlaps the window that ends `now`."""
+        return t >= self.bucket(now) - BUCKETS
+
+    def leaves_at(self, t: int) -> float:
+        """When bucket `t` stops counting (a timestamp)."""
+        return (t + BUCKETS + 1) * self.bucket_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bucket:
+    t: int
+    n: float
+    keys: tuple[tuple[str, float], ...] = ()
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"t": self.t, "n": self.n, "keys": [{"k": k, "n": n} for k, n in self.keys]}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Bucket:
+        keys = tuple((str(k["k"]), float(k["n"])) for k in doc.get("keys") or ())
+        return cls(t=int(doc["t"]), n=float(doc["n"]), keys=keys)
+
+    def plus(self, n: float, key: str | None) -> Bucket:
+        keys = dict(self.keys)
+        if key is not None:
+            keys[key] = keys.get(key, 0.0) + n
+        return replace(self, n=self.n + n, keys=tuple(keys.items()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Holder:
+    """A started attempt holding the quota (its concurrency, and what it was charged)."""
+
+    job: str
+    attempt: int
+    owner: str
+    key: str | None
+    units: float  # charged so far (the estimate, then what `ctx.usage` reported)
+    t: int | None  # the units bucket it was charged to
+    reported: bool = False
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "attempt": self.attempt,
+            "owner": self.owner,
+            "key": self.key,
+            "units": self.units,
+            "t": self.t,
+            "reported": self.reported,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Holder:
+        t = doc.get("t")
+        return cls(
+            job=str(doc["job"]),
+            attempt=int(doc["attempt"]),
+            owner=str(doc.get("owner", "")),
+            key=doc.get("key"),
+            units=float(doc.get("units", 0)),
+            t=int(t) if t is not None else None,
+            reported=bool(doc.get("reported", False)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quota:
+    """One quota as stored: its limits and its state (`version` orders every write)."""
+
+    name: str
+    units: Window | None = None
+    requests: Window | None = None
+    concurrency: int | None = None
+    version: int = 0
+    buckets: Mapping[WindowName, tuple[Bucket, ...]] = field(default_factory=dict)
+    holders: tuple[Holder, ...] = ()
+    closed_until: datetime | None = None
+    factor: float = 1.0  # the effective rate, as a share of the limits
+    strikes: int = 0  # 429s in a row, each within a window of the previous one
+    last_429: datetime | None = None
+    calm_since: datetime | None = None  # since when no 429 (recovery steps count from it)
+    waiting: tuple[tuple[str, datetime], ...] = ()  # keys refused room, and when
+    now: datetime | None = None  # the server's clock when read
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Quota:
+        buckets: dict[WindowName, tuple[Bucket, ...]] = {
+            w: tuple(Bucket.from_doc(b) for b in (doc.get("buckets") or {}).get(w) or ())
+            for w in WINDOWS
+        }
+        return cls(
+            name=str(doc["_id"]),
+            units=_window(doc.get("units")),
+            requests=_window(doc.get("requests")),
+            concurrency=doc.get("concurrency"),
+            version=int(doc.get("version", 0)),
+            buckets=buckets,
+            holders=tuple(Holder.from_doc(h) for h in doc.get("holders") or ()),
+            closed_until=doc.get("closed_until"),
+            factor=float(doc.get("factor", 1.0)),
+            strikes=int(doc.get("strikes", 0)),
+            last_429=doc.get("last_429"),
+            calm_since=doc.get("calm_since"),
+            waiting=tuple((str(w["k"]), w["at"]) for w in doc.get("waiting") or ()),
+            now=doc.get("now"),
+        )
+
+    def state_doc(self) -> dict[str, Any]:
+        """The fields a write of this state sets (not the limits)."""
+        return {
+            "buckets": {w: [b.to_doc() for b in self.buckets.get(w, ())] for w in WINDOWS},
+            "holders": [h.to_doc() for h in self.holders],
+            "closed_until": self.closed_until,
+            "factor": self.factor,
+            "strikes": self.strikes,
+            "last_429": self.last_429,
+            "calm_since": self.calm_since,
+            "waiting": [{"k": k, "at": at} for k, at in self.waiting],
+        }
+
+    def window(self, name: WindowName) -> Window | None:
+        return self.units if name == "units" else self.requests
+
+    def longest_s(self) -> float:
+        spans = [w.per_seconds for w in (self.units, self.requests) if w is not None]
+        return max(spans, default=60.0)
+
+    def whole_window(self) -> int | None:
+        """The most units one job may cost: the units window's limit (None: no units)."""
+        return None if self.units is None else self.units.limit
+
+    def used(self, name: WindowName, now: datetime) -> float:
+        w = self.window(name)
+        if w is None:
+            return 0.0
+        return sum(b.n for b in self.buckets.get(name, ()) if w.counted(b.t, now))
+
+    def used_by(self, name: WindowName, key: str, now: datetime) -> float:
+        w = self.window(name)
+        if w is None:
+            return 0.0
+        return sum(
+            n
+            for b in self.buckets.get(name, ())
+            if w.counted(b.t, now)
+            for k, n in b.keys
+            if k == key
+        )
+
+    def effective(self, name: WindowName) -> float | None:
+        w = self.window(name)
+        return None if w is None else max(w.limit * self.factor, 1.0)
+
+    def debt(self, now: datetime) -> float:
+        """What the units window holds over its limit (usage reported after the starts)."""
+        if self.units is None:
+            return 0.0
+        return max(self.used("units", now) - self.units.limit, 0.0)
+
+    def to_api(self, totals: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """As the API shows it, its effective rate as it stands now."""
+        q = recovered(self, self.now) if self.now is not None else self
+        return q._api(totals)
+
+    def _api(self, totals: Mapping[str, Any] | None) -> dict[str, Any]:
+        now = self.now
+        out: dict[str, Any] = {
+            "name": self.name,
+            "units": _window_api(self.units),
+            "requests": _window_api(self.requests),
+            "concurrency": self.concurrency,
+            "running": len(self.holders),
+            "closed_until": self.closed_until
+            if self.closed_until is not None and (now is None or self.closed_until > now)
+            else None,
+            "effective_rate": round(self.factor, 4),
+            "strikes": self.strikes,
+        }
+        if now is not None:
+            out["used"] = {w: self.used(w, now) for w in WINDOWS if self.window(w) is not None}
+            out["debt"] = self.debt(now)
+        if totals is not None:
+            out["totals"] = dict(totals)
+        return out
+
+
+def _window(doc: Mapping[str, Any] | None) -> Window | None:
+    if not doc:
+        return None
+    return Window(limit=int(doc["limit"]), per_seconds=float(doc["per_seconds"]))
+
+
+def _window_api(w: Window | None) -> dict[str, Any] | None:
+    return None if w is None else {"limit": w.limit, "per_seconds": w.per_seconds}
+
+
+# -- admission ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Start:
+    """A start to admit: one attempt of one job, its key and its cost in this quota."""
+
+    job: str
+    attempt: int
+    owner: str
+    key: str | None
+    cost: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refused:
+    """No room: why (`closed`, `concurrency`, `units`, `requests`, `fair`), and when to look
+    again (a timestamp on the server's clock)."""
+
+    reason: str
+    retry_at: float
+
+
+def recovered(q: Quota, now: datetime) -> Quota:
+    """The quota with its effective rate stepped back up for each calm window since the last
+    429 or step (additive increase), and its strikes forgotten after a calm window."""
+    if q.factor >= 1.0 or q.calm_since is None:
+        return q
+    span = timedelta(seconds=q.longest_s())
+    steps = int((now - q.calm_since) / span)
+    if steps <= 0:
+        return q
+    factor = min(1.0, q.factor + INCREASE * steps)
+    return replace(q, factor=factor, strikes=0, calm_since=q.calm_since + steps * span)
+
+
+def admit(q: Quota, start: Start, now: datetime) -> Quota | Refused:
+    """The quota with `start` charged and holding it, or why not and until when."""
+    q = recovered(q, now)
+    if q.closed_until is not None and q.closed_until > now:
+        return Refused(reason="closed", retry_at=q.closed_until.timestamp())
+    if any(h.job == start.job and h.attempt == start.attempt for h in q.holders):
+        return q  # charged already (a retried write whose answer was lost)
+    ts = now.timestamp()
+    if q.concurrency is not None and len(q.holders) >= q.concurrency:
+        return Refused(reason="concurrency", retry_at=ts + CONCURRENCY_RECHECK_S)
+    costs: dict[WindowName, float] = {"units": float(start.cost), "requests": 1.0}
+    for name in WINDOWS:
+        w, limit = q.window(name), q.effective(name)
+        if w is None or limit is None:
+            continue
+        used = q.used(name, now)
+        # A cost over the effective limit (lowered by 429s) starts alone in an empty window.
+        if used + costs[name] > limit and used > 0:
+            return Refused(reason=name, retry_at=_room_at(q, name, costs[name], limit, now))
+    unfair = _over_share(q, start, now)
+    if unfair is not None:
+        return unfair
+    return _charged(q, start, costs, now)
+
+
+def _charged(q: Quota, start: Start, costs: Mapping[WindowName, float], now: datetime) -> Quota:
+    buckets = dict(q.buckets)
+    t_units: int | None = None
+    for name in WINDOWS:
+        w = q.window(name)
+        if w is None:
+            continue
+        t = w.bucket(now)
+        if name == "units":
+            t_units = t
+        kept = [b for b in buckets.get(name, ()) if w.counted(b.t, now)]
+        current = next((b for b in kept if b.t == t), Bucket(t=t, n=0.0))
+        kept = [b for b in kept if b.t != t] + [current.plus(costs[name], start.key)]
+        buckets[name] = tuple(kept)
+    holder = Holder(
+        job=start.job,
+        attempt=start.attempt,
+        owner=start.owner,
+        key=start.key,
+        units=float(start.cost),
+        t=t_units,
+    )
+    waiting = tuple((k, at) for k, at in q.waiting if k != start.key and _recent(q, at, now))
+    return replace(q, buckets=buckets, holders=(*q.holders, holder), waiting=waiting)
+
+
+def _recent(q: Quota, at: datetime, now: datetime) -> bool:
+    return at > now - timedelta(seconds=q.longest_s() * FAIR_WINDOWS)
+
+
+def waiting_key(q: Quota, key: str | None, now: datetime) -> Quota:
+    """The quota with `key` recorded as refused room now (fair shares count it)."""
+    if key is None:
+        return q
+    kept = tuple((k, at) for k, at in q.waiting if k != key and _recent(q, at, now))
+    return replace(q, waiting=(*kept, (key, now)))
+
+
+def _over_share(q: Quota, start: Start, now: datetime) -> Refused | None:
+    """With other keys refused room lately, a key that already took more than its share of
+    a window (or of the concurrency) waits, so that they get theirs."""
+    if start.key is None:
+        return None
+    others = {k for k, at in q.waiting if k != start.key and _recent(q, at, now)}
+    if not others:
+        return None
+    share = 1.0 / (len(others) + 1)
+    if q.concurrency is not None:
+        mine = sum(1 for h in q.holders if h.key == start.key)
+        if mine + 1 > max(q.concurrency * share, 1.0):
+            return Refused(reason="fair", retry_at=now.timestamp() + CONCURRENCY_RECHECK_S)
+    for name in WINDOWS:
+        w, limit = q.window(name), q.effective(name)
+        if w is None or limit is None:
+            continue
+        cost = float(start.cost) if name == "units" else 1.0
+        if q.used_by(name, start.key, now) + cost > limit * share:
+            return Refused(
+                reason="fair", retry_at=_key_room_at(q, name, start.key, limit * share - cost, now)
+            )
+    return None
+
+
+def _key_room_at(q: Quota, name: WindowName, key: str, most: float, now: datetime) -> float:
+    """When `key`'s part of the window will have aged down to `most`: a timestamp."""
+    w = q.window(name)
+    assert w is not None
+    mine = sorted(
+        (
+            (b.t, sum(n for k, n in b.keys if k == key))
+            for b in q.buckets.get(name, ())
+            if w.counted(b.t, now)
+        ),
+    )
+    used = sum(n for _, n in mine)
+    for t, n in mine:
+        used -= n
+        if used <= max(most, 0.0):
+            return w.leaves_at(t)
+    return now.timestamp() + w.bucket_s
+
+
+def _room_at(q: Quota, name: WindowName, cost: float, limit: float, now: datetime) -> float:
+    """When enough of the window will have aged out for `cost`: a timestamp."""
+    w = q.window(name)
+    assert w is not None
+    counted = sorted((b for b in q.buckets.get(name, ()) if w.counted(b.t, now)), key=lambda b: b.t)
+    used = sum(b.n for b in counted)
+    for b in counted:
+        used -= b.n
+        if used + cost <= limit or used <= 0:
+            return w.leaves_at(b.t)
+    return now.timestamp() + w.bucket_s
+
+
+def released(q: Quota, job: str, attempt: int) -> Quota:
+    """The quota without that attempt's hold (its units stay charged)."""
+    return replace(
+        q, holders=tuple(h for h in q.holders if not (h.job == job and h.attempt == attempt))
+    )
+
+
+def reported(
+    q: Quota, job: str, attempt: int, total: float, now: datetime
+) -> tuple[Quota, float] | None:
+    """The quota with an attempt's units corrected to `total` (its real usage so far): the
+    difference from what it was charged, charged or refunded in the bucket it was charged to
+    (a refund to a bucket that no longer counts changes nothing), and that difference. None
+    if the attempt holds no charge here."""
+    holder = next((h for h in q.holders if h.job == job and h.attempt == attempt), None)
+    if holder is None:
+        return None
+    delta = total - holder.units
+    buckets = dict(q.buckets)
+    w = q.units
+    if w is not None and delta != 0:
+        t = holder.t if holder.t is not None else w.bucket(now)
+        kept = [b for b in buckets.get("units", ()) if w.counted(b.t, now)]
+        if not w.counted(t, now):
+            t = w.bucket(now) if delta > 0 else t
+        current = next((b for b in kept if b.t == t), None)
+        if current is None and delta > 0:
+            current = Bucket(t=t, n=0.0)
+        if current is not None:
+            kept = [b for b in kept if b.t != t] + [current.plus(delta, holder.key)]
+        buckets["units"] = tuple(kept)
+    holders = tuple(replace(h, units=total, reported=True) if h is holder else h for h in q.holders)
+    return replace(q, buckets=buckets, holders=holders), delta
+
+
+def refunded(q: Quota, job: str, attempt: int, now: datetime) -> Quota:
+    """The quota without an attempt that never started: its units refunded, its hold gone."""
+    out = reported(q, job, attempt, 0.0, now)
+    return released(out[0] if out is not None else q, job, attempt)
+
+
+def rate_limited(q: Quota, delay_s: float, now: datetime) -> Quota:
+    """A 429: closed until `delay_s` from now (never sooner than it was closed until); a 429
+    within a window of the previous one lowers the effective rate (multiplicative decrease)."""
+    q = recovered(q, now)
+    until = now + timedelta(seconds=delay_s)
+    if q.closed_until is not None and q.closed_until > until:
+        until = q.closed_until
+    span = timedelta(seconds=q.longest_s())
+    strikes = q.strikes + 1 if q.last_429 is not None and now - q.last_429 <= span else 1
+    factor = q.factor
+    if strikes >= 2:
+        factor = max(FLOOR, q.factor * DECREASE)
+    return replace(
+        q, closed_until=until, strikes=strikes, factor=factor, last_429=now, calm_since=until
+    )
+
+
+MAX_DELAY_S = 86_400.0
+
+
+def rate_limited_waiting(name: object, delay: object) -> dict[str, Any] | None:
+    """What a job a task's `RateLimited` ended waits for (`waiting_for`: the quota, closed
+    `delay` seconds); None for a bad quota name or delay (the attempt fails, as any error)."""
+    if not isinstance(name, str) or not _QUOTA_NAME.fullmatch(name):
+        return None
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        return None
+    if not (math.isfinite(delay) and 0 <= delay <= MAX_DELAY_S):
+        return None
+    return {"kind": "quota", "name": name, "delay": float(delay), "reason": "rate_limited"}

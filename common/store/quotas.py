@@ -1,0 +1,285 @@
+"""`QuotaStore`: the only code that touches `brook_quotas` and `brook_quota_ledger`.
+
+One document per quota (its `_id` is the quota's name):
+
+    {units: {limit, per_seconds}|null, requests: {limit, per_seconds}|null,
+     concurrency: int|null, version: int,
+     buckets: {units: [{t, n, keys: [{k, n}]}], requests: [...]},   # the windows' usage
+     holders: [{job, attempt, owner, key, units, t, reported}],     # attempts holding it
+     closed_until, factor, strikes, last_429, calm_since, waiting: [{k, at}],
+     created_at, updated_at}
+
+Every change of a quota's state is computed by `brook.common.domain.quotas` from the document
+as read (with the server's clock, `$$NOW`, read in the same round trip) and written only if
+no other write came between (`version`): a lost race reads again. A charge names the attempt
+and its owner; a usage report is written in one transaction with a fenced write on its job,
+so an attempt whose lease is lost charges nothing more.
+
+Its cost ledger is `QuotaLedger`'s (`quota_ledger.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.synchronous.database import Database
+
+from brook.common.domain.errors import InvalidInput, LeaseLost, QuotaNotFound
+from brook.common.domain.models import Doc
+from brook.common.domain.quotas import (
+    NO_LIMIT,
+    Quota,
+    Refused,
+    Start,
+    admit,
+    has_limit,
+    rate_limited,
+    refunded,
+    released,
+    reported,
+    waiting_key,
+)
+from brook.common.store.fields import NOW
+from brook.common.store.jobs.base import JOBS
+from brook.common.store.queries import quotas as quota_queries
+from brook.common.store.queries.base import running_fence
+from brook.common.store.quota_ledger import QuotaLedger
+from brook.common.store.records import Lease
+
+QUOTAS = "brook_quotas"
+LIMIT_FIELDS = ("units", "requests", "concurrency")
+MAX_TRIES = 50  # writes lost to racing ones before a charge gives up (it is refused)
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+class QuotaStore:
+    def __init__(self, db: AsyncDatabase[Doc]) -> None:
+        self.db = db
+        self.quotas: AsyncCollection[Doc] = db[QUOTAS]
+        self.ledger = QuotaLedger(db)
+        self.jobs: AsyncCollection[Doc] = db[JOBS]
+
+    # -- the limits --------------------------------------------------------------------------
+
+    async def set_limits(self, name: str, changes: Mapping[str, Any]) -> Quota:
+        """Set the limits given (the others keep their value); `InvalidInput` (nothing
+        stored) if the quota would be left with none."""
+        existing = await self.quotas.find_one(
+            {"_id": name}, projection=dict.fromkeys(LIMIT_FIELDS, 1)
+        )
+        merged = {**{f: (existing or {}).get(f) for f in LIMIT_FIELDS}, **changes}
+        if not has_limit(merged):
+            raise InvalidInput(NO_LIMIT)
+        await self.quotas.update_one(
+            {"_id": name},
+            {
+                "$set": dict(changes),
+                "$inc": {"version": 1},
+                "$currentDate": {"updated_at": True},
+                "$setOnInsert": {
+                    **{f: None for f in LIMIT_FIELDS if f not in changes},
+                    "created_at": datetime.now(UTC),
+                    "factor": 1.0,
+                    "holders": [],
+                },
+            },
+            upsert=True,
+        )
+        quota = await self.read(name)
+        assert quota is not None
+        return quota
+
+    async def delete(self, name: str) -> bool:
+        res = await self.quotas.delete_one({"_id": name})
+        return res.deleted_count == 1
+
+    async def read(self, name: str, session: AsyncClientSession | None = None) -> Quota | None:
+        """The quota with the server's clock (`now`) in one round trip."""
+        docs = await (
+            await self.quotas.aggregate(
+                [{"$match": {"_id": name}}, {"$set": {"now": NOW}}], session=session
+            )
+        ).to_list()
+        return Quota.from_doc(docs[0]) if docs else None
+
+    async def all(self) -> list[Quota]:
+        docs = await (
+            await self.quotas.aggregate([{"$sort": {"_id": 1}}, {"$set": {"now": NOW}}])
+        ).to_list()
+        return [Quota.from_doc(d) for d in docs]
+
+    async def named(self, names: Iterable[str]) -> dict[str, Quota]:
+        """The quotas of these names that exist (their limits), by name."""
+        wanted = sorted(set(names))
+        if not wanted:
+            return {}
+        docs = await self.quotas.find(
+            {"_id": {"$in": wanted}}, projection=dict.fromkeys(LIMIT_FIELDS, 1)
+        ).to_list()
+        return {str(d["_id"]): Quota.from_doc(d) for d in docs}
+
+    # -- state changes -----------------------------------------------------------------------
+
+    async def _change(
+        self,
+        name: str,
+        step: Callable[[Quota, datetime], Quota | Refused | None],
+        session: AsyncClientSession | None = None,
+    ) -> tuple[Quota, Quota | Refused | None]:
+        """Read the quota, compute its next state (`step`: a `Quota` to write, else written
+        nothing), write it unless another write came between, and try again if one did.
+        Raises `QuotaNotFound`."""
+        q: Quota | None = None
+        now = datetime.now(UTC)
+        for _ in range(MAX_TRIES):
+            q = await self.read(name, session)
+            if q is None or q.now is None:
+                raise QuotaNotFound(name)
+            now = _aware(q.now)
+            out = step(q, now)
+            if not isinstance(out, Quota):
+                return q, out
+            res = await self.quotas.update_one(
+                {"_id": name, "version": q.version},
+                {"$set": out.state_doc(), "$inc": {"version": 1}},
+                session=session,
+            )
+            if res.matched_count == 1:
+                return q, out
+        assert q is not None
+        return q, Refused(reason="busy", retry_at=now.timestamp() + 0.05)
+
+    async def charge(self, name: str, start: Start) -> Quota | Refused:
+        """Charge a start (its cost in units, one request, one hold), or say why not and
+        until when; a refused key is counted as waiting (fair shares)."""
+        before, out = await self._change(name, lambda q, now: admit(q, start, now))
+        if isinstance(out, Quota):
+            if len(out.holders) > len(before.holders):
+                await self.ledger.book(name, start.key, before.now, float(start.cost), 1)
+            return out
+        assert isinstance(out, Refused)
+        if start.key is not None and out.reason != "closed":
+            await self._change(name, lambda q, now: waiting_key(q, start.key, now))
+        return out
+
+    async def release(self, name: str, job: str, attempt: int) -> bool:
+        """An attempt's hold is over (its units stay charged); whether it held one."""
+        res = await self.quotas.update_one(
+            {"_id": name, "holders": {"$elemMatch": {"job": job, "attempt": attempt}}},
+            {"$pull": {"holders": {"job": job, "attempt": attempt}}, "$inc": {"version": 1}},
+        )
+        return res.modified_count == 1
+
+    async def refund(self, name: str, job: str, attempt: int) -> None:
+        """A charge whose job did not start after all (another quota refused it)."""
+        await self._change(name, lambda q, now: refunded(q, job, attempt, now))
+
+    async def prune(self, name: str) -> int:
+        """Drop the holds of attempts that are over by their jobs (a dispatcher died while
+        its jobs held the quota): how many. Only holds the jobs show over, never a timer."""
+        q = await self.read(name)
+        if q is None or not q.holders:
+            return 0
+        ids = list({h.job for h in q.holders})
+        running = {
+            (d["_id"], d.get("attempts"))
+            for d in await self.jobs.find(
+                {"_id": {"$in": ids}, "status": "running"}, projection={"attempts": 1}
+            ).to_list()
+        }
+        dead = [(h.job, h.attempt) for h in q.holders if (h.job, h.attempt) not in running]
+        if not dead:
+            return 0
+
+        def step(q: Quota, now: datetime) -> Quota:
+            for job, attempt in dead:
+                q = released(q, job, attempt)
+            return q
+
+        await self._change(name, step)
+        return len(dead)
+
+    async def usage(self, name: str, lease: Lease, owner: str, total: float) -> float:
+        """An attempt's real usage so far (`ctx.usage`): the difference from what it was
+        charged is charged or refunded, in one transaction with a fenced write on its job
+        (`quota_usage`): `LeaseLost` if the attempt is no longer the caller's. The
+        difference; 0 if the attempt holds no charge of this quota."""
+
+        async def together(session: AsyncClientSession) -> float:
+            job = await self.jobs.update_one(
+                running_fence(lease, owner),
+                {"$set": {f"quota_usage.{name}": total}},
+                session=session,
+            )
+            if job.matched_count == 0:
+                raise LeaseLost(f"job {lease.job_id} attempt {lease.attempt} is no longer held")
+            delta = 0.0
+
+            def step(q: Quota, now: datetime) -> Quota | None:
+                nonlocal delta
+                out = reported(q, lease.job_id, lease.attempt, total, now)
+                if out is None:
+                    return None
+                q, delta = out
+                return q
+
+            await self._change(name, step, session)
+            return delta
+
+        async with self.db.client.start_session() as session:
+            delta: float = await session.with_transaction(together)
+        if delta:
+            job = await self.jobs.find_one({"_id": lease.job_id}, projection={"key": 1})
+            await self.ledger.book(name, (job or {}).get("key"), None, delta, 0)
+        return delta
+
+    async def rate_limited(self, name: str, delay_s: float) -> Quota:
+        """A 429: the quota is closed for everyone until `delay_s` from now on the server's
+        clock (the adaptive rule lowers its rate on repeats)."""
+        _, out = await self._change(name, lambda q, now: rate_limited(q, delay_s, now))
+        assert isinstance(out, Quota)
+        await self.ledger.book_429(name)
+        return out
+
+    # -- the jobs waiting for a quota ------------------------------------------------------
+
+    async def hold_back(
+        self, lease: Lease, owner: str, name: str, reason: str, until: datetime
+    ) -> bool:
+        """A claimed job this quota has no room for: back to pending, due `until`."""
+        write = quota_queries.held_by_quota(lease, owner, name, reason, until)
+        res = await self.jobs.update_one(write.filter, write.update)
+        return res.modified_count == 1
+
+    async def wake(self, name: str, n: int) -> int:
+        """Make up to `n` jobs held back by `name` due now (best first): it has room again."""
+        if n <= 0:
+            return 0
+        docs = await self.jobs.find(
+            quota_queries.quota_waiters(name),
+            projection={"_id": 1},
+            sort=[("priority", -1), ("run_at", 1)],
+            limit=n,
+        ).to_list()
+        if not docs:
+            return 0
+        write = quota_queries.woken_for_quota(name, [d["_id"] for d in docs])
+        res = await self.jobs.update_many(write.filter, write.update)
+        return res.modified_count
+
+
+def named_blocking(db: Database[Doc], names: Iterable[str]) -> dict[str, Quota]:
+    """`QuotaStore.named` on a blocking client (a submit in a blocking caller's session)."""
+    wanted = sorted(set(names))
+    if not wanted:
+        return {}
+    docs = db[QUOTAS].find({"_id": {"$in": wanted}}, projection=dict.fromkeys(LIMIT_FIELDS, 1))
+    return {str(d["_id"]): Quota.from_doc(d) for d in docs}
