@@ -277,17 +277,7 @@ def _output_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     o.set_defaults(fn=cmd_output)
 
 
-def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    st = sub.add_parser("status", help="show a job")
-    st.add_argument("id")
-    st.set_defaults(fn=cmd_status)
-    ls = sub.add_parser("ls", help="list jobs, newest first")
-    ls.add_argument("--status", choices=sorted(s.value for s in JobStatus))
-    ls.add_argument("--task")
-    ls.add_argument("--queue")
-    ls.add_argument("--limit", type=int, default=50)
-    ls.add_argument("--after", metavar="ID", help="the page after this job (the `# more:` hint)")
-    ls.set_defaults(fn=cmd_ls)
+def _add_watch_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w = sub.add_parser("watch", help="stream job events as they happen (one job, or all)")
     w.add_argument("id", nargs="?", help="one job: its events until it ends")
     w.add_argument("--status", choices=sorted(s.value for s in JobStatus))
@@ -307,6 +297,20 @@ def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="with ID: leave out the output its task emits (shown as it comes otherwise)",
     )
     w.set_defaults(fn=cmd_watch)
+
+
+def _job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    st = sub.add_parser("status", help="show a job")
+    st.add_argument("id")
+    st.set_defaults(fn=cmd_status)
+    ls = sub.add_parser("ls", help="list jobs, newest first")
+    ls.add_argument("--status", choices=sorted(s.value for s in JobStatus))
+    ls.add_argument("--task")
+    ls.add_argument("--queue")
+    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--after", metavar="ID", help="the page after this job (the `# more:` hint)")
+    ls.set_defaults(fn=cmd_ls)
+    _add_watch_command(sub)
     c = sub.add_parser("cancel", help="cancel a job, or every job a filter names")
     c.add_argument("id", nargs="?", help="one job (or give filters instead)")
     _add_bulk_filters(c)
