@@ -305,7 +305,14 @@ async def test_300_readers_share_one_change_stream_and_each_gets_its_jobs_output
             )
 
         readers = [asyncio.create_task(one(ids[i % 3])) for i in range(300)]
-        await asyncio.sleep(1.0)
-        assert await asyncio.to_thread(output_cursors, uri, cluster.settings.db, api.pid) == 1
+        # The readers connect and the API opens its stream in their wake (seconds on a busy
+        # host): once it is open, every reader is on that one cursor.
+        cursors = 0
+        for _ in range(60):
+            await asyncio.sleep(0.5)
+            cursors = await asyncio.to_thread(output_cursors, uri, cluster.settings.db, api.pid)
+            if cursors:
+                break
+        assert cursors == 1
         texts = await asyncio.wait_for(asyncio.gather(*readers), 120)
     assert set(texts) == {"".join(f"t{i} " for i in range(20))}

@@ -83,6 +83,7 @@ BODIES: dict[str, Any] = {
     "/jobs/cancel": {"status": "pending"},
     "/queues/{name}": {"concurrency": 1, "rate": None, "paused": True},
     "/signals/{key}": {"payload": {"approved": True}},
+    "/quotas/{name:path}": {"units": {"limit": 1, "per_seconds": 1}, "concurrency": 1},
 }
 
 
@@ -112,12 +113,18 @@ async def test_every_state_change_sent_with_the_read_token_to_a_live_system_chan
         limits = {"concurrency": 3, "rate": {"limit": 10, "per_seconds": 2.0}, "paused": False}
         assert http.put("/queues/default", json=limits, headers=admin).status_code == 200
         queues_before = http.get("/queues", headers=admin).json()
+        quota = {"units": {"limit": 90000, "per_seconds": 60}, "concurrency": 5}
+        assert http.put("/quotas/openai:gpt-4o", json=quota, headers=admin).status_code == 200
+        quotas_before = http.get("/quotas", headers=admin).json()
         jobs_before = await store.jobs.find({}).to_list()
         sent = []
         for method, path in every_route(create_app(Settings(), {"noop"})):
             if method in SAFE or path in PUBLIC:
                 continue
-            url = path.format(**{k: v for k, v in params.items() if "{" + k + "}" in path})
+            if path.startswith("/quotas/"):
+                url = "/quotas/openai:gpt-4o"
+            else:
+                url = path.format(**{k: v for k, v in params.items() if "{" + k + "}" in path})
             if path.startswith("/queues/"):
                 url = "/queues/default"
             resp = http.request(method, url, json=BODIES.get(path), headers=read)
@@ -125,8 +132,10 @@ async def test_every_state_change_sent_with_the_read_token_to_a_live_system_chan
             sent.append(f"{method} {path}")
         must = {"POST /signals/{key}", "POST /jobs/retry", "POST /jobs/cancel"}
         must |= {"POST /triggers/{name}/pause", "PUT /queues/{name}", "POST /jobs/{job_id}/cancel"}
+        must |= {"PUT /quotas/{name:path}", "DELETE /quotas/{name:path}"}
         assert must <= set(sent), sent
         assert http.get("/queues", headers=admin).json() == queues_before  # limits unchanged
+        assert http.get("/quotas", headers=admin).json() == quotas_before  # quota unchanged
         [trigger] = http.get("/triggers", headers=admin).json()["triggers"]
         assert trigger["paused"] is False and trigger["jobs_made"] == 0
     assert await store.db["brook_signals"].count_documents({}) == 0  # no signal stored
