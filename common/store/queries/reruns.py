@@ -46,6 +46,8 @@ def rerun_job(
     doc: Doc = {"_id": new_id, **new_job(rerun_spec(source, payload), now)}
     if source.get("depends_on"):
         doc["depends_on"] = list(source["depends_on"])
+        if source.get("run_on_parent_failure"):  # a retry of the rerun waits as the job did
+            doc["run_on_parent_failure"] = True
     doc["rerun_of"] = source_id
     doc["history"][0].update(rerun_of=source_id, from_step=from_step)
     if carried:
