@@ -54,7 +54,7 @@ from bench.harness import (
     wait_dispatcher,
     wait_settled,
 )
-from bench.scale import pending_doc
+from bench.scale import pending_doc, primary_cost
 from bench.scenarios import Context
 from bench.stats import dist, ms
 from brook import AsyncClient
@@ -181,10 +181,11 @@ def streaming(ctx: Context, jobs: int, per_s: float, seconds: float) -> dict[str
             "mongod": ctx.deployment.mongod_pids,
             "readers": [os.getpid()],
         }
-        before = _committed(ctx)
+        before, ops_before = _committed(ctx), primary_cost(ctx.client)
         with cpu_meter(groups) as cpu:
             load.wait(START_DELAY_S + seconds * 4 + 120)
         commits = _committed(ctx) - before
+        ops = primary_cost(ctx.client)
         wait_settled(ctx.client, db, [disp], 120)
         stored = ctx.client[db]["brook_output"].count_documents({})
     span = max(load.emitted) - min(load.emitted) if load.emitted else 0.0
@@ -205,6 +206,13 @@ def streaming(ctx: Context, jobs: int, per_s: float, seconds: float) -> dict[str
         "output_writes_per_s": round(writes_per_s, 1) if writes_per_s else None,
         "writes_allowed_per_s": most,
         "chunks_per_write": round(stored / commits, 1) if commits else None,
+        # What the primary did per chunk read: documents inserted (the chunks) and updated
+        # (each batch's fenced write on each job in it), operations by kind.
+        "primary_per_chunk": {
+            k: round((ops[k] - ops_before.get(k, 0.0)) / max(load.read, 1), 3)
+            for k in ("docs_inserted", "docs_updated", "op_insert", "op_update", "op_getmore")
+            if k in ops
+        },
         "cpu": cpu,
         "cpu_ms_per_chunk": round(cpu_s * 1000 / max(load.read, 1), 3),
         "cpu_ms_per_chunk_by_group": {
@@ -283,6 +291,7 @@ def summary(res: dict[str, Any]) -> list[str]:
         f"{'MET' if writes <= s['writes_allowed_per_s'] else 'NOT MET'})",
         f"  CPU per chunk: {s['cpu_ms_per_chunk']} ms ({s['cpu_ms_per_chunk_by_group']}); "
         f"machine busy {s['cpu']['machine_busy_share']:.0%}",
+        f"  on the primary per chunk: {s.get('primary_per_chunk')}",
     ]
     if "drain" in res:
         d = res["drain"]
