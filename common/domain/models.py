@@ -85,6 +85,12 @@ class JobSpec:
     # The job whose task submitted this one with `ctx.submit` (not `detach=True`): cancelling
     # that job cancels this one. Set by `ctx.submit` only, never by a spec.
     spawned_by: str | None = None
+    # Deadlines (`brook.common.domain.deadlines`): the latest first start, and the end of the
+    # job's whole life; each as a time, or counted from the submit on the server's clock.
+    start_by: datetime | None = None
+    start_within_s: float | None = None
+    deadline: datetime | None = None
+    deadline_s: float | None = None
 
 
 # Without `debounce_max_s`, a debounced job waits at most this many times `debounce_s`.
@@ -144,6 +150,10 @@ class Job:
     spawned_cancelled: int | None = None
     # Its output stream's count (`ctx.emit`), every attempt together: `{"chunks", "bytes"}`.
     output: dict[str, Any] | None = None
+    start_by: datetime | None = None  # not started by then: cancelled (`StartByPassed`)
+    deadline: datetime | None = None  # still unfinished then: failed (`DeadlineExceeded`)
+    # The start of its first attempt that started (`started_at` is the current attempt's).
+    first_started_at: datetime | None = None
 
     @property
     def job_id(self) -> str:
@@ -219,6 +229,9 @@ class Job:
             debounced=int(doc.get("debounced", 0)),
             spawned_by=doc.get("spawned_by"),
             output=doc.get("output"),
+            start_by=as_date(doc.get("start_by")),
+            deadline=as_date(doc.get("deadline")),
+            first_started_at=as_date(doc.get("first_started_at")),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -233,6 +246,8 @@ class Job:
             "attempts": self.attempts,
             "max_attempts": self.max_attempts,
             "run_at": self.run_at,
+            "start_by": self.start_by,
+            "deadline": self.deadline,
             "created_at": self.created_at,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
