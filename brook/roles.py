@@ -29,7 +29,7 @@ from brook.common.store.db import database, make_client
 from brook.common.store.jobs import JobStore
 from brook.dispatcher.dispatcher import Dispatcher
 from brook.executor.pool import WorkerPool
-from brook.executor.registry import load_tasks, shared_tasks
+from brook.executor.registry import load_tasks, shared_tasks, task_deadlines
 from brook.executor.runners import Runners
 from brook.executor.schedules import declared_schedules
 from brook.executor.triggers import declared_triggers
@@ -70,7 +70,9 @@ async def serve_dispatcher(
     client = make_client(settings, appname="brook-dispatcher")
     store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
     pool = runner or make_runner(settings)
-    dispatcher = Dispatcher(settings, store, pool, tasks, schedules, triggers)
+    # The tasks' default deadlines, from their declarations (as `shared=` reaches the runner).
+    bounds = task_deadlines(load_tasks(settings))
+    dispatcher = Dispatcher(settings, store, pool, tasks, schedules, triggers, bounds)
     pool.on_free = dispatcher.wake
     pool.on_progress = dispatcher.on_progress
     pool.on_step = dispatcher.on_step
