@@ -3,10 +3,12 @@ can be the sweep's): a job whose `start_by` passed never starts, whether it pass
 its claim, while it waited behind a full worker, or while it sat claimed ahead in a
 dispatcher's buffer; a job reaches its `deadline` retrying, running (in a process of its
 own, or shared, or by its task's default), or sleeping durably, and ends `failed` with
-`DeadlineExceeded`, never retried."""
+`DeadlineExceeded`, never retried; the CLI submits bounds, shows them (`ls`, `status`) and
+a bad one is refused, storing nothing."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -96,3 +98,29 @@ async def test_a_retrying_a_running_a_shared_and_a_sleeping_job_end_at_their_dea
         e["job_id"] for e in disp.events("job.failed") if e.get("error_type") == "DeadlineExceeded"
     }
     assert failed == set(ends)
+
+
+async def test_the_cli_submits_with_bounds_and_shows_them_and_a_bad_one_is_refused(
+    cluster: Cluster, http: httpx.Client
+) -> None:
+    cluster.api(BROOK_TASKS=TASKS)  # no dispatcher: the job waits, and its bound ends it
+    past = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
+    out = cluster.cli("submit", "noop", "--start-by", past, "--deadline-s", "600")
+    assert out.returncode == 0, out.stderr
+    job = json.loads(out.stdout)
+    assert job["start_by"] is not None and job["deadline"] is not None
+    line = cluster.cli("ls").stdout
+    assert f"start_by={job['start_by']}" in line and f"deadline={job['deadline']}" in line
+    bad = cluster.cli("submit", "noop", "--deadline", past, "--deadline-s", "5")
+    assert bad.returncode != 0 and "give deadline or deadline_s, not both" in bad.stderr
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    early = cluster.cli("submit", "noop", "--run-at", later, "--start-by", past)
+    assert early.returncode != 0
+    assert "run_at is later than start_by: the job could never start" in early.stderr
+    assert [j["id"] for j in http.get("/jobs").json()["jobs"]] == [job["id"]]  # none stored
+    disp = cluster.dispatcher(**SLOW_SWEEP)
+    ended = wait_terminal(http, job["id"])
+    assert (ended["status"], ended["error"]["type"]) == ("cancelled", "StartByPassed")
+    assert not started(disp, job["id"])
+    shown = json.loads(cluster.cli("status", job["id"]).stdout)
+    assert shown["error"]["type"] == "StartByPassed" and shown["start_by"] == job["start_by"]
