@@ -141,12 +141,17 @@ def _seconds(value: object) -> object:
     return value.total_seconds() if isinstance(value, timedelta) else value
 
 
+DURATIONS = ("delay", "start_within_s", "deadline_s")
+
+
 def _from_python(spec: object) -> object:
-    """The only liberty Python takes over JSON: `delay` may be a `timedelta`. Anything
-    else, a spec that is not a dict included, goes to the validator as it is."""
-    if not isinstance(spec, Mapping) or "delay" not in spec:
+    """The only liberty Python takes over JSON: a duration (`delay`, `start_within_s`,
+    `deadline_s`) may be a `timedelta`. Anything else, a spec that is not a dict included,
+    goes to the validator as it is."""
+    if not isinstance(spec, Mapping):
         return spec
-    return {**spec, "delay": _seconds(spec["delay"])}
+    durations = {k: _seconds(spec[k]) for k in DURATIONS if k in spec}
+    return {**spec, **durations} if durations else spec
 
 
 OnStaged = Callable[["TxSession", Sequence[Submitted]], None]
@@ -206,15 +211,16 @@ class Submitting:
         debounce_s: float | timedelta | None = None,
         debounce_max_s: float | timedelta | None = None,
         quotas: Mapping[str, int] | None = None,
+        start_by: datetime | str | None = None,
+        start_within_s: float | timedelta | None = None,
+        deadline: datetime | str | None = None,
+        deadline_s: float | timedelta | None = None,
         session: TxSession | None = None,
     ) -> Job:
-        """Submit one job and return it (the existing job for a known `idempotency_key`).
-        `run_at` may be naive (read as UTC); `delay` (seconds or a `timedelta`) is counted
-        on the server's clock. With `depends_on` (job ids) it is `waiting` until every
-        parent completed (or ended, with `run_on_parent_failure`). Invalid input raises
-        `InvalidInput`, whose `detail` is the API's `422` detail. With `session` (in a
-        transaction, on the client this one wraps), the job is inserted in that
-        transaction: it exists only if the transaction commits."""
+        """Submit one job and return it (the existing job for a known `idempotency_key`): the
+        HTTP spec's fields, a naive `run_at` read as UTC, a duration maybe a `timedelta`; bad
+        input raises `InvalidInput` (the API's `422` detail). With `session`, the job is
+        inserted in that transaction (on the client this one wraps), to exist if it commits."""
         spec = validate_spec(
             {
                 "task": task,
@@ -235,10 +241,13 @@ class Submitting:
                 "debounce_s": _seconds(debounce_s),
                 "debounce_max_s": _seconds(debounce_max_s),
                 "quotas": None if quotas is None else dict(quotas),
+                "start_by": start_by,
+                "start_within_s": _seconds(start_within_s),
+                "deadline": deadline,
+                "deadline_s": _seconds(deadline_s),
             }
         )
-        parent = spawning.get()
-        if parent is not None:
+        if (parent := spawning.get()) is not None:
             spec = replace(spec, spawned_by=parent)
         if session is not None:
             return (await self.submit_in(session, [spec], batch=False))[0].job

@@ -100,8 +100,20 @@ class SubmitJob(BaseModel):
         default=None,
         description="the quotas it draws on, each with its cost in units (an estimate)",
     )
+    start_by: datetime | None = Field(
+        default=None, description="not started by then: cancelled (StartByPassed)"
+    )
+    start_within_s: float | None = Field(
+        default=None, gt=0, le=MAX_HORIZON_S, description="start_by, counted from the submit"
+    )
+    deadline: datetime | None = Field(
+        default=None, description="unfinished then: failed (DeadlineExceeded), never retried"
+    )
+    deadline_s: float | None = Field(
+        default=None, gt=0, le=MAX_HORIZON_S, description="deadline, counted from the submit"
+    )
 
-    @field_validator("run_at")
+    @field_validator("run_at", "start_by", "deadline")
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:
         if value is None:
@@ -151,7 +163,30 @@ class SubmitJob(BaseModel):
         if self.unique_for_s is not None and self.idempotency_key is None:
             raise ValueError("unique_for_s needs an idempotency_key")
         self._debounce_together()
+        self._deadlines_together()
         return self
+
+    def _deadlines_together(self) -> None:
+        for absolute, relative in (("start_by", "start_within_s"), ("deadline", "deadline_s")):
+            if getattr(self, absolute) is not None and getattr(self, relative) is not None:
+                raise ValueError(f"give {absolute} or {relative}, not both")
+        # When it is due and its start_by, on one clock where both are known here (a time
+        # counted from the submit is read on this host's clock: within a round trip).
+        now = datetime.now(UTC)
+        due = self.run_at or (now + timedelta(seconds=self.delay) if self.delay else None)
+        latest = self.start_by
+        if latest is None and self.start_within_s is not None:
+            latest = now + timedelta(seconds=self.start_within_s)
+        if due is None or latest is None:
+            return
+        if self.run_at is None and self.start_by is None:  # both counted from the submit
+            late = (self.delay or 0.0) > (self.start_within_s or 0.0)
+        else:
+            late = due > latest
+        if late:
+            given = "run_at" if self.run_at is not None else "delay"
+            bound = "start_by" if self.start_by is not None else "start_within_s"
+            raise ValueError(f"{given} is later than {bound}: the job could never start")
 
     def _debounce_together(self) -> None:
         if (self.debounce_key is None) != (self.debounce_s is None):
@@ -195,6 +230,10 @@ class SubmitJob(BaseModel):
             debounce_s=self.debounce_s,
             debounce_max_s=self.debounce_max_s,
             quotas=self.quotas,
+            start_by=self.start_by,
+            start_within_s=self.start_within_s,
+            deadline=self.deadline,
+            deadline_s=self.deadline_s,
         )
 
 

@@ -136,6 +136,14 @@ def _optional_fields(
         fields["unique_until"] = at(spec.unique_for_s * 1000)
     if spec.retention_s is not None:
         fields["retention_s"] = spec.retention_s
+    for name, given, within in (
+        ("start_by", spec.start_by, spec.start_within_s),
+        ("deadline", spec.deadline, spec.deadline_s),
+    ):
+        if given is not None:
+            fields[name] = value(whole_ms(given))
+        elif within is not None:
+            fields[name] = at(within * 1000)
     if spec.debounce_key is not None and spec.debounce_s is not None:
         fields["debounce_key"] = value(spec.debounce_key)
         longest = spec.debounce_max_s or spec.debounce_s * DEBOUNCE_MAX_FACTOR
@@ -166,6 +174,8 @@ def claimed_fields(owner: str, lease_seconds: float) -> dict[str, Any]:
         "owner": lit(owner),
         "attempts": attempt,
         "claimed_at": NOW,
+        # `started_at` is the current attempt's: the first start is kept for `start_by`.
+        "first_started_at": {"$ifNull": ["$first_started_at", "$started_at"]},
         "started_at": None,
         "updated_at": NOW,
         "lease_expires_at": after(lease_seconds * 1000),
@@ -188,6 +198,7 @@ def as_claimed(doc: Doc, owner: str) -> Job:
             "owner": owner,
             "attempts": int(doc.get("attempts", 0)) + 1,
             "claimed_at": None,  # the server's; not read back
+            "first_started_at": doc.get("first_started_at") or doc.get("started_at"),
             "started_at": None,
             "progress": None,
         }

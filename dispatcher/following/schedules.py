@@ -156,6 +156,8 @@ class ScheduleRunner:
             # A buffered or replacing job starts once the run it follows has ended.
             depends_on=(after,) if after is not None else (),
             run_on_parent_failure=after is not None,
+            start_within_s=s.start_within_s,
+            deadline_s=s.deadline_s,
         )
         submitted = await persist("schedule.submit", lambda: self._insert(spec))
         job = submitted.job

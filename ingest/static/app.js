@@ -506,8 +506,9 @@ function renderJob(job) {
     if (!progress.firstChild) progress.replaceWith(Object.assign(progressBar(job.progress, true), { id: "job-progress" }));
     setProgress($("#job-progress"), job.progress);
   }
-  const fields = ["status", "queue", "priority", "attempts", "max_attempts", "run_at", "created_at", "started_at",
-    "finished_at", "timeout_s", "idempotency_key", "lease_owner", "lease_expires_at", "cancel_requested"];
+  const fields = ["status", "queue", "priority", "attempts", "max_attempts", "run_at", "start_by", "deadline",
+    "created_at", "started_at", "finished_at", "timeout_s", "idempotency_key", "lease_owner", "lease_expires_at",
+    "cancel_requested"];
   const rows = fields.filter((f) => f in job).map((f) =>
     el("tr", {}, el("th", {}, f), el("td", {}, job[f] === null ? "—" : String(job[f]))));
   // Rerun from a step: the job this one reruns, and its reruns, as links.

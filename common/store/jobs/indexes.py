@@ -177,6 +177,22 @@ INDEXES = [
         name="spawn_cancelling",
         partialFilterExpression={"spawn_cancel": True},
     ),
+    # Deadlines: the waiting and pending jobs by their own `start_by` and `deadline` (the
+    # timer's look for the next bound, and for those passed; the others cost them nothing) ...
+    *(
+        IndexModel(
+            [("status", ASCENDING), (field, ASCENDING)],
+            name=field,
+            partialFilterExpression={"status": {"$in": [W, P]}, field: {"$type": "date"}},
+        )
+        for field in ("start_by", "deadline")
+    ),
+    # ... and by their submit, per task: a bound a task declares counts from it.
+    IndexModel(
+        [("status", ASCENDING), ("task", ASCENDING), ("created_at", ASCENDING)],
+        name="bound_by_age",
+        partialFilterExpression={"status": {"$in": [W, P]}},
+    ),
     # Retention: a finished job gets `expire_at` (its finish + its retention) at its terminal
     # write, and MongoDB's TTL monitor deletes it then. Active jobs have no `expire_at`.
     IndexModel(
