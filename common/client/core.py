@@ -221,32 +221,33 @@ class Submitting:
         HTTP spec's fields, a naive `run_at` read as UTC, a duration maybe a `timedelta`; bad
         input raises `InvalidInput` (the API's `422` detail). With `session`, the job is
         inserted in that transaction (on the client this one wraps), to exist if it commits."""
-        spec = validate_spec(
-            {
-                "task": task,
-                "payload": {} if payload is None else payload,
-                "queue": queue,
-                "priority": priority,
-                "run_at": run_at,
-                "delay": _seconds(delay),
-                "max_attempts": max_attempts,
-                "timeout_s": timeout_s,
-                "idempotency_key": idempotency_key,
-                "unique_for_s": unique_for_s,
-                "retention_s": retention_s,
-                "depends_on": None if depends_on is None else list(depends_on),
-                "run_on_parent_failure": run_on_parent_failure,
-                "key": key,
-                "debounce_key": debounce_key,
-                "debounce_s": _seconds(debounce_s),
-                "debounce_max_s": _seconds(debounce_max_s),
-                "quotas": None if quotas is None else dict(quotas),
-                "start_by": start_by,
-                "start_within_s": _seconds(start_within_s),
-                "deadline": deadline,
-                "deadline_s": _seconds(deadline_s),
-            }
-        )
+        fields = {
+            "task": task,
+            "payload": {} if payload is None else payload,
+            "queue": queue,
+            "priority": priority,
+            "run_at": run_at,
+            "delay": _seconds(delay),
+            "max_attempts": max_attempts,
+            "timeout_s": timeout_s,
+            "idempotency_key": idempotency_key,
+            "unique_for_s": unique_for_s,
+            "retention_s": retention_s,
+            "depends_on": None if depends_on is None else list(depends_on),
+            "run_on_parent_failure": run_on_parent_failure,
+            "key": key,
+            "debounce_key": debounce_key,
+            "debounce_s": _seconds(debounce_s),
+            "debounce_max_s": _seconds(debounce_max_s),
+            "quotas": None if quotas is None else dict(quotas),
+            "start_by": start_by,
+            "start_within_s": _seconds(start_within_s),
+            "deadline": deadline,
+            "deadline_s": _seconds(deadline_s),
+        }
+        return await self._submit_checked(validate_spec(fields), session)
+
+    async def _submit_checked(self, spec: JobSpec, session: TxSession | None) -> Job:
         if (parent := spawning.get()) is not None:
             spec = replace(spec, spawned_by=parent)
         if session is not None:
