@@ -103,7 +103,7 @@ async def test_a_retrying_a_running_a_shared_and_a_sleeping_job_end_at_their_dea
 async def test_the_cli_submits_with_bounds_and_shows_them_and_a_bad_one_is_refused(
     cluster: Cluster, http: httpx.Client
 ) -> None:
-    cluster.api(BROOK_TASKS=TASKS)  # no dispatcher: the job waits, and its bound ends it
+    api = cluster.api(BROOK_TASKS=TASKS)  # no dispatcher: the job waits, and its bound ends it
     past = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
     out = cluster.cli("submit", "noop", "--start-by", past, "--deadline-s", "600")
     assert out.returncode == 0, out.stderr
@@ -118,9 +118,26 @@ async def test_the_cli_submits_with_bounds_and_shows_them_and_a_bad_one_is_refus
     assert early.returncode != 0
     assert "run_at is later than start_by: the job could never start" in early.stderr
     assert [j["id"] for j in http.get("/jobs").json()["jobs"]] == [job["id"]]  # none stored
+    [told] = api.events("job.submitted")  # its story names its bounds from the start
+    assert (told["start_by"], told["deadline"]) == (job["start_by"], job["deadline"])
     disp = cluster.dispatcher(**SLOW_SWEEP)
     ended = wait_terminal(http, job["id"])
     assert (ended["status"], ended["error"]["type"]) == ("cancelled", "StartByPassed")
     assert not started(disp, job["id"])
     shown = json.loads(cluster.cli("status", job["id"]).stdout)
     assert shown["error"]["type"] == "StartByPassed" and shown["start_by"] == job["start_by"]
+
+
+async def test_each_tick_of_a_schedule_with_bounds_makes_a_job_that_carries_them(
+    cluster: Cluster, http: httpx.Client
+) -> None:
+    cluster.api(BROOK_TASKS=TASKS)
+    disp = cluster.dispatcher(BROOK_TASKS=f"{TASKS},tests.tasks.scheduled_deadlines")
+    event = disp.wait_for_event(
+        "job.submitted", timeout=30, where=lambda e: e.get("schedule") == "tick-bounded"
+    )
+    job = http.get(f"/jobs/{event['job_id']}").json()
+    made = datetime.fromisoformat(job["created_at"])
+    assert datetime.fromisoformat(job["start_by"]) == made + timedelta(seconds=30)
+    assert datetime.fromisoformat(job["deadline"]) == made + timedelta(seconds=600)
+    assert (event["start_by"], event["deadline"]) == (job["start_by"], job["deadline"])
