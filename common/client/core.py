@@ -33,6 +33,7 @@ from brook.common.client.quotas import QuotaOperations, quota_errors, quota_name
 from brook.common.client.reruns import Reruns
 from brook.common.client.spawned import cancel_spawned, cancel_with_spawned
 from brook.common.client.task_directory import TaskDirectory
+from brook.common.domain.deadlines import logged_bounds
 from brook.common.domain.errors import (
     InvalidInput,
     JobConflict,
@@ -641,6 +642,7 @@ def log_submitted(submitted: Submitted) -> None:
         run_at=job.run_at.isoformat(),
         max_attempts=job.max_attempts,
         **_workflow(job),
+        **logged_bounds(job),
     )
 
 

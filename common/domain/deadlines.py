@@ -97,3 +97,9 @@ def bound_error(bound: Bound, at: datetime | None) -> dict[str, str]:
     if bound == "start_by_passed":
         return {"type": START_BY_PASSED, "message": f"not started by its start_by{when}"}
     return {"type": DEADLINE_EXCEEDED, "message": f"its deadline passed{when}"}
+
+
+def logged_bounds(job: Job) -> dict[str, str]:
+    """The job's own bounds, for a log line of its story (none: nothing)."""
+    given = {"start_by": job.start_by, "deadline": job.deadline}
+    return {name: at.isoformat() for name, at in given.items() if at is not None}

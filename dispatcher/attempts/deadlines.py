@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 from pymongo.errors import PyMongoError
 
-from brook.common.domain.deadlines import Bound, next_bound
+from brook.common.domain.deadlines import Bound, logged_bounds, next_bound
 from brook.common.domain.models import Job
 from brook.common.domain.status import JobStatus
 from brook.common.runtime.log_events import Event, job_fields, log_event
@@ -103,8 +103,7 @@ class DeadlineTimer:
         fields = job_fields(job) | {
             "error_type": error.get("type"),
             "error_message": error.get("message"),
-            "start_by": job.start_by.isoformat() if job.start_by else None,
-            "deadline": job.deadline.isoformat() if job.deadline else None,
+            **logged_bounds(job),
             "via": "deadline_timer",
         }
         if bound == "start_by_passed":

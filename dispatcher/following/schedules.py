@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from brook.common.client.dependents import recheck
+from brook.common.domain.deadlines import logged_bounds
 from brook.common.domain.models import JobSpec
 from brook.common.domain.schedules import Schedule, ScheduleState
 from brook.common.runtime.log_events import Event, job_fields, log_event
@@ -166,7 +167,13 @@ class ScheduleRunner:
             # Another dispatcher got there first: the usual case, and the point.
             log_event(Event.JOB_DEDUPLICATED, level="debug", **fields)
             return
-        log_event(Event.JOB_SUBMITTED, **fields, catch_up=catch_up, run_at=job.run_at.isoformat())
+        log_event(
+            Event.JOB_SUBMITTED,
+            **fields,
+            catch_up=catch_up,
+            run_at=job.run_at.isoformat(),
+            **logged_bounds(job),
+        )
         await persist("schedule.ticked", lambda: self.store.ticked(s.name, tick, job.id))
 
     async def _insert(self, spec: JobSpec) -> Submitted:
