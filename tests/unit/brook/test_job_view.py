@@ -66,6 +66,8 @@ def test_on_a_terminal_the_output_is_printed_above_the_bar_in_whole_lines_made_s
     view.update({"id": "j1", "task": "answer", "status": "running"})
     view.output("the answer")
     view.output(" is\x1b]0;pwned\x07 42\nand\tmore")
+    view._bar.refresh()  # type: ignore[attr-defined]  # drawn now, not at the next tick
+    assert "and\\x09more" in out.getvalue()  # the line being written, beside the bar
     view.update({"id": "j1", "task": "answer", "status": "completed"})
     view.close()
     screen = out.getvalue()
