@@ -126,18 +126,22 @@ def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
             with lock:
                 view.output(chunk_text(data))
 
+    deadline = time.monotonic() + timeout
+    output = OutputFollower(settings, job["id"], on_output, deadline=deadline).start()
+
     def on_event(kind: str, data: JsonObject) -> bool:
         nonlocal latest
         if kind == "job":
             latest = data
+            if str(data["status"]) in TERMINAL:
+                output.finish(OUTPUT_END_WAIT_S)  # its last chunks, shown before its end
             with lock:
                 view.update(data)
         return str(latest["status"]) in TERMINAL
 
-    deadline = time.monotonic() + timeout
-    output = OutputFollower(settings, job["id"], on_output, deadline=deadline).start()
     try:
-        view.update(job)
+        with lock:
+            view.update(job)
         done = follow(
             settings,
             f"/jobs/{job['id']}/events",
@@ -145,8 +149,6 @@ def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
             params={"include": "result"},  # events leave it out unless asked for
             deadline=deadline,
         )
-        if done:
-            output.finish(OUTPUT_END_WAIT_S)  # its last chunks, shown before the result
     except StreamFailed as exc:
         die(str(exc))
     finally:
