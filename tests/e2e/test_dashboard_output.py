@@ -39,7 +39,7 @@ def test_the_job_page_shows_a_running_jobs_output_live_and_a_finished_ones(
     browser.get(f"{cluster.api_url}/#/jobs/{job_id}")
     # Attempt 1 emitted five chunks and holds on: they are on the page while it runs.
     wait_for(browser, lambda d: raw_text(d, "#job-output pre") == [ATTEMPT_1], timeout=30)
-    assert text(browser, "#job-status") == "running"
+    wait_for(browser, lambda d: text(d, "#job-status") == "running")  # its own stream
     assert "5 chunks, live" in text(browser, "#job-output-state")
     browser.execute_script("window.notReloaded = true")
     screenshot(browser, "job-output-live.png")
