@@ -32,6 +32,7 @@ then the stream is followed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import socket
@@ -41,7 +42,7 @@ from datetime import datetime
 from typing import Any
 
 from brook.common.domain.deadlines import Defaults
-from brook.common.domain.models import Job
+from brook.common.domain.models import Job, UnreadableJob
 from brook.common.domain.schedules import Schedule
 from brook.common.domain.triggers import Trigger
 from brook.common.protocol.runner import (
@@ -361,4 +362,5 @@ class Dispatcher:
         waits for it if it comes sooner."""
         bounds = self.wiring.bounds
         if "start_by" in inserted or "deadline" in inserted or inserted.get("task") in bounds:
-            self.deadlines.heard(Job.from_doc({"status": "pending", **inserted, "_id": job_id}))
+            with contextlib.suppress(UnreadableJob):  # the timer's own look finds it, or not
+                self.deadlines.heard(Job.from_doc({"status": "pending", **inserted, "_id": job_id}))

@@ -147,3 +147,11 @@ async def test_a_holder_ends_the_jobs_it_holds_past_a_bound_fenced(
         "message": f"its deadline passed, {past.isoformat(timespec='milliseconds')[:-6]}Z",
     }
     assert stopped.deadline == past
+
+
+async def test_a_job_written_by_hand_with_no_date_of_submit_is_no_bound(store: JobStore) -> None:
+    await store.ensure_indexes()
+    odd = {"_id": "odd", "task": "slow", "status": "pending", "run_at": datetime.now(UTC)}
+    await store.jobs.insert_one({**odd, "created_at": "yesterday"})
+    assert await store.next_bound(BY_TASK) is None
+    assert await store.past_bounds(BY_TASK, datetime.now(UTC)) == []

@@ -42,7 +42,7 @@ class JobDeadlines(JobsCollection):
             doc = await self.jobs.find_one(
                 read.filter, {read.sort: 1}, sort=[(read.sort, 1)], hint=read.index
             )
-            if doc is None:
+            if doc is None or not isinstance(doc.get(read.sort), datetime):
                 continue
             at = doc[read.sort] + timedelta(seconds=read.offset_s)
             earliest = at if earliest is None else min(earliest, at)

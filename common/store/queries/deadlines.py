@@ -201,14 +201,14 @@ def bound_reads(defaults: Defaults, now: datetime | None = None) -> list[BoundRe
             seconds = getattr(d, option)
             if seconds is None:
                 continue
-            made: dict[str, Any] = {}
+            made: dict[str, Any] = {"$type": "date"}
             if now is not None:
                 made["$lte"] = now - timedelta(seconds=seconds)
             query = {"status": ACTIVE_UNCLAIMED, "task": task, field: None, **unstarted}
             reads.append(
                 BoundRead(
                     bound=bound,
-                    filter={**query, **({"created_at": made} if made else {})},
+                    filter={**query, "created_at": made},
                     sort="created_at",
                     index="bound_by_age",
                     offset_s=seconds,
