@@ -225,6 +225,32 @@ async def test_reported_usage_frees_units_a_waiting_job_uses_and_an_overdraft_ho
     assert (doc_d["started_at"] - doc_c["started_at"]).total_seconds() >= 10
     ledger = http.get("/quotas/tokens").json()["totals"]["days"][0]
     assert ledger["units"] == 100 + 800 + 1500 + 1 and ledger["requests"] == 4
+    metrics = http.get("/metrics").text
+    assert 'brook_quota_units_total{quota="tokens"} 2401.0' in metrics
+
+
+async def test_usage_reported_inside_a_step_is_not_charged_again_when_the_step_replays(
+    cluster: Cluster, http: httpx.Client, store: JobStore
+) -> None:
+    cluster.api(BROOK_TASKS=TASKS)
+    put = http.put("/quotas/steps", json={"units": {"limit": 10000, "per_seconds": 60}})
+    assert put.status_code == 200, put.text
+    cluster.dispatcher(BROOK_TASKS=TASKS)
+    job = post(
+        http,
+        {
+            "task": "quota_step_usage",
+            "payload": {"quota": "steps", "used": 700},
+            "quotas": {"steps": 200},
+        },
+    )
+    await wait_all_terminal(store, 1, timeout=60)
+    doc = await job_doc(store, job)
+    assert doc["status"] == "completed" and doc["attempts"] == 2
+    # Attempt 1: 200 charged, corrected to 700. Attempt 2: 200 charged, the step replayed
+    # (its usage not reported again, so not corrected again).
+    ledger = http.get("/quotas/steps").json()["totals"]["days"][0]
+    assert ledger["units"] == 700 + 200 and ledger["requests"] == 2
 
 
 async def test_rate_limited_closes_the_quota_for_every_dispatcher_and_keeps_the_jobs_budget(
