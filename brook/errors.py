@@ -25,6 +25,7 @@ from brook.common.domain.errors import (
     SignalTimeout,
     StepError,
     TriggerNotFound,
+    UnknownParent,
     UnknownTask,
     WaitTimeout,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "SignalTimeout",
     "StepError",
     "TriggerNotFound",
+    "UnknownParent",
     "UnknownTask",
     "WaitTimeout",
 ]
