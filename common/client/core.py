@@ -39,13 +39,14 @@ from brook.common.domain.errors import (
     JobConflict,
     JobNotFound,
     StepError,
+    UnknownParent,
     WaitTimeout,
 )
 from brook.common.domain.models import DEFAULT_QUEUE, Doc, Job, JobSpec
 from brook.common.domain.queues import validate_queue_update
 from brook.common.domain.status import TERMINAL, JobStatus
 from brook.common.domain.steps import check_signal_key, check_signal_payload
-from brook.common.domain.validation import validate_batch, validate_spec
+from brook.common.domain.validation import check_document, validate_batch, validate_spec
 from brook.common.domain.workflows import external_parents, unknown_parents_detail
 from brook.common.runtime import tracing
 from brook.common.runtime.backoff import Backoff
@@ -351,6 +352,10 @@ class ClientCore(QuotaOperations, Submitting, BulkOperations, Reruns, OutputRead
 
     # -- submit ------------------------------------------------------------------------------
 
+    async def known_tasks(self) -> frozenset[str]:
+        """The task names a submit may use now (the API's document lists them)."""
+        return await self._directory.known()
+
     async def submit_spec(self, spec: JobSpec) -> Submitted:
         """A validated spec: check its task (and parents), insert it, log it."""
         if spec.depends_on:
@@ -376,7 +381,7 @@ class ClientCore(QuotaOperations, Submitting, BulkOperations, Reruns, OutputRead
         await self._check_quotas(specs, batch=batch)
         missing = await self._store.missing_jobs(external_parents(specs))
         if missing:
-            raise InvalidInput(unknown_parents_detail(specs, missing, batch=batch))
+            raise UnknownParent(unknown_parents_detail(specs, missing, batch=batch))
         await self._ensure_indexes()
         with _submit_span(specs) as current:
             out = await self._store.submit_many(_stamped(specs))
@@ -504,8 +509,9 @@ class ClientCore(QuotaOperations, Submitting, BulkOperations, Reruns, OutputRead
         within the retention gets it at once. `InvalidInput` for a bad key or payload."""
         try:
             check_signal_key(key)
+            check_document(payload)  # as a job's payload: no `$` key, no NUL, 64-bit ints
             check_signal_payload(payload)
-        except StepError as exc:
+        except (StepError, ValueError) as exc:
             raise InvalidInput(str(exc)) from None
         await self._ensure_indexes()  # the jobs waiting on a key are found by index
         await self._signals.put(key, payload, self.signal_retention_s)

@@ -146,6 +146,7 @@ def _optional_fields(
             fields[name] = at(within * 1000)
     if spec.debounce_key is not None and spec.debounce_s is not None:
         fields["debounce_key"] = value(spec.debounce_key)
+        fields["debounce_open"] = True  # joinable until claimed (`claimed_fields`)
         longest = spec.debounce_max_s or spec.debounce_s * DEBOUNCE_MAX_FACTOR
         fields["debounce_until"] = at(longest * 1000)
     return fields
@@ -182,6 +183,9 @@ def claimed_fields(owner: str, lease_seconds: float) -> dict[str, Any]:
         **history({"status": R, "at": NOW, "attempt": attempt, "owner": lit(owner)}),
         "progress": None,  # a new attempt starts from nothing
         "waiting_for": "$$REMOVE",  # a sleep or a signal wait is over: it runs again
+        # A debounced job ran (or runs) with the payload it had: its key's next submit
+        # starts a new job, and this one, back to pending for a retry, holds no key.
+        "debounce_open": "$$REMOVE",
         "woken_at": "$$REMOVE",
         # A per-key slot is taken by the claims that name one (`QueueLimits.slots_on_jobs`);
         # any other claim drops what an earlier attempt held.
@@ -304,6 +308,7 @@ def retried_fields(waiting_on: Sequence[str]) -> dict[str, Any]:
         "cancel_requested": False,
         "cancel_error": "$$REMOVE",
         "spawn_cancel": "$$REMOVE",
+        "debounce_open": "$$REMOVE",  # a retried job is not joined (its key may be taken)
         **history({"status": status, "at": NOW, "attempt": "$attempts", "reason": "retry"}),
     }
 

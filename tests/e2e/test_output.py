@@ -206,9 +206,12 @@ def test_a_position_never_issued_is_refused_and_an_unknown_job_is_not_found(
     cluster.dispatcher(**OUTPUT)
     job_id = http.post("/jobs", json={"task": "emit_tokens", "payload": {"n": 3}}).json()["id"]
     read_output(cluster.api_url, job_id)  # to its end
-    for bad in ("1-9", "2-3", "abc", "1-2\\n", "-1-0"):
+    for bad in ("abc", "1-2\\n", "-1-0"):  # not a position
         resp = http.get(f"/jobs/{job_id}/output", headers={"Last-Event-ID": bad})
         assert resp.status_code == 400, (bad, resp.text)
+    for never in ("1-9", "2-3"):  # a position, but none this job's output had
+        resp = http.get(f"/jobs/{job_id}/output", headers={"Last-Event-ID": never})
+        assert resp.status_code == 409, (never, resp.text)
     assert http.get("/jobs/nope/output").status_code == 404
     assert http.get(f"/jobs/{job_id}/output", params={"attempt": "-1"}).status_code == 422
     # The last position resumes to the end at once.

@@ -161,7 +161,13 @@ INDEXES = [
         [("debounce_key", ASCENDING)],
         name="debounce_pending",
         unique=True,
-        partialFilterExpression={"status": P, "debounce_key": {"$type": "string"}},
+        # Only a job its key's submits may still join: one claimed (then retried or handed
+        # back to pending) holds its key no more.
+        partialFilterExpression={
+            "status": P,
+            "debounce_key": {"$type": "string"},
+            "debounce_open": True,
+        },
     ),
     # Spawned jobs (`ctx.submit`), by the job that spawned them, newest first: a cancel goes
     # down the tree by it, and `GET /jobs?spawned_by=` lists them. Jobs no task spawned
