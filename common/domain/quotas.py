@@ -129,6 +129,28 @@ def has_limit(fields: Mapping[str, Any]) -> bool:
 NO_LIMIT = "a quota needs at least one of units, requests or concurrency"
 
 
+def job_quotas_schema(schema: dict[str, Any]) -> None:
+    """A job's `quotas` in the API's document: what `check_job_quotas` takes, or null."""
+    description = schema.get("description")
+    schema.clear()
+    schema.update(
+        anyOf=[
+            {
+                "type": "object",
+                "maxProperties": MAX_QUOTAS_PER_JOB,
+                "propertyNames": {"pattern": QUOTA_NAME},
+                "additionalProperties": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": MAX_QUOTA_LIMIT,
+                },
+            },
+            {"type": "null"},
+        ],
+        description=description,
+    )
+
+
 def check_job_quotas(value: object) -> dict[str, int]:
     """A job's `quotas`: `{name: cost in units}`, each name a quota name, each cost a whole
     number of at least 0. Raises `ValueError` (the spec's validator reports it)."""
@@ -140,6 +162,8 @@ def check_job_quotas(value: object) -> dict[str, int]:
     for name, cost in value.items():
         if not isinstance(name, str) or not _QUOTA_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not a quota name (pattern {QUOTA_NAME})")
+        if isinstance(cost, float) and cost.is_integer():
+            cost = int(cost)  # JSON Schema's integer: 4.0 is one
         if isinstance(cost, bool) or not isinstance(cost, int):
             raise ValueError(f"the cost of {name!r} must be a whole number of units")
         if cost < 0:

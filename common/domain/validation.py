@@ -28,7 +28,7 @@ from brook.common.domain.errors import ErrorDetail, InvalidInput
 from brook.common.domain.instants import IsoDateTime
 from brook.common.domain.models import DEFAULT_QUEUE, QUEUE_NAME, JobSpec, whole_ms
 from brook.common.domain.numbers import WHOLE
-from brook.common.domain.quotas import check_job_quotas
+from brook.common.domain.quotas import check_job_quotas, job_quotas_schema
 from brook.common.domain.schedules import TICK_KEY_PREFIX
 from brook.common.domain.triggers import TRIGGER_KEY_PREFIX
 from brook.common.domain.workflows import MAX_PARENTS, check_graph
@@ -194,6 +194,7 @@ class SubmitJob(BaseModel):
     )
     quotas: dict[str, Any] | None = Field(
         default=None,
+        json_schema_extra=job_quotas_schema,
         description="the quotas it draws on, each with its cost in units (an estimate)",
     )
     start_by: datetime | None = Field(

@@ -15,7 +15,7 @@ ahead behind long tasks would wait where another dispatcher could run it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
 from pymongo.errors import PyMongoError
@@ -25,9 +25,10 @@ from brook.common.runtime.log_events import Event, log_event
 from brook.common.runtime.metrics import CLAIMS
 from brook.common.runtime.supervision import spawn_logged
 from brook.dispatcher.claiming.due_timer import DueTimer
+from brook.dispatcher.claiming.holdings import Holdings
 from brook.dispatcher.claiming.limits import Limits
 from brook.dispatcher.claiming.policies import Admission, AdmitAll, KeyOnly, Take
-from brook.dispatcher.claiming.room import Room, Target, TargetTurns
+from brook.dispatcher.claiming.room import Room, Scope, Target, TargetTurns
 from brook.dispatcher.claiming.task_scope import scoped
 from brook.dispatcher.wiring import Wiring
 
@@ -47,6 +48,29 @@ def merged(parts: list[list[bool | None]]) -> list[bool | None]:
     if len(parts) > 1 and any(None not in got for got in parts):
         parts = [got for got in parts if None not in got]
     return [g for got in parts for g in got]
+
+
+async def claim_parts(
+    parts: list[tuple[Scope, int]],
+    hurry: bool,
+    claim: Callable[[int], Awaitable[list[bool | None]]],
+) -> tuple[list[bool | None], bool]:
+    """Claim for each part with room (scoped to its tasks; one job when in a `hurry`): the
+    claims merged, and whether some part had no room (so was not looked at: a target found
+    dry then is dry only in the parts that had room)."""
+    got: list[list[bool | None]] = []
+    for tasks, room in parts:
+        if room > 0:
+            with scoped(tasks):
+                got.append(await claim(1 if hurry else room))
+    return merged(got), any(room <= 0 for _, room in parts)
+
+
+def is_new_key(limits: Limits, holdings: Holdings, queue: str | None, key: str | None) -> bool:
+    """A due job of a keyed queue whose key has nothing claimed or running here: its key's
+    turn comes first (new keys go first), so it is claimed at once, alone, as a job that
+    outranks the buffer is, not after the claim in flight."""
+    return queue is not None and limits.keyed(queue) and not holdings.holds_key(queue, key)
 
 
 class Claimer:
@@ -155,7 +179,7 @@ class Claimer:
         if run_at is not None and run_at.timestamp() > self.clock.now() + 0.002:
             self.timer.at(run_at.timestamp())
             return
-        new_key = self._new_key(queue, key)
+        new_key = is_new_key(self.limits, self.holdings, queue, key)
         new = new_key or self._new_target(queue)
         if new or (priority is not None and self.holdings.outranks(priority)):
             only = (key,) if new_key else None
@@ -165,16 +189,6 @@ class Claimer:
                 self._jump = spawn_logged(self._claim_urgent(target, only), "urgent-claim")
         self._news += 1
         self.signal(queue, vague=False)
-
-    def _new_key(self, queue: str | None, key: str | None) -> bool:
-        """A due job of a keyed queue whose key has nothing claimed or running here: its key's
-        turn comes first (new keys go first), so it is claimed at once, alone, as a job that
-        outranks the buffer is, not after the claim in flight."""
-        return (
-            queue is not None
-            and self.limits.keyed(queue)
-            and not self.holdings.holds_key(queue, key)
-        )
 
     def _new_target(self, queue: str | None) -> bool:
         """A due job of a target (a queue claimed on its own, or the queues without limits
@@ -313,19 +327,11 @@ class Claimer:
 
     async def _claim_parts(self, target: Target, hurry: bool, only: KeyOnly) -> list[bool | None]:
         """Claim in `target` for each part of its room (`Room.parts`), within its room."""
-        parts: list[list[bool | None]] = []
-        skipped = False
-        for tasks, room in self.room.parts(target, hurry):
-            if room > 0:
-                with scoped(tasks):
-                    parts.append(await self._claim_for(target, 1 if hurry else room, only))
-            else:
-                skipped = True
-        if skipped and parts:
-            self._partly_dry.add(target)
-        else:
-            self._partly_dry.discard(target)
-        return merged(parts)
+        got, skipped = await claim_parts(
+            self.room.parts(target, hurry), hurry, lambda n: self._claim_for(target, n, only)
+        )
+        (self._partly_dry.add if skipped and got else self._partly_dry.discard)(target)
+        return got
 
     async def _claim_for(
         self, target: Target, room: int, only: KeyOnly = None

@@ -13,7 +13,7 @@ from brook.common.domain.instants import Instant
 from brook.common.domain.models import QUEUE_NAME, JobSpec
 from brook.common.domain.reruns import RerunBody, validate_rerun
 from brook.common.domain.status import JobStatus
-from brook.common.domain.validation import MAX_BATCH, spec_schema
+from brook.common.domain.validation import MAX_BATCH, PAYLOAD_DEFS, PAYLOAD_OBJECT, spec_schema
 from brook.ingest.deps import Core, Store, batch_body, json_body, submit_body
 from brook.ingest.encoding import job_response, json_response
 from brook.ingest.fields import INCLUDABLE, INCLUDE_PATTERN, parse_include
@@ -270,10 +270,21 @@ async def retry(job_id: str, core: Core) -> JSONResponse:
         raise HTTPException(409, str(exc)) from None
 
 
+def _rerun_schema() -> dict[str, Any]:
+    """`RerunBody`'s schema with a payload's rules (as `POST /jobs` states them)."""
+    schema = RerunBody.model_json_schema()
+    schema["properties"]["payload"] = {
+        "anyOf": [PAYLOAD_OBJECT, {"type": "null"}],
+        "description": schema["properties"]["payload"].get("description", ""),
+    }
+    schema.setdefault("$defs", {}).update(PAYLOAD_DEFS)
+    return schema
+
+
 _RERUN_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "content": {"application/json": {"schema": RerunBody.model_json_schema()}},
+        "content": {"application/json": {"schema": _rerun_schema()}},
     }
 }
 

@@ -8,14 +8,14 @@ from fastapi import APIRouter, Depends, HTTPException, Path
 from fastapi.responses import JSONResponse
 
 from brook.common.domain.errors import QuotaNotFound
-from brook.common.domain.quotas import QuotaUpdate
+from brook.common.domain.quotas import QUOTA_NAME, QuotaUpdate
 from brook.ingest.deps import Core, json_body
 from brook.ingest.encoding import json_response
 
 router = APIRouter(tags=["quotas"])
 
 # Any name reaches the validator, so a bad one gets the same `422` as from the client.
-Name = Annotated[str, Path(description="the quota's name", max_length=200)]
+Name = Annotated[str, Path(description="the quota's name", pattern=QUOTA_NAME)]
 _SET_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,

@@ -31,6 +31,7 @@ from brook.common.domain.validation import SubmitJob
 from brook.common.runtime.settings import load_settings, parse_queues
 from brook.ingest.fields import parse_include
 from brook.ingest.routes.jobs import list_jobs
+from brook.ingest.routes.quotas import get_quota
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("brook", "common", "ingest", "dispatcher", "executor")
@@ -102,6 +103,11 @@ def _route_query(value: str) -> str:
     return str(TypeAdapter(queue).validate_python(value))
 
 
+def _quota_path(value: str) -> str:
+    name = get_type_hints(get_quota, include_extras=True)["name"]
+    return str(TypeAdapter(name).validate_python(value))
+
+
 def _position(value: str) -> str:
     found = parse_position(value)
     if found is None:
@@ -159,6 +165,7 @@ CHECKS: dict[Site, tuple[Callable[[str], object], str]] = {
     ("ingest/routes/jobs.py", "QUEUE_NAME"): (_route_query, "emails"),
     ("common/domain/output.py", "_POSITION"): (_position, "2-17"),
     ("common/domain/quotas.py", "_QUOTA_NAME"): (check_quota_name, "openai:gpt-4o"),
+    ("ingest/routes/quotas.py", "QUOTA_NAME"): (_quota_path, "openai:gpt-4o"),
     ("ingest/fields.py", "_INCLUDE"): (_include, "payload, result"),
 }
 NEWLINE_ALLOWED = {("common/domain/triggers.py", "COLLECTION")}
