@@ -28,6 +28,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from brook.common.domain.instants import years_up_to
+from brook.common.domain.quotas import QUOTA_NAMES_MARK
 from brook.common.domain.validation import (
     MAX_HORIZON_S,
     RETENTION_MARK,
@@ -200,19 +201,27 @@ def install_openapi(app: FastAPI, *, bearer: bool) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def served(schema: dict[str, Any], tasks: Iterable[str], retention_max_s: float) -> dict[str, Any]:
+def served(
+    schema: dict[str, Any],
+    tasks: Iterable[str],
+    retention_max_s: float,
+    quotas: Iterable[str] = (),
+) -> dict[str, Any]:
     """A copy of the document as this API serves it now: its job specs name the tasks a
     submit may use (the API's own and the live dispatchers'; any other is a `422`),
     `retention_s` its operator's maximum (`BROOK_RETENTION_MAX_SECONDS`) and `run_at` the
     latest year it may name (JSON Schema has no bound on a time: the rest of that year
-    past 365 days ahead is said in its description only)."""
+    past 365 days ahead is said in its description only); a job's `quotas` name the quotas
+    set now (`quotas`)."""
     names = sorted(tasks)
+    quota_names = sorted(quotas)
 
     def walk(node: Any) -> Any:
         if isinstance(node, dict):
             out = {key: walk(value) for key, value in node.items()}
             if out.pop(TASK_MARK, False):
                 out["enum"] = names
+            _name_quotas(out, quota_names)
             if out.pop(RUN_AT_MARK, False):
                 latest = datetime.now(UTC) + timedelta(seconds=MAX_HORIZON_S)
                 for branch in out.get("anyOf", [out]):
@@ -231,6 +240,15 @@ def served(schema: dict[str, Any], tasks: Iterable[str], retention_max_s: float)
 
     result: dict[str, Any] = walk(schema)
     return result
+
+
+def _name_quotas(node: dict[str, Any], names: list[str]) -> None:
+    keys = node.get("propertyNames")
+    if isinstance(keys, dict) and keys.pop(QUOTA_NAMES_MARK, False):
+        if names:
+            keys["enum"] = names
+        else:
+            node["maxProperties"] = 0  # no quota set: a job can name none
 
 
 def without_null_parameters(schema: dict[str, Any]) -> dict[str, Any]:

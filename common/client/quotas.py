@@ -93,6 +93,10 @@ class QuotaOperations:
             raise QuotaNotFound(name)
         return quota.to_api(await self._quota_store.ledger.totals(name))
 
+    async def quota_list(self) -> list[dict[str, Any]]:
+        """Every quota's limits and state, without the ledger's counts."""
+        return [q.to_api() for q in await self._quota_store.all()]
+
     async def quotas(self) -> list[dict[str, Any]]:
         """Every quota, as `GET /quotas` lists them: with what its ledger counted `today`."""
         today = await self._quota_store.ledger.today()

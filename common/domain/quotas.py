@@ -66,11 +66,20 @@ class WindowSpec(BaseModel):
     )
 
 
+def _names_a_limit(schema: dict[str, Any]) -> None:
+    # What the document can say of "a quota keeps at least one limit" without the quota:
+    # a body sets one (a `null` beside it clears another; alone, only while another is set).
+    schema["anyOf"] = [
+        {"required": [f], "properties": {f: {"type": kind}}}
+        for f, kind in (("units", "object"), ("requests", "object"), ("concurrency", "integer"))
+    ]
+
+
 class QuotaUpdate(BaseModel):
     """The body of `PUT /quotas/{name}`: each field given replaces that limit (`null` clears
     it); a field left out keeps its value. A quota must end with at least one."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_names_a_limit)
 
     units: WindowSpec | None = Field(
         default=None, description="weighted starts (each job's cost) per window; null: none"
@@ -129,6 +138,11 @@ def has_limit(fields: Mapping[str, Any]) -> bool:
 NO_LIMIT = "a quota needs at least one of units, requests or concurrency"
 
 
+# Marks the names of a job's quotas in the API's document: served, they are the quotas set
+# now (a job naming another is a `422`: a typo must not mean "no limit").
+QUOTA_NAMES_MARK = "x-brook-quota-names"
+
+
 def job_quotas_schema(schema: dict[str, Any]) -> None:
     """A job's `quotas` in the API's document: what `check_job_quotas` takes, or null."""
     description = schema.get("description")
@@ -138,7 +152,7 @@ def job_quotas_schema(schema: dict[str, Any]) -> None:
             {
                 "type": "object",
                 "maxProperties": MAX_QUOTAS_PER_JOB,
-                "propertyNames": {"pattern": QUOTA_NAME},
+                "propertyNames": {"pattern": QUOTA_NAME, QUOTA_NAMES_MARK: True},
                 "additionalProperties": {
                     "type": "integer",
                     "minimum": 0,

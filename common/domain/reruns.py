@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from brook.common.domain.errors import InvalidInput
+from brook.common.domain.errors import InvalidInput, JobConflict
 from brook.common.domain.status import TERMINAL, JobStatus
 from brook.common.domain.validation import check_document, pydantic_detail
 
@@ -74,10 +74,10 @@ def steps_before(
 ) -> list[Mapping[str, Any]]:
     """The recorded steps a rerun from `from_step` carries: those recorded before it, in
     order; from `failed_in`, the step the job failed in (never recorded), all of them.
-    `InvalidInput` for a job that has not finished, one without steps, or a step it did
-    not record (the message lists the ones it did)."""
+    `JobConflict` (the API's 409) for a job that has not finished; `InvalidInput` for one
+    without steps, or a step it did not record (the message lists the ones it did)."""
     if JobStatus(status) not in TERMINAL:
-        raise InvalidInput(
+        raise JobConflict(
             f"job {job_id} is {status}: only a finished job (completed, failed or cancelled) "
             "can be rerun"
         )

@@ -305,9 +305,6 @@ class SubmitJob(BaseModel):
         given = [name for name, value in others.items() if value is not None]
         if given:
             raise ValueError(f"a debounced job takes no {given[0]}")
-        longest, quiet = self.debounce_max_s, self.debounce_s
-        if longest is not None and quiet is not None and longest < quiet:
-            raise ValueError("debounce_max_s must be at least debounce_s")
 
     def to_spec(self) -> JobSpec:
         return JobSpec(

@@ -71,9 +71,10 @@ async def openapi(request: Request, state: State) -> JSONResponse:
     schema: dict[str, Any] = request.app.openapi()
     try:
         tasks = await state.core.known_tasks()
+        quotas = [q["name"] for q in await state.core.quota_list()]
     except PyMongoError:
-        tasks = state.known_tasks
-    return JSONResponse(served(schema, tasks, state.settings.retention_max_seconds))
+        tasks, quotas = state.known_tasks, []
+    return JSONResponse(served(schema, tasks, state.settings.retention_max_seconds, quotas))
 
 
 def _page(title: str, head: str, body: str) -> HTMLResponse:

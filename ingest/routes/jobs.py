@@ -295,11 +295,9 @@ _RERUN_OPENAPI: dict[str, Any] = {
     openapi_extra=_RERUN_OPENAPI,
     responses={
         404: _ERRORS[404],
+        409: {"description": "a job that has not finished; nothing made"},
         413: {"description": "body over the limit"},
-        422: {
-            "description": "a job that has not finished, one without steps, an unknown step "
-            "or a bad payload; nothing made"
-        },
+        422: {"description": "a job without steps, an unknown step or a bad payload; nothing made"},
     },
 )
 async def rerun(
@@ -309,10 +307,13 @@ async def rerun(
     body `{"from_step": "name", "payload": {...}?}`. `202` with a new job of the same task,
     queue, key and payload (or `payload`), which carries the steps recorded before
     `from_step`, with their output, and runs the rest; its `rerun_of` names the job, whose
-    `reruns` names it. The idempotency key is not copied. `404` for an unknown job."""
+    `reruns` names it. The idempotency key is not copied. `404` for an unknown job, `409`
+    for one that has not finished."""
     wanted = validate_rerun(body)
     try:
         job = await core.rerun(job_id, wanted.from_step, payload=wanted.payload)
     except JobNotFound:
         raise HTTPException(404, f"no job {job_id}") from None
+    except JobConflict as exc:
+        raise HTTPException(409, str(exc)) from None
     return job_response(job, 202, {"Location": f"/jobs/{job.id}"})

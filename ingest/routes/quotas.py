@@ -14,7 +14,7 @@ from brook.ingest.encoding import json_response
 
 router = APIRouter(tags=["quotas"])
 
-# Any name reaches the validator, so a bad one gets the same `422` as from the client.
+# The name's pattern is in the document: another gets FastAPI's `422` before the route runs.
 Name = Annotated[str, Path(description="the quota's name", pattern=QUOTA_NAME)]
 _SET_OPENAPI: dict[str, Any] = {
     "requestBody": {

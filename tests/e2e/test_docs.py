@@ -35,6 +35,11 @@ from tests.support.docblocks import (
     saved_files,
 )
 
+# Every block on one worker, in the order pytest collects them (console blocks, then Python
+# sessions), against one cluster, as a reader runs them: a guide's later block may use what an
+# earlier one set (a quota, a queue's limits), which a cluster on another worker would lack.
+pytestmark = pytest.mark.xdist_group("docs")
+
 DOCS_API = "localhost:8000"
 MARK = "@@docs-command-{}@@"
 MARK_RE = re.compile(r"@@docs-command-(\d+)@@\n")  # curl ends without a newline

@@ -117,7 +117,9 @@ def test_what_may_not_be_rerun_gets_a_clear_422_and_nothing_is_made(
     plain = finished(http, http.post("/jobs", json={"task": "noop"}).json()["id"])
     assert "recorded no steps" in refused(plain["id"], {"from_step": "step-1"})
     later = http.post("/jobs", json={"task": "paid_steps", "delay": 3600}).json()
-    assert "is pending: only a finished job" in refused(later["id"], {"from_step": "step-1"})
+    pending = http.post(f"/jobs/{later['id']}/rerun", json={"from_step": "step-1"})
+    assert pending.status_code == 409, pending.text  # its state, not the request, is wrong
+    assert "is pending: only a finished job" in pending.json()["detail"]
     assert "from_step" in refused(source["id"], {})
     assert "starts with '$'" in refused(source["id"], {"from_step": "step-1", "payload": {"$x": 1}})
     assert "extra_forbidden" in refused(source["id"], {"from_step": "step-1", "extra": 1})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from brook.common.domain.errors import InvalidInput, JobNotFound
+from brook.common.domain.errors import InvalidInput, JobConflict, JobNotFound
 from brook.common.domain.models import JobSpec
 from brook.common.domain.output import Chunk
 from brook.common.domain.reruns import Rerun
@@ -98,7 +98,7 @@ async def test_a_rerun_is_refused_for_a_job_not_finished_without_steps_or_an_unk
     ):
         await store.rerun(source, Rerun(from_step="five"))
     plain = (await store.submit(JobSpec(task="noop", payload={}))).job.id
-    with pytest.raises(InvalidInput, match="is pending: only a finished job"):
+    with pytest.raises(JobConflict, match="is pending: only a finished job"):
         await store.rerun(plain, Rerun(from_step="one"))
     await store.cancel(plain)
     with pytest.raises(InvalidInput, match="recorded no steps"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from bson import ObjectId
 from pymongo.asynchronous.client_session import AsyncClientSession
 
-from brook.common.domain.errors import InvalidInput, JobNotFound
+from brook.common.domain.errors import JobConflict, JobNotFound
 from brook.common.domain.models import Job
 from brook.common.domain.reruns import Rerun, steps_before
 from brook.common.store import queries
@@ -27,8 +27,9 @@ class JobReruns(JobsCollection):
         it. One transaction (majority-committed) inserts it with the carried steps, copies
         their output chunks to it and links the source to it, so no dispatcher sees it
         before its carried output is there, and a failure leaves nothing. `JobNotFound`
-        for an unknown job; `InvalidInput` (the API's 422) for a job that has not
-        finished (or was retried meanwhile), one without steps, or an unknown step. The step
+        for an unknown job; `JobConflict` (the API's 409) for a job that has not
+        finished (or was retried meanwhile); `InvalidInput` (422) for one without steps, or
+        an unknown step. The step
         the job failed in (`error.step`, never recorded) is known: a rerun from it carries
         every recorded step."""
         source = await self.jobs.find_one({"_id": source_id})
@@ -61,7 +62,7 @@ class JobReruns(JobsCollection):
             try:
                 await session.with_transaction(make)
             except _SourceChanged:
-                raise InvalidInput(
+                raise JobConflict(
                     f"job {source_id} changed while it was being rerun (retried, or deleted): "
                     "only a finished job can be rerun"
                 ) from None
