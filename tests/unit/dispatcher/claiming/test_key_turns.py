@@ -124,11 +124,12 @@ def test_a_debounced_spec_needs_its_key_and_quiet_time_and_takes_no_schedule_of_
         {"task": "noop", "debounce_key": "doc-7", "debounce_s": 2, "debounce_max_s": 5}
     )
     assert (spec.debounce_key, spec.debounce_s, spec.debounce_max_s) == ("doc-7", 2, 5)
+    short = {"task": "noop", "debounce_key": "doc-7", "debounce_s": 2, "debounce_max_s": 1}
+    assert validate_spec(short).debounce_max_s == 1  # below the quiet time: it is the wait
     for bad in (
         {"debounce_key": "doc-7"},
         {"debounce_s": 2},
         {"debounce_max_s": 3},
-        {"debounce_key": "doc-7", "debounce_s": 2, "debounce_max_s": 1},
         {"debounce_key": "doc-7", "debounce_s": 0},
         {"debounce_key": "doc-7", "debounce_s": 2, "idempotency_key": "k"},
         {"debounce_key": "doc-7", "debounce_s": 2, "delay": 1},
