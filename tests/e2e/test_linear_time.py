@@ -23,6 +23,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from brook.ingest.connection_guard import MAX_HEAD_BYTES
 from tests.e2e.conftest import JSON, Cluster
 
 pytestmark = [pytest.mark.xdist_group("linear-time"), pytest.mark.timeout(300)]
@@ -328,3 +329,28 @@ def test_no_header_or_query_string_costs_the_api_more_than_linear_cpu_time(
         conn.close()
     steep = {name: ratio for name, ratio in ratios.items() if ratio >= MOST}
     assert not steep, f"CPU time of a 4x input over the smaller one: {steep}, of {ratios}"
+
+
+def test_a_request_head_over_64_kib_is_refused_whether_sent_at_once_or_in_pieces(
+    cluster: Cluster,
+) -> None:
+    cluster.api()
+    head = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Filler: "
+    under = f"{head}{_filler(MAX_HEAD_BYTES - 100)}\r\n\r\n".encode()
+    conn = Pipelined(cluster.port)
+    assert conn.send(under, 2) == [200, 200]
+    conn.close()
+    # Never finished: the answer comes once the head is past the limit. Nothing is sent
+    # after it (unread bytes would make the close a reset, which can lose the answer).
+    over = (head + _filler(MAX_HEAD_BYTES + 1024)).encode()
+    for piece in (len(over), 1024):
+        with socket.create_connection(("127.0.0.1", cluster.port), timeout=30) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for start in range(0, len(over), piece):
+                sock.sendall(over[start : start + piece])
+                time.sleep(0.001)
+            answer = b""
+            while data := sock.recv(1 << 16):
+                answer += data
+        assert answer.startswith(b"HTTP/1.1 431 "), (piece, answer[:200])
+        assert b"request head larger than 65536 bytes" in answer, answer
