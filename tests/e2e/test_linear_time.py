@@ -289,6 +289,10 @@ REQUESTS: dict[str, tuple[int, Callable[[int], str]]] = {
         401,
         lambda n: f"GET /jobs HTTP/1.1\r\n{HOST}\r\nAuthorization: Bearer{_filler(n, ' ')}x y",
     ),
+    "many headers": (
+        422,
+        lambda n: f"GET /jobs?limit=0 HTTP/1.1\r\n{HOST}\r\n{AUTH}" + "\r\nX-A: a" * (n // 8),
+    ),
     "query, a long value": (
         422,
         lambda n: f"GET /jobs?task={_filler(n)} HTTP/1.1\r\n{HOST}\r\n{AUTH}",
