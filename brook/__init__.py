@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from brook.errors import SignalTimeout as SignalTimeout
     from brook.errors import StepError as StepError
     from brook.errors import TriggerNotFound as TriggerNotFound
+    from brook.errors import UnknownParent as UnknownParent
     from brook.errors import UnknownTask as UnknownTask
     from brook.errors import WaitTimeout as WaitTimeout
     from brook.executor.context import SyncTaskContext as SyncTaskContext

@@ -27,6 +27,7 @@ from brook.common.domain.errors import (
     SignalTimeout,
     StepError,
     TriggerNotFound,
+    UnknownParent,
     UnknownTask,
     WaitTimeout,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "SignalTimeout",
     "StepError",
     "TriggerNotFound",
+    "UnknownParent",
     "UnknownTask",
     "WaitTimeout",
 ]

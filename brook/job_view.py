@@ -15,6 +15,7 @@ from brook.output_follow import TextSink
 from brook.terminal import safe, safe_text
 
 JsonObject = dict[str, Any]
+TAIL = 40  # characters of the output's current line shown beside the bar
 
 
 class JobView(Protocol):
@@ -91,17 +92,24 @@ class BarView:
             TaskProgressColumn(),
             TextColumn("{task.fields[message]}", markup=False),
             TimeElapsedColumn(),
+            # The output's line being written (the lines it ended go above the bar).
+            TextColumn("{task.fields[tail]}", markup=False),
             console=Console(file=stream),
         )
-        self._task = self._bar.add_task("", total=None, message="")
+        self._task = self._bar.add_task("", total=None, message="", tail="")
         self._bar.start()
         self._partial = ""  # output after its last newline: printed once its line ends
 
     def output(self, text: str) -> None:
-        """Whole lines, printed above the bar (which stays at the bottom)."""
+        """Whole lines, printed above the bar (which stays at the bottom); the end of the
+        line being written, beside the bar, as it comes."""
         *lines, self._partial = (self._partial + text).split("\n")
         for line in lines:
             self._bar.console.print(safe_text(line), markup=False, highlight=False)
+        tail = self._partial[-TAIL:]
+        if len(self._partial) > TAIL:
+            tail = "…" + tail[1:]
+        self._bar.update(self._task, tail=safe(tail))
 
     def update(self, job: JsonObject) -> None:
         progress = job.get("progress") if isinstance(job.get("progress"), dict) else None

@@ -29,7 +29,7 @@ from brook.common.store.db import database, make_client
 from brook.common.store.jobs import JobStore
 from brook.dispatcher.dispatcher import Dispatcher
 from brook.executor.pool import WorkerPool
-from brook.executor.registry import load_tasks, shared_tasks, task_quotas
+from brook.executor.registry import load_tasks, shared_tasks, task_deadlines, task_quotas
 from brook.executor.runners import Runners
 from brook.executor.schedules import declared_schedules
 from brook.executor.triggers import declared_triggers
@@ -70,8 +70,13 @@ async def serve_dispatcher(
     client = make_client(settings, appname="brook-dispatcher")
     store = JobStore(database(client, settings), retention_s=settings.retention_seconds)
     pool = runner or make_runner(settings)
-    quotas = task_quotas(load_tasks(settings))
-    dispatcher = Dispatcher(settings, store, pool, tasks, schedules, triggers, quotas)
+    declared = load_tasks(settings)
+    quotas = task_quotas(declared)
+    # The tasks' default deadlines, from their declarations (as `shared=` reaches the runner).
+    bounds = task_deadlines(declared)
+    dispatcher = Dispatcher(
+        settings, store, pool, tasks, schedules, triggers, quotas=quotas, bounds=bounds
+    )
     pool.on_free = dispatcher.wake
     pool.on_progress = dispatcher.on_progress
     pool.on_step = dispatcher.on_step

@@ -32,6 +32,7 @@ then the stream is followed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import socket
@@ -40,6 +41,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from brook.common.domain.deadlines import Defaults
+from brook.common.domain.models import Job, UnreadableJob
 from brook.common.domain.schedules import Schedule
 from brook.common.domain.triggers import Trigger
 from brook.common.protocol.runner import (
@@ -56,6 +59,7 @@ from brook.common.store.jobs import JobStore
 from brook.common.store.queues import QueueStore
 from brook.common.store.quotas import QuotaStore
 from brook.common.store.schedules import ScheduleStore
+from brook.dispatcher.attempts.deadlines import DeadlineTimer
 from brook.dispatcher.attempts.dependents import Dependents
 from brook.dispatcher.attempts.leases import LeaseKeeper
 from brook.dispatcher.attempts.outcomes import Outcomes
@@ -94,9 +98,11 @@ class Dispatcher:
         schedules: Sequence[Schedule] = (),
         triggers: Sequence[Trigger] = (),
         quotas: Mapping[str, Mapping[str, int]] | None = None,
+        bounds: Defaults | None = None,
     ) -> None:
         """`tasks`: the task names this dispatcher's workers run; it claims only those.
-        `quotas`: the quotas each task's jobs draw on by default (`@task(quotas=...)`)."""
+        `quotas`: the quotas each task's jobs draw on by default (`@task(quotas=...)`).
+        `bounds`: their default deadlines (`@task(..., start_within_s=, deadline_s=)`)."""
         self.task_quotas = dict(quotas or {})
         self.settings = settings
         self.store = store
@@ -118,6 +124,7 @@ class Dispatcher:
             holdings=self.holdings,
             clock=clock,
             spawn=self.supervisor.spawn,
+            bounds=bounds or {},
         )
         self.hand_off = hand_off = HandOff(wiring, runner)
         self.limits, self.claimer = self._claiming(wiring, hand_off)
@@ -145,15 +152,17 @@ class Dispatcher:
         store, owner, spawn = wiring.store, wiring.owner, wiring.spawn
         self.dependents = Dependents(wiring.settings, store, spawn)
         self.leases = hand_off.leases = LeaseKeeper(wiring, hand_off.stop)
+        self.deadlines = DeadlineTimer(wiring, self.dependents)
         self.watchdog = Watchdog(
-            wiring, hand_off.stop, self.leases.cancel, self.claimer.sweep_done, self.dependents
+            wiring, hand_off.stop, self.leases.cancel, self._swept, self.dependents
         )
         self.starts = StartMarks(store, owner, wiring.clock, spawn)
         lease_s = wiring.settings.lease_seconds
         self.steps = StepKeeper(store, owner, wiring.clock, lease_s, spawn)
         self.outcomes = Outcomes(
-            wiring.settings, store, owner, spawn, self.dependents, self.steps
+            wiring.settings, store, owner, spawn, self.dependents, self.steps, wiring.bounds
         )
+        self.outcomes.waits = self.deadlines.heard
         self.progress = ProgressKeeper(store, owner, spawn)
         self.output_pruner = OutputPruner(store)
         self.runs = hand_off.runs = Runs(
@@ -236,6 +245,7 @@ class Dispatcher:
         self.loops.spawn(self.leases.heartbeat(), "heartbeat")
         self.loops.spawn(self.leases.expiries(), "lease-expiries")
         self.loops.spawn(self.watchdog.run(), "watchdog")
+        self.loops.spawn(self.deadlines.run(), "deadlines")
         self.loops.spawn(self.output_pruner.run(), "output-pruner")
         self.loops.spawn(self.schedules.run(), "schedules")
         self.loops.spawn(self.triggers.run(), "triggers")
@@ -283,6 +293,11 @@ class Dispatcher:
         except TimeoutError:
             pass
 
+    def _swept(self) -> None:
+        """After each sweep: the claimer looks for due work, the deadline timer for bounds."""
+        self.claimer.sweep_done()
+        self.deadlines.look()
+
     def wake(self) -> None:
         """A worker process is free: it became ready, or reported its job's result (called
         by the runner). Hand it the best job claimed ahead at once."""
@@ -319,6 +334,10 @@ class Dispatcher:
             self.leases.cancel_requested(job_id)
             return
         inserted = change.get("fullDocument")
+        if inserted is not None:
+            self._bounded(job_id, inserted)
+            if inserted.get("status") == "waiting":
+                return  # heard for its bound only: it is not due before its parents end
         if inserted is not None and not self.claimer.runs(
             inserted.get("task"), inserted.get("queue")
         ):
@@ -337,3 +356,11 @@ class Dispatcher:
             queue if isinstance(queue, str) else None,
             key if isinstance(key, str) else None,
         )
+
+    def _bounded(self, job_id: str, inserted: Mapping[str, Any]) -> None:
+        """A new job with a bound (its own, or its task's default): the deadline timer
+        waits for it if it comes sooner."""
+        bounds = self.wiring.bounds
+        if "start_by" in inserted or "deadline" in inserted or inserted.get("task") in bounds:
+            with contextlib.suppress(UnreadableJob):  # the timer's own look finds it, or not
+                self.deadlines.heard(Job.from_doc({"status": "pending", **inserted, "_id": job_id}))

@@ -5,13 +5,21 @@ when one is): the best job claimed ahead goes first, a job of a queue with a rat
 any other (it must start within a margin of its claim, or it is handed back). Its attempt
 then runs as a supervised task (`attempts/runs.py`). A held job is stopped here too: its
 worker killed, or, still claimed ahead, handed back with its end written.
+
+Deadlines: a job whose `start_by` (it never started) or `deadline` passed is not started,
+checked at its claim and again as it is handed to a worker; while held, a timer of its own
+stops it at its bound (claimed ahead past its `start_by`, or past its `deadline` whether
+claimed ahead or running: its worker is stopped as for a timeout).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 
+from brook.common.domain.deadlines import deadline_of, next_bound, passed
 from brook.common.domain.models import Job
 from brook.common.domain.status import JobStatus
 from brook.common.protocol.runner import KillReason, Runner
@@ -54,7 +62,10 @@ class HandOff:
         self.holdings = wiring.holdings
         self.spawn = wiring.spawn
         self.runner = runner
+        self.bounds = wiring.bounds
         self.closing = False  # the dispatcher is shutting down: nothing starts any more
+        # The timer of each held job with a bound (`start_by`, `deadline`), by job id.
+        self._timers: dict[str, asyncio.TimerHandle] = {}
 
     def claimed(self, job: Job, sent: float) -> None:
         """A claimed job (the claimer's callback), its claim sent at `sent`: it waits for a
@@ -80,6 +91,9 @@ class HandOff:
             return  # its claim's answer came back after its lease may have ended
         if self.holdings.cancel_was_seen(job.id):
             self.leases.cancel(job.id)
+        if self._past_bound(job):
+            return
+        self._arm(job)
         self.fill_workers()
 
     def refused(self, job: Job, sent: float) -> None:
@@ -116,6 +130,8 @@ class HandOff:
             latest = self.limits.latest_start(job)
             if latest is not None and time.monotonic() + HAND_OFF_S > latest:
                 self.stop(job.id, "handed_back")  # too late for its queue's rate
+                continue
+            if self._past_bound(job):
                 continue
             shared = self.runs_shared(job)
             worker = runner.reserve(job.task if shared else None)
@@ -165,9 +181,50 @@ class HandOff:
         self.fill_workers()
         self.claimer.worker_freed()
 
+    # -- deadlines ---------------------------------------------------------------------------
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock.now(), UTC)
+
+    def _past_bound(self, job: Job) -> bool:
+        """A job claimed ahead whose `start_by` or `deadline` passed is stopped, not started."""
+        bound = passed(job, self.bounds, self._now())
+        if bound is None:
+            return False
+        self.stop(job.id, bound)
+        return True
+
+    def _arm(self, job: Job, *, started: bool = False) -> None:
+        """Wake at the job's next bound while it is held (`started`: only its deadline)."""
+        bound = next_bound(job, self.bounds)
+        at = deadline_of(job, self.bounds) if started else (bound[1] if bound else None)
+        if at is None:
+            return
+        delay = max(at.timestamp() - self.clock.now(), 0.0)
+        loop = asyncio.get_running_loop()
+        self._timers[job.id] = loop.call_later(delay, self._bound_reached, job.id, job.attempts)
+
+    def _bound_reached(self, job_id: str, attempt: int) -> None:
+        self._timers.pop(job_id, None)
+        job = self.holdings.job(job_id)
+        if job is None or job.attempts != attempt or not self.holdings.is_running(job_id):
+            return  # gone, another attempt, or finishing
+        if self.holdings.is_claimed_ahead(job_id):
+            if not self._past_bound(job):
+                self._arm(job)
+            return
+        deadline = deadline_of(job, self.bounds)
+        if deadline is not None and deadline <= self._now():
+            self.stop(job_id, "deadline_exceeded")  # its worker, as for a timeout
+        else:
+            self._arm(job, started=True)
+
     def ended(self, job: Job, over: bool) -> None:
         """A job is no longer held here; `over`: its attempt is over in MongoDB too, so its
         queue or key slot (if any) may go."""
+        timer = self._timers.pop(job.id, None)
+        if timer is not None:
+            timer.cancel()
         self.holdings.drop(job.id)
         self.limits.finished(job, over=over)
         if self.quotas is not None:

@@ -3,9 +3,10 @@ argument lists (the claimer, the queue limits, the lease keeper, presence) take 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from brook.common.domain.deadlines import Defaults
 from brook.common.runtime.settings import Settings
 from brook.common.runtime.supervision import Spawn
 from brook.common.store.jobs import JobStore
@@ -27,3 +28,6 @@ class Wiring:
     holdings: Holdings  # the jobs it holds, waiting for a worker or running
     clock: ServerClock
     spawn: Spawn  # a supervised task: a crash stops the dispatcher
+    # Its tasks' default deadlines (`@task(..., start_within_s=, deadline_s=)`), by task: it
+    # applies them to the jobs whose submit gave none.
+    bounds: Defaults = field(default_factory=dict)

@@ -3,7 +3,9 @@
 A task's options are part of its declaration (`@task("name", shared=100)`), read by the
 dispatchers, which import the task modules: `shared=N` lets up to N of its jobs run at once
 in one shared worker process, as asyncio tasks (an `async def` only: anything else fails
-the import of its module with a clear message).
+the import of its module with a clear message); `start_within_s=` and `deadline_s=` are its
+jobs' default deadlines, counted from each job's submit, for the jobs whose submit gave
+none (`brook.common.domain.deadlines`).
 
 A job names a registered task and never carries code. Modules listed in `BROOK_TASKS`
 are imported at start (in the API, to validate names, and in every worker process).
@@ -17,8 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from brook.common.domain.deadlines import TaskDeadlines
 from brook.common.domain.errors import ConfigError, UnknownTask
 from brook.common.domain.quotas import check_job_quotas
+from brook.common.domain.schedules import check_seconds
 from brook.common.runtime.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,24 +40,39 @@ class TaskDef:
     shared: int | None = None
     # The quotas its jobs draw on by default, each with its cost in units (a submit's wins).
     quotas: dict[str, int] | None = None
+    # Its jobs' defaults: `start_by` and `deadline` this long after their submit.
+    start_within_s: float | None = None
+    deadline_s: float | None = None
 
 
 _REGISTRY: dict[str, TaskDef] = {}
 
 
 def task(
-    name: str, *, shared: int | None = None, quotas: Mapping[str, int] | None = None
+    name: str,
+    *,
+    shared: int | None = None,
+    quotas: Mapping[str, int] | None = None,
+    start_within_s: float | None = None,
+    deadline_s: float | None = None,
 ) -> Callable[[F], F]:
     """Register `fn` as task `name`. It is called as `fn(payload)` or `fn(payload, ctx)`.
     `shared`: up to that many of its jobs run at once in one shared worker process.
     `quotas`: the quotas its jobs draw on, each with its cost in units, unless a submit
-    names its own (applied by the dispatchers, which import the task modules)."""
+    names its own. `start_within_s`, `deadline_s`: its jobs' default `start_by` and
+    `deadline`, counted from each job's submit (a submit's own value wins). The dispatchers,
+    which import the task modules, apply these defaults."""
     if not name or not isinstance(name, str):
         raise ValueError("a task needs a non-empty name")
     try:
         default_quotas = None if quotas is None else check_job_quotas(quotas)
     except ValueError as exc:
         raise ValueError(f"task {name!r}: quotas= {exc}") from None
+    for option, seconds in (("start_within_s", start_within_s), ("deadline_s", deadline_s)):
+        try:
+            check_seconds(option, seconds)
+        except ValueError as exc:
+            raise ValueError(f"task {name!r}: {exc}") from None
     if shared is not None and (
         isinstance(shared, bool) or not isinstance(shared, int) or shared < 1
     ):
@@ -79,6 +98,8 @@ def task(
             wants_context=len(params) >= 2,
             shared=shared,
             quotas=default_quotas,
+            start_within_s=start_within_s,
+            deadline_s=deadline_s,
         )
         return fn
 
@@ -107,6 +128,16 @@ def shared_tasks(tasks: dict[str, TaskDef]) -> dict[str, int]:
 def task_quotas(tasks: dict[str, TaskDef]) -> dict[str, dict[str, int]]:
     """The tasks that draw on quotas by default, each with its `quotas=`."""
     return {name: d.quotas for name, d in tasks.items() if d.quotas}
+
+
+def task_deadlines(tasks: dict[str, TaskDef]) -> dict[str, TaskDeadlines]:
+    """The tasks that declare default deadlines, each with them: the dispatchers apply them
+    to the jobs whose submit gave none."""
+    return {
+        name: TaskDeadlines(start_within_s=d.start_within_s, deadline_s=d.deadline_s)
+        for name, d in tasks.items()
+        if d.start_within_s is not None or d.deadline_s is not None
+    }
 
 
 def registered() -> frozenset[str]:

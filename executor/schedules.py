@@ -33,13 +33,16 @@ def schedule(
     tz: str = "UTC",
     catch_up: str = "latest",
     overlap: str = "allow",
+    start_within_s: float | None = None,
+    deadline_s: float | None = None,
 ) -> Schedule:
     """Run `task` with `payload` at every tick of `cron` (5 fields, or 6 with seconds
     last) in time zone `tz`. After downtime, `catch_up="latest"` runs the most recent
     missed tick once and `"none"` skips the missed ticks. While the previous run is
     unfinished, a tick's `overlap` is `"allow"` (a job anyway), `"skip"` (no job),
     `"buffer_one"` (a job that waits for it, at most one) or `"cancel_other"` (the previous
-    run is cancelled, and the new job waits until it has ended)."""
+    run is cancelled, and the new job waits until it has ended). `start_within_s` and
+    `deadline_s`: each tick's job's, counted from its submit."""
     declared = Schedule.declare(
         name,
         cron,
@@ -49,6 +52,8 @@ def schedule(
         tz=tz,
         catch_up=catch_up,
         overlap=overlap,
+        start_within_s=start_within_s,
+        deadline_s=deadline_s,
     )
     existing = _SCHEDULES.get(name)
     if existing is not None and existing != declared:

@@ -83,6 +83,12 @@ async def submit_body(request: Request, state: State) -> JobSpec:
     return spec
 
 
+async def optional_json_body(request: Request, state: State) -> object:
+    """`json_body`, where no body at all reads as `{}`."""
+    raw = await _limited_body(request, state)
+    return {} if not raw.strip() else await judge(load_body, raw)
+
+
 async def json_body(request: Request, state: State) -> object:
     """Any JSON body within the size limit: `413` if too large, `422` if not JSON; what it
     must hold is for the route to check."""

@@ -51,6 +51,7 @@ RESET_SLACK_MS = 5000  # clocks differ: after a reset, send a little more rather
 RESET_LIMIT = 500  # jobs sent as the current state after a reset, at most
 JOB_EVENT = "job"
 RESET_EVENT = "reset"
+UNKNOWN_ID = "unknown_id"  # a reset's reason: the client's Last-Event-ID is none of ours
 
 
 def _sse(**fields: Any) -> ServerSentEvent:
@@ -85,8 +86,12 @@ class Feed:
         self._floor = ""  # the client has everything up to here: never send an id before it
         self._read_at: tuple[int, int] | None = None  # the current state sent holds all to here
 
-    async def events(self, since: Position | None) -> AsyncGenerator[ServerSentEvent, None]:
-        """Subscribe now (so nothing is missed from here on), then stream."""
+    async def events(
+        self, since: Position | None, *, unreadable: str | None = None
+    ) -> AsyncGenerator[ServerSentEvent, None]:
+        """Subscribe now (so nothing is missed from here on), then stream. `unreadable`: why
+        the client's `Last-Event-ID` named no position this API can resume from (the
+        stream says so with a `reset`, then starts afresh)."""
         if self.hub.position is None:  # the hub restarted since this request was accepted
             yield _sse(comment="closing: the event stream is restarting; reconnect")
             return
@@ -94,6 +99,8 @@ class Feed:
             self._floor = since.key
         sub = self.hub.subscribe(self.filter, since)
         try:
+            if unreadable is not None:
+                yield self._unreadable(sub.start, unreadable)
             async for sse in self._stream(sub, since):
                 yield sse
         except Closed as exc:
@@ -189,6 +196,12 @@ class Feed:
         if "payload" in extra:
             extra["payload"] = extra["payload"] or {}  # as `Job` reads it
         return f"{event.data[:-1]},{dumps(extra)[1:]}"  # both are JSON objects
+
+    def _unreadable(self, at: Position, why: str) -> ServerSentEvent:
+        SSE_RESETS.inc()
+        log_event(Event.SSE_RESET, level="warning", reason=UNKNOWN_ID, job_id=self.filter.job_id)
+        body = {"reason": UNKNOWN_ID, "since": None, "detail": why}
+        return _sse(data=json.dumps(body), event=RESET_EVENT, id=self.ids.encode(at))
 
     async def _current_state(
         self, at: Position, reset: Reset | None

@@ -9,7 +9,7 @@ so they are added here, by rule, to every operation, including routes added late
   (no primary, or a cap on streams or connections reached);
 - every state change (not GET): `403` (a read-only token, or another site's page) and
   `415` (a body that is not JSON);
-- a path with an `{id}`: `404`;
+- a path with an `{id}`, and a submit (a `depends_on` parent that is no job): `404`;
 - parameters or a body: `422` (`detail` is a message, or the list of validation errors);
 - a body: `413`;
 - `POST` on an action of one resource (`/jobs/{job_id}/cancel`, …): `409` (not in a state
@@ -20,12 +20,24 @@ With a token set, it also names the bearer scheme on every route behind it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from brook.common.domain.instants import years_up_to
+from brook.common.domain.validation import (
+    MAX_HORIZON_S,
+    RETENTION_MARK,
+    RUN_AT_MARK,
+    TASK_MARK,
+)
+
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# Where a spec's `depends_on` may name a parent that is no job: `404`.
+SUBMITS = frozenset({"/jobs", "/jobs/batch"})
 
 ERROR_SCHEMA: dict[str, Any] = {
     "title": "Error",
@@ -45,7 +57,7 @@ _DESCRIPTIONS = {
     400: "A `Host` this API does not answer to (`BROOK_ALLOWED_HOSTS`), a bad "
     "`Last-Event-ID`, or an unknown field in `include`.",
     401: "Missing or wrong bearer token (when `BROOK_API_TOKEN` is set).",
-    404: "No such job (or other resource).",
+    404: "No such job (or other resource; for a submit, a `depends_on` parent).",
     403: "A read-only token (`BROOK_API_READ_TOKEN`) asked for a state change, or a page "
     "of another site (`Origin`) did.",
     409: "The job is not in a state that allows this.",
@@ -98,7 +110,7 @@ def _error_codes(path: str, method: str, operation: dict[str, Any]) -> list[int]
         codes += [403, 415]
     if path != "/healthz":
         codes.append(503)
-    if "{" in path:
+    if "{" in path or (method == "post" and path in SUBMITS):
         codes.append(404)
     if operation.get("parameters") or operation.get("requestBody"):
         codes.append(422)
@@ -178,6 +190,7 @@ def install_openapi(app: FastAPI, *, bearer: bool) -> None:
                 routes=app.routes,
             )
             hoist_defs(schema)
+            without_null_parameters(schema)
             document_errors(schema)
             if bearer:
                 document_bearer(schema)
@@ -185,3 +198,54 @@ def install_openapi(app: FastAPI, *, bearer: bool) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def served(schema: dict[str, Any], tasks: Iterable[str], retention_max_s: float) -> dict[str, Any]:
+    """A copy of the document as this API serves it now: its job specs name the tasks a
+    submit may use (the API's own and the live dispatchers'; any other is a `422`),
+    `retention_s` its operator's maximum (`BROOK_RETENTION_MAX_SECONDS`) and `run_at` the
+    latest year it may name (JSON Schema has no bound on a time: the rest of that year
+    past 365 days ahead is said in its description only)."""
+    names = sorted(tasks)
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {key: walk(value) for key, value in node.items()}
+            if out.pop(TASK_MARK, False):
+                out["enum"] = names
+            if out.pop(RUN_AT_MARK, False):
+                latest = datetime.now(UTC) + timedelta(seconds=MAX_HORIZON_S)
+                for branch in out.get("anyOf", [out]):
+                    if branch.get("type") == "string":
+                        branch["pattern"] = years_up_to(latest.year)
+            if out.pop(RETENTION_MARK, False):
+                for branch in out.get("anyOf", [out]):
+                    if branch.get("type") == "number":
+                        branch["maximum"] = min(
+                            branch.get("maximum", retention_max_s), retention_max_s
+                        )
+            return out
+        if isinstance(node, list):
+            return [walk(value) for value in node]
+        return node
+
+    result: dict[str, Any] = walk(schema)
+    return result
+
+
+def without_null_parameters(schema: dict[str, Any]) -> dict[str, Any]:
+    """A parameter left out is how a client sends none (a query, a header, a path is text:
+    it cannot be null), so the `null` FastAPI lists for optional ones goes."""
+    for item in schema.get("paths", {}).values():
+        for operation in item.values():
+            if not isinstance(operation, dict):
+                continue
+            for parameter in operation.get("parameters", []):
+                inner = parameter.get("schema", {})
+                branches = [b for b in inner.get("anyOf", []) if b != {"type": "null"}]
+                if "anyOf" in inner and len(branches) == 1:
+                    del inner["anyOf"]
+                    inner.update(branches[0])
+                    if inner.get("default", 0) is None:
+                        del inner["default"]
+    return schema

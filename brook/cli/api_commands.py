@@ -71,7 +71,17 @@ def _spec(args: argparse.Namespace) -> JsonObject:
         "priority": args.priority,
         "max_attempts": args.max_attempts,
     }
-    for key in ("run_at", "timeout_s", "idempotency_key", "depends_on", "key"):
+    for key in (
+        "run_at",
+        "timeout_s",
+        "idempotency_key",
+        "depends_on",
+        "key",
+        "start_by",
+        "start_within_s",
+        "deadline",
+        "deadline_s",
+    ):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
     if args.run_on_parent_failure:
@@ -116,18 +126,22 @@ def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
             with lock:
                 view.output(chunk_text(data))
 
+    deadline = time.monotonic() + timeout
+    output = OutputFollower(settings, job["id"], on_output, deadline=deadline).start()
+
     def on_event(kind: str, data: JsonObject) -> bool:
         nonlocal latest
         if kind == "job":
             latest = data
+            if str(data["status"]) in TERMINAL:
+                output.finish(OUTPUT_END_WAIT_S)  # its last chunks, shown before its end
             with lock:
                 view.update(data)
         return str(latest["status"]) in TERMINAL
 
-    deadline = time.monotonic() + timeout
-    output = OutputFollower(settings, job["id"], on_output, deadline=deadline).start()
     try:
-        view.update(job)
+        with lock:
+            view.update(job)
         done = follow(
             settings,
             f"/jobs/{job['id']}/events",
@@ -135,8 +149,6 @@ def _wait(settings: Settings, job: JsonObject, timeout: float) -> JsonObject:
             params={"include": "result"},  # events leave it out unless asked for
             deadline=deadline,
         )
-        if done:
-            output.finish(OUTPUT_END_WAIT_S)  # its last chunks, shown before the result
     except StreamFailed as exc:
         die(str(exc))
     finally:
@@ -212,10 +224,14 @@ def cmd_ls(settings: Settings, args: argparse.Namespace) -> int:
     params: dict[str, str | int] = {k: v for k, v in given.items() if v is not None}
     page = call_api(settings, "GET", "/jobs", params=params)
     for job in page["jobs"]:
+        bounds = "".join(
+            f"  {name}={job[name]}" for name in ("start_by", "deadline") if job.get(name)
+        )
         print(
             safe(
                 f"{job['id']}  {job['status']:<9}  {job['task']:<12}  {job.get('queue', '-'):<10}  "
                 f"attempts={job['attempts']}/{job['max_attempts']}  created={job['created_at']}"
+                f"{bounds}"
             )
         )
     if page.get("next"):

@@ -213,6 +213,12 @@ def _submit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--max-attempts", dest="max_attempts", type=int, default=3)
     s.add_argument("--run-at", dest="run_at", help="ISO-8601 datetime")
     s.add_argument("--timeout", dest="timeout_s", type=float)
+    s.add_argument("--start-by", dest="start_by", help="ISO-8601: not started by then, cancelled")
+    s.add_argument(
+        "--start-within-s", dest="start_within_s", type=float, help="start_by, seconds from now"
+    )
+    s.add_argument("--deadline", help="ISO-8601: unfinished then, failed (never retried)")
+    s.add_argument("--deadline-s", dest="deadline_s", type=float, help="deadline, seconds from now")
     s.add_argument("--idempotency-key", dest="idempotency_key")
     s.add_argument("--key", help="whose job it is (per-key limits, fair claiming)")
     s.add_argument(

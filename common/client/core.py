@@ -33,18 +33,20 @@ from brook.common.client.quotas import QuotaOperations, quota_errors, quota_name
 from brook.common.client.reruns import Reruns
 from brook.common.client.spawned import cancel_spawned, cancel_with_spawned
 from brook.common.client.task_directory import TaskDirectory
+from brook.common.domain.deadlines import logged_bounds
 from brook.common.domain.errors import (
     InvalidInput,
     JobConflict,
     JobNotFound,
     StepError,
+    UnknownParent,
     WaitTimeout,
 )
 from brook.common.domain.models import DEFAULT_QUEUE, Doc, Job, JobSpec
 from brook.common.domain.queues import validate_queue_update
 from brook.common.domain.status import TERMINAL, JobStatus
 from brook.common.domain.steps import check_signal_key, check_signal_payload
-from brook.common.domain.validation import validate_batch, validate_spec
+from brook.common.domain.validation import check_document, validate_batch, validate_spec
 from brook.common.domain.workflows import external_parents, unknown_parents_detail
 from brook.common.runtime import tracing
 from brook.common.runtime.backoff import Backoff
@@ -141,12 +143,17 @@ def _seconds(value: object) -> object:
     return value.total_seconds() if isinstance(value, timedelta) else value
 
 
+DURATIONS = ("delay", "start_within_s", "deadline_s")
+
+
 def _from_python(spec: object) -> object:
-    """The only liberty Python takes over JSON: `delay` may be a `timedelta`. Anything
-    else, a spec that is not a dict included, goes to the validator as it is."""
-    if not isinstance(spec, Mapping) or "delay" not in spec:
+    """The only liberty Python takes over JSON: a duration (`delay`, `start_within_s`,
+    `deadline_s`) may be a `timedelta`. Anything else, a spec that is not a dict included,
+    goes to the validator as it is."""
+    if not isinstance(spec, Mapping):
         return spec
-    return {**spec, "delay": _seconds(spec["delay"])}
+    durations = {k: _seconds(spec[k]) for k in DURATIONS if k in spec}
+    return {**spec, **durations} if durations else spec
 
 
 OnStaged = Callable[["TxSession", Sequence[Submitted]], None]
@@ -206,39 +213,44 @@ class Submitting:
         debounce_s: float | timedelta | None = None,
         debounce_max_s: float | timedelta | None = None,
         quotas: Mapping[str, int] | None = None,
+        start_by: datetime | str | None = None,
+        start_within_s: float | timedelta | None = None,
+        deadline: datetime | str | None = None,
+        deadline_s: float | timedelta | None = None,
         session: TxSession | None = None,
     ) -> Job:
-        """Submit one job and return it (the existing job for a known `idempotency_key`).
-        `run_at` may be naive (read as UTC); `delay` (seconds or a `timedelta`) is counted
-        on the server's clock. With `depends_on` (job ids) it is `waiting` until every
-        parent completed (or ended, with `run_on_parent_failure`). Invalid input raises
-        `InvalidInput`, whose `detail` is the API's `422` detail. With `session` (in a
-        transaction, on the client this one wraps), the job is inserted in that
-        transaction: it exists only if the transaction commits."""
-        spec = validate_spec(
-            {
-                "task": task,
-                "payload": {} if payload is None else payload,
-                "queue": queue,
-                "priority": priority,
-                "run_at": run_at,
-                "delay": _seconds(delay),
-                "max_attempts": max_attempts,
-                "timeout_s": timeout_s,
-                "idempotency_key": idempotency_key,
-                "unique_for_s": unique_for_s,
-                "retention_s": retention_s,
-                "depends_on": None if depends_on is None else list(depends_on),
-                "run_on_parent_failure": run_on_parent_failure,
-                "key": key,
-                "debounce_key": debounce_key,
-                "debounce_s": _seconds(debounce_s),
-                "debounce_max_s": _seconds(debounce_max_s),
-                "quotas": None if quotas is None else dict(quotas),
-            }
-        )
-        parent = spawning.get()
-        if parent is not None:
+        """Submit one job and return it (the existing job for a known `idempotency_key`): the
+        HTTP spec's fields, a naive `run_at` read as UTC, a duration maybe a `timedelta`; bad
+        input raises `InvalidInput` (the API's `422` detail). With `session`, the job is
+        inserted in that transaction (on the client this one wraps), to exist if it commits."""
+        fields = {
+            "task": task,
+            "payload": {} if payload is None else payload,
+            "queue": queue,
+            "priority": priority,
+            "run_at": run_at,
+            "delay": _seconds(delay),
+            "max_attempts": max_attempts,
+            "timeout_s": timeout_s,
+            "idempotency_key": idempotency_key,
+            "unique_for_s": unique_for_s,
+            "retention_s": retention_s,
+            "depends_on": None if depends_on is None else list(depends_on),
+            "run_on_parent_failure": run_on_parent_failure,
+            "key": key,
+            "debounce_key": debounce_key,
+            "debounce_s": _seconds(debounce_s),
+            "debounce_max_s": _seconds(debounce_max_s),
+            "quotas": None if quotas is None else dict(quotas),
+            "start_by": start_by,
+            "start_within_s": _seconds(start_within_s),
+            "deadline": deadline,
+            "deadline_s": _seconds(deadline_s),
+        }
+        return await self._submit_checked(validate_spec(fields), session)
+
+    async def _submit_checked(self, spec: JobSpec, session: TxSession | None) -> Job:
+        if (parent := spawning.get()) is not None:
             spec = replace(spec, spawned_by=parent)
         if session is not None:
             return (await self.submit_in(session, [spec], batch=False))[0].job
@@ -340,6 +352,10 @@ class ClientCore(QuotaOperations, Submitting, BulkOperations, Reruns, OutputRead
 
     # -- submit ------------------------------------------------------------------------------
 
+    async def known_tasks(self) -> frozenset[str]:
+        """The task names a submit may use now (the API's document lists them)."""
+        return await self._directory.known()
+
     async def submit_spec(self, spec: JobSpec) -> Submitted:
         """A validated spec: check its task (and parents), insert it, log it."""
         if spec.depends_on:
@@ -365,7 +381,7 @@ class ClientCore(QuotaOperations, Submitting, BulkOperations, Reruns, OutputRead
         await self._check_quotas(specs, batch=batch)
         missing = await self._store.missing_jobs(external_parents(specs))
         if missing:
-            raise InvalidInput(unknown_parents_detail(specs, missing, batch=batch))
+            raise UnknownParent(unknown_parents_detail(specs, missing, batch=batch))
         await self._ensure_indexes()
         with _submit_span(specs) as current:
             out = await self._store.submit_many(_stamped(specs))
@@ -493,8 +509,9 @@ class ClientCore(QuotaOperations, Submitting, BulkOperations, Reruns, OutputRead
         within the retention gets it at once. `InvalidInput` for a bad key or payload."""
         try:
             check_signal_key(key)
+            check_document(payload)  # as a job's payload: no `$` key, no NUL, 64-bit ints
             check_signal_payload(payload)
-        except StepError as exc:
+        except (StepError, ValueError) as exc:
             raise InvalidInput(str(exc)) from None
         await self._ensure_indexes()  # the jobs waiting on a key are found by index
         await self._signals.put(key, payload, self.signal_retention_s)
@@ -631,6 +648,7 @@ def log_submitted(submitted: Submitted) -> None:
         run_at=job.run_at.isoformat(),
         max_attempts=job.max_attempts,
         **_workflow(job),
+        **logged_bounds(job),
     )
 
 

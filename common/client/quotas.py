@@ -67,11 +67,12 @@ class QuotaOperations:
         units: Any = _KEEP,
         requests: Any = _KEEP,
         concurrency: Any = _KEEP,
-    ) -> Quota:
+    ) -> dict[str, Any]:
         """Set a quota's limits, cluster-wide, as a dict (the body of `PUT /quotas/{name}`)
         or as keywords: `units` and `requests` (`{"limit": int, "per_seconds": number}` or
         None), `concurrency` (int or None); what is left out keeps its value. A quota keeps
-        at least one. Invalid input raises `InvalidInput` (the API's 422) and stores nothing."""
+        at least one. Invalid input raises `InvalidInput` (the API's 422) and stores nothing.
+        Returns the quota as `GET /quotas` shows it."""
         body: Any = changes if changes is not None else {}
         given = {"units": units, "requests": requests, "concurrency": concurrency}
         keywords = {k: v for k, v in given.items() if v is not _KEEP}
@@ -81,7 +82,7 @@ class QuotaOperations:
         quota = await self._quota_store.set_limits(name, fields)
         if structlog.is_configured():
             log_event(Event.QUOTA_UPDATED, quota=name, by=requested_by.get(), **fields)
-        return quota
+        return quota.to_api()
 
     async def quota(self, name: str) -> dict[str, Any]:
         """One quota as `GET /quotas/{name}` shows it: limits, state (effective rate,
@@ -93,8 +94,12 @@ class QuotaOperations:
         return quota.to_api(await self._quota_store.ledger.totals(name))
 
     async def quotas(self) -> list[dict[str, Any]]:
-        """Every quota, as `GET /quotas` lists them (no ledger)."""
-        return [q.to_api() for q in await self._quota_store.all()]
+        """Every quota, as `GET /quotas` lists them: with what its ledger counted `today`."""
+        today = await self._quota_store.ledger.today()
+        zero = {"units": 0, "requests": 0}
+        return [
+            {**q.to_api(), "today": today.get(q.name, zero)} for q in await self._quota_store.all()
+        ]
 
     async def quota_units(self) -> dict[str, float]:
         """Units counted per quota over its ledger's days (the metrics' counter)."""

@@ -60,6 +60,13 @@ class TaskDirectory:
         known = local | self._live
         return {t: known for t in rest if t not in known}
 
+    async def known(self) -> frozenset[str]:
+        """Every name a submit may use now: this process's own, and the live dispatchers'
+        (looked up again once older than `TRUST_S`)."""
+        if time.monotonic() - self._looked > TRUST_S:
+            await self._look()
+        return frozenset(self.local()) | self._live
+
     async def _look(self) -> None:
         live = await self.store.live_dispatchers()
         self._live = frozenset(name for d in live for name in d.tasks)

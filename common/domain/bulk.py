@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
-from typing import Any, Literal
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from brook.common.domain.errors import InvalidInput
+from brook.common.domain.instants import Instant as IsoInstant
 from brook.common.domain.models import QUEUE_NAME
 from brook.common.domain.status import JobStatus
 
@@ -83,13 +84,34 @@ class JobFilter:
         return sorted(s.value for s in chosen)
 
 
+FILTER_FIELDS = (
+    "status",
+    "task",
+    "queue",
+    "key",
+    "error_type",
+    "created_since",
+    "created_until",
+    "finished_since",
+    "finished_until",
+)
+
+
+def _names_a_filter(schema: dict[str, Any]) -> None:
+    """The document says what `validate_bulk` checks: at least one filter field, not null."""
+    schema["anyOf"] = [
+        {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+        for name in FILTER_FIELDS
+    ]
+
+
 class BulkBody(BaseModel):
     """The body of `POST /jobs/retry` and `POST /jobs/cancel`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_names_a_filter)
 
-    status: list[JobStatus] | JobStatus | None = Field(
-        default=None, description="a status, or a list of them"
+    status: Annotated[list[JobStatus], Field(min_length=1)] | JobStatus | None = Field(
+        default=None, description="a status, or a non-empty list of them"
     )
     task: str | None = Field(default=None, min_length=1, max_length=200)
     queue: str | None = Field(default=None, pattern=QUEUE_NAME)
@@ -97,18 +119,11 @@ class BulkBody(BaseModel):
     error_type: str | None = Field(
         default=None, min_length=1, max_length=200, description="the `error.type` it ended with"
     )
-    created_since: datetime | None = None
-    created_until: datetime | None = None
-    finished_since: datetime | None = None
-    finished_until: datetime | None = None
+    created_since: IsoInstant | None = None
+    created_until: IsoInstant | None = None
+    finished_since: IsoInstant | None = None
+    finished_until: IsoInstant | None = None
     dry_run: StrictBool = Field(default=False, description="only count the jobs it would change")
-
-    @field_validator("created_since", "created_until", "finished_since", "finished_until")
-    @classmethod
-    def _utc(cls, value: datetime | None) -> datetime | None:
-        if value is None:
-            return None
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
 
     def to_filter(self) -> JobFilter:
         return JobFilter(**self.model_dump(exclude={"dry_run"}, exclude_none=True))
@@ -132,6 +147,6 @@ def validate_bulk(body: Any) -> tuple[JobFilter, bool]:
     if not isinstance(body, Mapping):
         raise InvalidInput("the body must be a JSON object")
     parsed = _parse(body)
-    if not (parsed.model_fields_set - {"dry_run"}):
+    if all(getattr(parsed, name) is None for name in FILTER_FIELDS):
         raise InvalidInput("give at least one filter field (status, task, queue, key, ...)")
     return parsed.to_filter(), parsed.dry_run

@@ -63,6 +63,11 @@ class InvalidInput(BrookError):
         self.detail = detail
 
 
+class UnknownParent(InvalidInput):
+    """A spec's `depends_on` names no job (nor a ref of its batch): the API's `404`, whose
+    detail names each (`loc` `["depends_on", i]`, `type` `unknown_parent`)."""
+
+
 def _readable(detail: ErrorDetail) -> str:
     if isinstance(detail, str):
         return detail

@@ -87,6 +87,12 @@ class JobSpec:
     spawned_by: str | None = None
     # The quotas it draws on, each with its cost in units (None: its task's default).
     quotas: dict[str, int] | None = None
+    # Deadlines (`brook.common.domain.deadlines`): the latest first start, and the end of the
+    # job's whole life; each as a time, or counted from the submit on the server's clock.
+    start_by: datetime | None = None
+    start_within_s: float | None = None
+    deadline: datetime | None = None
+    deadline_s: float | None = None
 
 
 # Without `debounce_max_s`, a debounced job waits at most this many times `debounce_s`.
@@ -151,6 +157,10 @@ class Job:
     reruns: list[str] = field(default_factory=list)
     # The quotas it draws on, with their costs (None: its task's default, if any).
     quotas: dict[str, int] | None = None
+    start_by: datetime | None = None  # not started by then: cancelled (`StartByPassed`)
+    deadline: datetime | None = None  # still unfinished then: failed (`DeadlineExceeded`)
+    # The start of its first attempt that started (`started_at` is the current attempt's).
+    first_started_at: datetime | None = None
 
     @property
     def job_id(self) -> str:
@@ -229,6 +239,9 @@ class Job:
             rerun_of=doc.get("rerun_of"),
             reruns=list(doc.get("reruns") or []),
             quotas=doc.get("quotas"),
+            start_by=as_date(doc.get("start_by")),
+            deadline=as_date(doc.get("deadline")),
+            first_started_at=as_date(doc.get("first_started_at")),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -243,6 +256,8 @@ class Job:
             "attempts": self.attempts,
             "max_attempts": self.max_attempts,
             "run_at": self.run_at,
+            "start_by": self.start_by,
+            "deadline": self.deadline,
             "created_at": self.created_at,
             "started_at": self.started_at,
             "finished_at": self.finished_at,

@@ -24,7 +24,8 @@ MAX_CHUNK_BYTES = 64 * 1024  # one chunk, as stored
 
 Kind = Literal["text", "json"]
 
-_POSITION = re.compile(r"^([0-9]{1,9})-([0-9]{1,12})$")
+POSITION_PATTERN = r"^([0-9]{1,9})-([0-9]{1,12})$"
+_POSITION = re.compile(POSITION_PATTERN)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,14 +14,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StrictFloat,
-    StrictInt,
+    Strict,
     ValidationError,
     field_validator,
     model_validator,
@@ -29,6 +28,7 @@ from pydantic import (
 
 from brook.common.domain.errors import InvalidInput
 from brook.common.domain.models import QUEUE_NAME
+from brook.common.domain.numbers import WHOLE
 
 MAX_CONCURRENCY = 100_000
 # The rate keeps one timestamp per start inside its window in the queue's document.
@@ -145,8 +145,12 @@ def key_slot(queue: str, key: str, index: int) -> str:
 class RateSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    limit: StrictInt = Field(ge=1, le=MAX_RATE_LIMIT, description="starts per window")
-    per_seconds: StrictInt | StrictFloat = Field(
+    limit: Annotated[int, Strict(), Field(ge=1, le=MAX_RATE_LIMIT), WHOLE] = Field(
+        description="starts per window"
+    )
+    # Strict: a JSON number (an int too), never a string or a boolean read as one; one type,
+    # so the document carries its bounds (a union's bounds were left out of it).
+    per_seconds: Annotated[float, Strict()] = Field(
         gt=0, le=MAX_RATE_SECONDS, description="the window, in seconds"
     )
 
@@ -158,28 +162,41 @@ class RateSpec(BaseModel):
         return float(value)
 
 
+# A number of running jobs at most (a JSON integer, `2.0` too).
+Slots = Annotated[int, Strict(), Field(ge=1, le=MAX_CONCURRENCY), WHOLE]
+
+
+def _true_or_false(schema: dict[str, Any]) -> None:
+    """`paused` and `fair` may be left out, never null (as `_paused_is_a_bool` checks)."""
+    schema.pop("anyOf", None)
+    schema.pop("default", None)
+    schema["type"] = "boolean"
+
+
 class QueueUpdate(BaseModel):
     """The body of `PUT /queues/{name}`: each field given replaces that limit (`null` clears
     it); a field left out keeps its value."""
 
     model_config = ConfigDict(extra="forbid")
 
-    concurrency: StrictInt | None = Field(
-        default=None, ge=1, le=MAX_CONCURRENCY, description="running jobs at most; null: no limit"
+    concurrency: Slots | None = Field(
+        default=None, description="running jobs at most; null: no limit"
     )
     rate: RateSpec | None = Field(default=None, description="starts per window; null: no limit")
-    paused: bool | None = Field(default=None, description="true: nothing new starts")
-    key_concurrency: StrictInt | None = Field(
+    paused: bool | None = Field(
+        default=None, description="true: nothing new starts", json_schema_extra=_true_or_false
+    )
+    key_concurrency: Slots | None = Field(
         default=None,
-        ge=1,
-        le=MAX_CONCURRENCY,
         description="running jobs per key (a job's `key`) at most; null: no limit",
     )
     key_rate: RateSpec | None = Field(
         default=None, description="starts per window per key; null: no limit"
     )
     fair: bool | None = Field(
-        default=None, description="true: claims take turns across keys even without a key limit"
+        default=None,
+        description="true: claims take turns across keys even without a key limit",
+        json_schema_extra=_true_or_false,
     )
 
     @field_validator("paused", "fair", mode="before")

@@ -446,7 +446,9 @@ def _charged(q: Quota, start: Start, costs: Mapping[WindowName, float], now: dat
         units=float(start.cost),
         t=t_units,
     )
-    waiting = tuple((k, at) for k, at in q.waiting if k != start.key and _recent(q, at, now))
+    # A key stays among the waiting until a window passes without a refusal of it: one
+    # start does not end its claim to a share.
+    waiting = tuple((k, at) for k, at in q.waiting if _recent(q, at, now))
     return replace(q, buckets=buckets, holders=(*q.holders, holder), waiting=waiting)
 
 

@@ -66,6 +66,21 @@ def _check_payload(payload: Any) -> dict[str, Any]:
     return payload
 
 
+# The longest `start_within_s` or `deadline_s` a declaration may give: a year.
+LONGEST_BOUND_S = 365 * 86400.0
+
+
+def check_seconds(option: str, seconds: object) -> None:
+    """A declaration's duration in seconds (None: not given): a positive number, at most a
+    year; `ValueError` naming `option`."""
+    if seconds is None:
+        return
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError(f"{option} must be a number of seconds")
+    if not 0 < seconds <= LONGEST_BOUND_S:
+        raise ValueError(f"{option} must be more than 0 and at most {LONGEST_BOUND_S:.0f}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Schedule:
     name: str
@@ -76,6 +91,9 @@ class Schedule:
     tz: str = "UTC"
     catch_up: CatchUp = "latest"
     overlap: Overlap = "allow"
+    # Each tick's job's `start_within_s` and `deadline_s` (counted from its submit).
+    start_within_s: float | None = None
+    deadline_s: float | None = None
 
     @classmethod
     def declare(
@@ -89,6 +107,8 @@ class Schedule:
         tz: str = "UTC",
         catch_up: str = "latest",
         overlap: str = "allow",
+        start_within_s: float | None = None,
+        deadline_s: float | None = None,
     ) -> Schedule:
         """A checked schedule; `ValueError` naming the schedule and what is wrong."""
         try:
@@ -105,6 +125,8 @@ class Schedule:
             if overlap not in OVERLAP:
                 raise ValueError(f"overlap must be one of {', '.join(OVERLAP)}, not {overlap!r}")
             zone(tz)
+            for option, seconds in (("start_within_s", start_within_s), ("deadline_s", deadline_s)):
+                check_seconds(option, seconds)
             return cls(
                 name=name,
                 cron=parse_cron(cron),
@@ -114,6 +136,8 @@ class Schedule:
                 tz=tz,
                 catch_up=catch_up,
                 overlap=overlap,
+                start_within_s=start_within_s,
+                deadline_s=deadline_s,
             )
         except ValueError as exc:
             raise ValueError(f"schedule {name!r}: {exc}") from None

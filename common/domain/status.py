@@ -27,7 +27,9 @@ TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
         (JobStatus.WAITING, JobStatus.PENDING),  # every parent completed (or ended, if allowed)
         (JobStatus.WAITING, JobStatus.CANCELLED),  # a parent failed (DependencyFailed), or cancel
         (JobStatus.PENDING, JobStatus.RUNNING),  # claim
-        (JobStatus.PENDING, JobStatus.CANCELLED),  # cancel before start
+        (JobStatus.PENDING, JobStatus.CANCELLED),  # cancel before start (or StartByPassed)
+        (JobStatus.WAITING, JobStatus.FAILED),  # its deadline passed (DeadlineExceeded)
+        (JobStatus.PENDING, JobStatus.FAILED),  # its deadline passed (DeadlineExceeded)
         (JobStatus.RUNNING, JobStatus.COMPLETED),  # fenced completion
         (JobStatus.RUNNING, JobStatus.PENDING),  # retry, lease expiry, graceful release
         (JobStatus.RUNNING, JobStatus.FAILED),  # attempts exhausted

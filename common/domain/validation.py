@@ -16,8 +16,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     StrictBool,
-    StrictInt,
     StringConstraints,
     ValidationError,
     field_validator,
@@ -25,7 +25,9 @@ from pydantic import (
 )
 
 from brook.common.domain.errors import ErrorDetail, InvalidInput
+from brook.common.domain.instants import IsoDateTime
 from brook.common.domain.models import DEFAULT_QUEUE, QUEUE_NAME, JobSpec, whole_ms
+from brook.common.domain.numbers import WHOLE
 from brook.common.domain.quotas import check_job_quotas
 from brook.common.domain.schedules import TICK_KEY_PREFIX
 from brook.common.domain.triggers import TRIGGER_KEY_PREFIX
@@ -40,26 +42,122 @@ DAY_S = 86400.0
 MAX_HORIZON_S = 365 * DAY_S
 EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 
+# Marks the `task` field in the API's document, where the names known when it is served go.
+TASK_MARK = "x-brook-task"
+# Marks `run_at`, whose latest year (365 days ahead) the document says when it is served.
+RUN_AT_MARK = "x-brook-run-at"
+# Marks `retention_s`, whose maximum is the API's BROOK_RETENTION_MAX_SECONDS.
+RETENTION_MARK = "x-brook-retention"
+
 ParentName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+def _given(*names: str) -> dict[str, Any]:
+    """JSON Schema: each of these fields is there and not null."""
+    return {
+        "required": list(names),
+        "properties": {name: {"not": {"type": "null"}} for name in names},
+    }
+
+
+def _not_given(name: str) -> dict[str, Any]:
+    return {"not": _given(name)}
+
+
+# What `SubmitJob`'s model validators check, as the OpenAPI document states it.
+_TOGETHER: list[dict[str, Any]] = [
+    {"not": _given("run_at", "delay")},
+    {"anyOf": [_not_given("unique_for_s"), _given("idempotency_key")]},
+    {
+        "anyOf": [
+            _given("debounce_key", "debounce_s"),
+            {"allOf": [_not_given("debounce_key"), _not_given("debounce_s")]},
+        ]
+    },
+    {"anyOf": [_not_given("debounce_max_s"), _given("debounce_key")]},
+    {
+        "anyOf": [
+            _not_given("debounce_key"),
+            {
+                "allOf": [
+                    _not_given(n)
+                    for n in ("idempotency_key", "run_at", "delay", "depends_on", "ref")
+                ]
+            },
+        ]
+    },
+]
+
+
+# What `check_document` takes, as JSON Schema (but the nesting limit, which it cannot say):
+# keys neither starting with `$` nor holding a NUL, integers of 64 bits. `PAYLOAD_DEFS` go
+# in a schema's `$defs` (the API's document moves them to its components).
+_VALUE_REF = {"$ref": "#/$defs/PayloadValue"}
+PAYLOAD_OBJECT: dict[str, Any] = {
+    "type": "object",
+    "propertyNames": {"pattern": "^(?:[^$\\u0000][^\\u0000]*)?$"},
+    "additionalProperties": _VALUE_REF,
+}
+PAYLOAD_DEFS: dict[str, Any] = {
+    "PayloadValue": {
+        "anyOf": [
+            {"type": ["null", "boolean", "string"]},
+            {"type": "integer", "minimum": INT64[0], "maximum": INT64[1]},
+            {"type": "number", "not": {"type": "integer"}},
+            {"type": "array", "items": _VALUE_REF},
+            PAYLOAD_OBJECT,
+        ]
+    }
+}
+
+
+def spec_schema() -> dict[str, Any]:
+    """`SubmitJob`'s JSON Schema with its payload's rules (after pydantic made it: it
+    resolves every `$ref` of a model's schema itself, and knows not `PayloadValue`)."""
+    schema = SubmitJob.model_json_schema()
+    schema["properties"]["payload"] = {**PAYLOAD_OBJECT, "description": "any JSON object"}
+    schema.setdefault("$defs", {}).update(PAYLOAD_DEFS)
+    return schema
+
+
+def _document_rules(schema: dict[str, Any]) -> None:
+    schema["allOf"] = _TOGETHER
+    key = schema["properties"]["idempotency_key"]
+    key["not"] = {"pattern": f"^({TICK_KEY_PREFIX}|{TRIGGER_KEY_PREFIX})"}
 
 
 class SubmitJob(BaseModel):
     """One job spec: the body of `POST /jobs`, an item of `POST /jobs/batch`, the arguments
     of `Client.submit`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_document_rules)
 
-    task: str = Field(min_length=1, max_length=200)
+    task: str = Field(
+        min_length=1,
+        max_length=200,
+        json_schema_extra={TASK_MARK: True},
+        description="a task this API or a live dispatcher runs (the document lists them)",
+    )
     payload: dict[str, Any] = Field(default_factory=dict)
     queue: str = Field(default=DEFAULT_QUEUE, pattern=QUEUE_NAME)
-    priority: StrictInt = Field(default=0, ge=-1_000_000, le=1_000_000)
-    run_at: datetime | None = None
-    delay: float | None = Field(default=None, ge=0, le=MAX_HORIZON_S, description="seconds")
-    max_attempts: StrictInt = Field(default=3, ge=1, le=1000)
-    timeout_s: float | None = Field(default=None, gt=0, le=7 * DAY_S)
+    priority: Annotated[int, Strict(), Field(ge=-1_000_000, le=1_000_000), WHOLE] = 0
+    run_at: IsoDateTime | None = Field(
+        default=None,
+        json_schema_extra={RUN_AT_MARK: True},
+        description="ISO-8601; at most 365 days ahead; a time before 1970 is read as 1970 (due)",
+    )
+    delay: Annotated[float, Strict(), Field(ge=0, le=MAX_HORIZON_S)] | None = Field(
+        default=None, description="seconds"
+    )
+    max_attempts: Annotated[int, Strict(), Field(ge=1, le=1000), WHOLE] = 3
+    timeout_s: Annotated[float, Strict(), Field(gt=0, le=7 * DAY_S)] | None = None
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
-    unique_for_s: float | None = Field(default=None, gt=0, le=365 * DAY_S)
-    retention_s: float | None = Field(default=None, ge=0, le=100 * 365 * DAY_S)
+    unique_for_s: Annotated[float, Strict(), Field(gt=0, le=365 * DAY_S)] | None = None
+    retention_s: Annotated[float, Strict(), Field(ge=0, le=100 * 365 * DAY_S)] | None = Field(
+        default=None,
+        json_schema_extra={RETENTION_MARK: True},
+        description="seconds; at most BROOK_RETENTION_MAX_SECONDS (the document says it)",
+    )
     depends_on: list[ParentName] | None = Field(
         default=None,
         max_length=MAX_PARENTS,
@@ -83,13 +181,11 @@ class SubmitJob(BaseModel):
         max_length=256,
         description="submits with this key while its job is pending join that job",
     )
-    debounce_s: float | None = Field(
-        default=None, gt=0, le=DAY_S, description="run once no submit joined for this long"
+    debounce_s: Annotated[float, Strict(), Field(gt=0, le=DAY_S)] | None = Field(
+        default=None, description="run once no submit joined for this long"
     )
-    debounce_max_s: float | None = Field(
+    debounce_max_s: Annotated[float, Strict(), Field(gt=0, le=7 * DAY_S)] | None = Field(
         default=None,
-        gt=0,
-        le=7 * DAY_S,
         description="run at most this long after the first submit (default 10 x debounce_s)",
     )
     run_on_parent_failure: StrictBool = Field(
@@ -100,8 +196,20 @@ class SubmitJob(BaseModel):
         default=None,
         description="the quotas it draws on, each with its cost in units (an estimate)",
     )
+    start_by: datetime | None = Field(
+        default=None, description="not started by then: cancelled (StartByPassed)"
+    )
+    start_within_s: float | None = Field(
+        default=None, gt=0, le=MAX_HORIZON_S, description="start_by, counted from the submit"
+    )
+    deadline: datetime | None = Field(
+        default=None, description="unfinished then: failed (DeadlineExceeded), never retried"
+    )
+    deadline_s: float | None = Field(
+        default=None, gt=0, le=MAX_HORIZON_S, description="deadline, counted from the submit"
+    )
 
-    @field_validator("run_at")
+    @field_validator("run_at", "start_by", "deadline")
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:
         if value is None:
@@ -111,9 +219,12 @@ class SubmitJob(BaseModel):
         try:
             value = whole_ms(value.astimezone(UTC))
         except OverflowError:  # year 1 or 9999 moved by its offset past datetime's range
-            raise ValueError("is out of range") from None
-        if value < EARLIEST_RUN_AT:
-            raise ValueError("must not be before 1970")
+            if value.year > 1:
+                raise ValueError("is out of range") from None
+            value = EARLIEST_RUN_AT
+        # Long past is due now, as any past time: read as 1970, whose arithmetic (a lag, a
+        # backoff) cannot leave datetime's range.
+        value = max(value, EARLIEST_RUN_AT)
         if value > datetime.now(UTC) + timedelta(seconds=MAX_HORIZON_S):
             raise ValueError("must be at most 365 days ahead")
         return value
@@ -151,7 +262,30 @@ class SubmitJob(BaseModel):
         if self.unique_for_s is not None and self.idempotency_key is None:
             raise ValueError("unique_for_s needs an idempotency_key")
         self._debounce_together()
+        self._deadlines_together()
         return self
+
+    def _deadlines_together(self) -> None:
+        for absolute, relative in (("start_by", "start_within_s"), ("deadline", "deadline_s")):
+            if getattr(self, absolute) is not None and getattr(self, relative) is not None:
+                raise ValueError(f"give {absolute} or {relative}, not both")
+        # When it is due and its start_by, on one clock where both are known here (a time
+        # counted from the submit is read on this host's clock: within a round trip).
+        now = datetime.now(UTC)
+        due = self.run_at or (now + timedelta(seconds=self.delay) if self.delay else None)
+        latest = self.start_by
+        if latest is None and self.start_within_s is not None:
+            latest = now + timedelta(seconds=self.start_within_s)
+        if due is None or latest is None:
+            return
+        if self.run_at is None and self.start_by is None:  # both counted from the submit
+            late = (self.delay or 0.0) > (self.start_within_s or 0.0)
+        else:
+            late = due > latest
+        if late:
+            given = "run_at" if self.run_at is not None else "delay"
+            bound = "start_by" if self.start_by is not None else "start_within_s"
+            raise ValueError(f"{given} is later than {bound}: the job could never start")
 
     def _debounce_together(self) -> None:
         if (self.debounce_key is None) != (self.debounce_s is None):
@@ -195,6 +329,10 @@ class SubmitJob(BaseModel):
             debounce_s=self.debounce_s,
             debounce_max_s=self.debounce_max_s,
             quotas=self.quotas,
+            start_by=self.start_by,
+            start_within_s=self.start_within_s,
+            deadline=self.deadline,
+            deadline_s=self.deadline_s,
         )
 
 
@@ -261,10 +399,23 @@ def _check_key(key: object, at: _Path) -> None:
         raise ValueError(f"{_name(at)}: key {_short(key)} starts with '$'")
     if "\x00" in key:
         raise ValueError(f"{_name(at)}: key {_short(key)} contains a NUL character")
+    _check_text(key, at)
+
+
+def _check_text(text: str, at: _Path) -> None:
+    # JSON may escape half a surrogate pair (`"\ud800"`): no UTF-8 text, so BSON cannot
+    # store it (it was a 500).
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{_name(at)}: text with a lone surrogate (not UTF-8)") from None
 
 
 def _check_scalar(value: object, at: _Path) -> None:
-    if isinstance(value, bool) or value is None or isinstance(value, str):
+    if isinstance(value, str):
+        _check_text(value, at)
+        return
+    if isinstance(value, bool) or value is None:
         return
     if isinstance(value, int):
         if not INT64[0] <= value <= INT64[1]:

@@ -17,12 +17,24 @@ OutcomeKind = Literal[
     "shutdown",
     "handed_back",
     "suspended",
+    "start_by_passed",
+    "deadline_exceeded",
 ]
 # `suspended`: the task slept (`ctx.sleep`) or waits for a signal (`ctx.wait_for_signal`):
 # its run ends, the job waits without a worker, and is replayed when it is due again.
 # `handed_back`: a job claimed for a rate-limited queue that could not start soon enough
 # after its claim (`dispatcher.claiming.queue_slots`); it goes back to pending like a shutdown's.
-KillReason = Literal["timeout", "cancelled", "lease_lost", "shutdown", "handed_back"]
+# `start_by_passed`: a job claimed but not started by its `start_by` is dropped (cancelled);
+# `deadline_exceeded`: a held job past its `deadline` is stopped (failed, never retried).
+KillReason = Literal[
+    "timeout",
+    "cancelled",
+    "lease_lost",
+    "shutdown",
+    "handed_back",
+    "start_by_passed",
+    "deadline_exceeded",
+]
 RELEASES = ("shutdown", "handed_back")  # the kinds whose job is handed back, not failed
 
 

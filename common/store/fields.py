@@ -136,8 +136,17 @@ def _optional_fields(
         fields["unique_until"] = at(spec.unique_for_s * 1000)
     if spec.retention_s is not None:
         fields["retention_s"] = spec.retention_s
+    for name, given, within in (
+        ("start_by", spec.start_by, spec.start_within_s),
+        ("deadline", spec.deadline, spec.deadline_s),
+    ):
+        if given is not None:
+            fields[name] = value(whole_ms(given))
+        elif within is not None:
+            fields[name] = at(within * 1000)
     if spec.debounce_key is not None and spec.debounce_s is not None:
         fields["debounce_key"] = value(spec.debounce_key)
+        fields["debounce_open"] = True  # joinable until claimed (`claimed_fields`)
         longest = spec.debounce_max_s or spec.debounce_s * DEBOUNCE_MAX_FACTOR
         fields["debounce_until"] = at(longest * 1000)
     return fields
@@ -166,12 +175,17 @@ def claimed_fields(owner: str, lease_seconds: float) -> dict[str, Any]:
         "owner": lit(owner),
         "attempts": attempt,
         "claimed_at": NOW,
+        # `started_at` is the current attempt's: the first start is kept for `start_by`.
+        "first_started_at": {"$ifNull": ["$first_started_at", "$started_at"]},
         "started_at": None,
         "updated_at": NOW,
         "lease_expires_at": after(lease_seconds * 1000),
         **history({"status": R, "at": NOW, "attempt": attempt, "owner": lit(owner)}),
         "progress": None,  # a new attempt starts from nothing
         "waiting_for": "$$REMOVE",  # a sleep or a signal wait is over: it runs again
+        # A debounced job ran (or runs) with the payload it had: its key's next submit
+        # starts a new job, and this one, back to pending for a retry, holds no key.
+        "debounce_open": "$$REMOVE",
         "woken_at": "$$REMOVE",
         # A per-key slot is taken by the claims that name one (`QueueLimits.slots_on_jobs`);
         # any other claim drops what an earlier attempt held.
@@ -188,6 +202,7 @@ def as_claimed(doc: Doc, owner: str) -> Job:
             "owner": owner,
             "attempts": int(doc.get("attempts", 0)) + 1,
             "claimed_at": None,  # the server's; not read back
+            "first_started_at": doc.get("first_started_at") or doc.get("started_at"),
             "started_at": None,
             "progress": None,
         }
@@ -293,6 +308,7 @@ def retried_fields(waiting_on: Sequence[str]) -> dict[str, Any]:
         "cancel_requested": False,
         "cancel_error": "$$REMOVE",
         "spawn_cancel": "$$REMOVE",
+        "debounce_open": "$$REMOVE",  # a retried job is not joined (its key may be taken)
         **history({"status": status, "at": NOW, "attempt": "$attempts", "reason": "retry"}),
     }
 

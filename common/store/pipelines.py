@@ -33,6 +33,15 @@ DISPATCHER_PIPELINE: list[dict[str, Any]] = [
         "$match": {
             "$or": [
                 {"operationType": "insert", "fullDocument.status": "pending"},
+                # A waiting job with a bound of its own: the deadline timer waits for it.
+                {
+                    "operationType": "insert",
+                    "fullDocument.status": "waiting",
+                    "$or": [
+                        {"fullDocument.start_by": {"$exists": True}},
+                        {"fullDocument.deadline": {"$exists": True}},
+                    ],
+                },
                 {
                     "operationType": "update",
                     "updateDescription.updatedFields.status": "pending",
@@ -59,6 +68,10 @@ DISPATCHER_PIPELINE: list[dict[str, Any]] = [
             "fullDocument.queue": 1,
             "fullDocument.priority": 1,
             "fullDocument.key": 1,
+            "fullDocument.status": 1,
+            "fullDocument.created_at": 1,
+            "fullDocument.start_by": 1,
+            "fullDocument.deadline": 1,
             "updateDescription.updatedFields.run_at": 1,
             "updateDescription.updatedFields.status": 1,
             "updateDescription.updatedFields.cancel_requested": 1,

@@ -131,3 +131,12 @@ class QuotaLedger:
             )
         ).to_list()
         return {str(r["_id"]): float(r["units"] or 0) for r in rows}
+
+    async def today(self) -> dict[str, dict[str, float]]:
+        """Each quota's units and requests counted today (UTC), by name."""
+        day = _day(datetime.now(UTC))
+        rows = await self.ledger.find({"period": "day", "key": NO_KEY, "at": day}).to_list()
+        return {
+            str(r["quota"]): {"units": r.get("units", 0), "requests": r.get("requests", 0)}
+            for r in rows
+        }

@@ -259,12 +259,16 @@ class QuotaStore:
         res = await self.jobs.update_one(write.filter, write.update)
         return res.modified_count == 1
 
-    async def wake(self, name: str, n: int) -> int:
-        """Make up to `n` jobs held back by `name` due now (best first): it has room again."""
+    async def wake(self, name: str, n: int, not_key: str | None = None) -> int:
+        """Make up to `n` jobs held back by `name` due now (best first): it has room again
+        (with `not_key`: for the other keys than that one, which just had its share)."""
         if n <= 0:
             return 0
+        query = quota_queries.quota_waiters(name)
+        if not_key is not None:
+            query["key"] = {"$ne": not_key}
         docs = await self.jobs.find(
-            quota_queries.quota_waiters(name),
+            query,
             projection={"_id": 1},
             sort=[("priority", -1), ("run_at", 1)],
             limit=n,

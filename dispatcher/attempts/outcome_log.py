@@ -62,7 +62,10 @@ def log_outcome(verdict: Verdict, outcome: Outcome, fields: dict[str, Any]) -> N
     if done is None or done.status == JobStatus.COMPLETED:
         log_event(Event.JOB_COMPLETED, **fields)
     elif done.status == JobStatus.CANCELLED:
-        log_event(Event.JOB_CANCELLED, **fields)
+        error_type = (done.error or {}).get("type")
+        log_event(
+            Event.JOB_CANCELLED, **fields, **({"error_type": error_type} if error_type else {})
+        )
     elif outcome.kind == "suspended" and done.status == JobStatus.PENDING:
         waiting = done.waiting_for or {}
         until = waiting.get("until")

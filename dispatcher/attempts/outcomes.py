@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pymongo.errors import PyMongoError
 
+from brook.common.domain.deadlines import Bound, Defaults, deadline_of, start_by_of
 from brook.common.domain.errors import JobNotFound, LeaseLost
 from brook.common.domain.models import Job
 from brook.common.domain.status import JobStatus
@@ -69,8 +71,14 @@ class Outcomes:
         spawn: Spawn,
         dependents: Dependents,
         steps: StepKeeper | None = None,
+        bounds: Defaults | None = None,
     ) -> None:
+        """`bounds`: the tasks' default deadlines (`Wiring.bounds`)."""
         self.settings = settings
+        self.bounds: Defaults = bounds or {}
+        # Told of each job an outcome sent back to wait (a retry, a sleep, a hand-back): the
+        # deadline timer's (`DeadlineTimer.heard`).
+        self.waits: Callable[[Job], None] = lambda job: None
         self.steps = steps
         self.store = store
         self.owner = owner
@@ -137,9 +145,17 @@ class Outcomes:
             verdict = await self._learn(lease, outcome, verdict)
         log_outcome(verdict, outcome, fields)
         count_outcome(job, outcome_label(verdict, outcome))
-        if verdict.job is not None and verdict.job.has_dependents:
-            self._parent_ended(verdict.job)
+        if verdict.job is not None:
+            self._written(verdict.job)
         return verdict
+
+    def _written(self, job: Job) -> None:
+        """An outcome's write landed: settle the job's dependents if it ended, tell the
+        deadline timer if it waits again."""
+        if job.has_dependents:
+            self._parent_ended(job)
+        if job.status == JobStatus.PENDING:
+            self.waits(job)
 
     def _parent_ended(self, job: Job) -> None:
         if job.status == JobStatus.FAILED:
@@ -267,6 +283,8 @@ class Outcomes:
     ) -> Job:
         if outcome.kind == "cancelled":
             return await self.store.cancel_running(lease, self.owner, ran=ran)
+        if outcome.kind in ("start_by_passed", "deadline_exceeded"):
+            return await self._past_bound(job, lease, outcome, ran)
         if outcome.kind == "suspended" and outcome.suspend is not None and self.steps is not None:
             return await self.steps.suspend(job, lease, outcome.suspend)
         if outcome.kind in RELEASES:
@@ -279,6 +297,17 @@ class Outcomes:
             delay = self._backoff(job)
         error = outcome.error or {"type": "Error", "message": outcome.kind}
         return await self.store.fail_attempt(lease, self.owner, error, max(delay, 0.0), ran=ran)
+
+    async def _past_bound(
+        self, job: Job, lease: Lease, outcome: Outcome, ran: RunTimes | None
+    ) -> Job:
+        """A held job stopped at its `start_by` (never started) or its `deadline`."""
+        bound: Bound = "deadline_exceeded"
+        at = deadline_of(job, self.bounds)
+        if outcome.kind == "start_by_passed":
+            bound, at = "start_by_passed", start_by_of(job, self.bounds)
+        when = at or datetime.now(UTC)
+        return await self.store.end_held_past_bound(lease, self.owner, bound, when, ran)
 
     async def _release_many(self, leases: Sequence[Lease]) -> list[Job | None]:
         released = await self.store.release_many(self.owner, leases)

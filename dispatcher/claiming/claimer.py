@@ -90,6 +90,9 @@ class Claimer:
         self._signals = 0
         self._maybe_more = True
         self._dry: set[Target] = set()
+        # Targets found dry only in the parts that had room (a part of their tasks had none:
+        # its processes busy): a freed process makes them worth a look again.
+        self._partly_dry: set[Target] = set()
         # What the reasons to look say: `_news` counts the jobs announced due one by one (an
         # insert, a requeue) that no look has claimed for yet; `_vague` says some reason named
         # no job (a sweep, the due timer, a queue opening): then looks go on until one finds
@@ -215,6 +218,11 @@ class Claimer:
 
     def worker_freed(self) -> None:
         """A worker (or room in the buffer) may be free: look again if there may be work."""
+        if self._partly_dry:
+            # What is due there is unknown (only other parts were looked at): as a sweep.
+            self._dry -= self._partly_dry
+            self._partly_dry.clear()
+            self._maybe_more = self._vague = True
         if self._maybe_more or self._stopping:
             self._wake.set()
 
@@ -306,10 +314,17 @@ class Claimer:
     async def _claim_parts(self, target: Target, hurry: bool, only: KeyOnly) -> list[bool | None]:
         """Claim in `target` for each part of its room (`Room.parts`), within its room."""
         parts: list[list[bool | None]] = []
+        skipped = False
         for tasks, room in self.room.parts(target, hurry):
             if room > 0:
                 with scoped(tasks):
                     parts.append(await self._claim_for(target, 1 if hurry else room, only))
+            else:
+                skipped = True
+        if skipped and parts:
+            self._partly_dry.add(target)
+        else:
+            self._partly_dry.discard(target)
         return merged(parts)
 
     async def _claim_for(

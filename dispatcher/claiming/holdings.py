@@ -243,6 +243,10 @@ class Holdings:
         lease from after that, however long the answer took to come back."""
         return self._since.get(job_id, -float("inf"))
 
+    def is_claimed_ahead(self, job_id: str) -> bool:
+        """Whether the job is held and waits for a worker (its task has not started)."""
+        return job_id in self._claimed_ahead
+
     def is_running(self, job_id: str) -> bool:
         """Whether the job is held and not yet finishing (claimed ahead or running)."""
         return job_id in self._leases

@@ -17,6 +17,7 @@ it over (`QuotaStore.prune`, when a quota is found full).
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -25,7 +26,7 @@ from pymongo.errors import PyMongoError
 
 from brook.common.domain.errors import QuotaNotFound
 from brook.common.domain.models import Job
-from brook.common.domain.quotas import Refused, Start
+from brook.common.domain.quotas import Quota, Refused, Start
 from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.store.jobs import Lease
 from brook.common.store.quotas import QuotaStore
@@ -50,6 +51,11 @@ class QuotaGate:
         # be held back is handed back (`refuse`).
         self.start: Callable[[Job, float], None] = lambda job, sent: None
         self.refuse: Callable[[Job, float], None] = lambda job, sent: None
+        # One charge of a quota at a time here: a batch of claimed jobs would otherwise race
+        # each other's writes on its one document. And a quota found full (or closed) is not
+        # asked again before the moment it gave: the jobs claimed meanwhile wait at once.
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._full: dict[str, Refused] = {}
 
     def costs(self, job: Job) -> Costs:
         """The quotas a job draws on: its own, else its task's default."""
@@ -90,7 +96,7 @@ class QuotaGate:
         for name, cost in sorted(self.costs(job).items()):
             s = Start(job=job.id, attempt=job.attempts, owner=self.owner, key=job.key, cost=cost)
             try:
-                out = await self.store.charge(name, s)
+                out = await self._charge(name, s)
             except QuotaNotFound:
                 log_event(
                     Event.QUOTA_HELD, level="error", **job_fields(job), quota=name, reason="unknown"
@@ -101,9 +107,26 @@ class QuotaGate:
                     await self.store.refund(done, job.id, job.attempts)
                 if out.reason in ("concurrency", "fair"):
                     await self.store.prune(name)
+                if out.reason == "fair":
+                    # The room this key may not take is another key's: wake one of theirs.
+                    await self.store.wake(name, 1, not_key=job.key)
                 return name, out
             charged.append(name)
         return None
+
+    async def _charge(self, name: str, start: Start) -> Quota | Refused:
+        full = self._full.get(name)
+        if full is not None and full.retry_at > _now():
+            return full
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            full = self._full.get(name)
+            if full is not None and full.retry_at > _now():
+                return full
+            out = await self.store.charge(name, start)
+        if isinstance(out, Refused) and out.reason in ("closed", "units", "requests"):
+            self._full[name] = out
+        return out
 
     def ended(self, job: Job) -> None:
         """An attempt of `job` is over here: its holds go, and a job waiting on each quota
@@ -115,6 +138,7 @@ class QuotaGate:
     async def _release(self, job: Job, names: list[str]) -> None:
         for name in names:
             try:
+                self._full.pop(name, None)  # a usage report may have refunded units
                 if await self.store.release(name, job.id, job.attempts):
                     await self.store.wake(name, 1)
             except PyMongoError as exc:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from brook.common.client.dependents import recheck
+from brook.common.domain.deadlines import logged_bounds
 from brook.common.domain.models import JobSpec
 from brook.common.domain.schedules import Schedule, ScheduleState
 from brook.common.runtime.log_events import Event, job_fields, log_event
@@ -156,6 +157,8 @@ class ScheduleRunner:
             # A buffered or replacing job starts once the run it follows has ended.
             depends_on=(after,) if after is not None else (),
             run_on_parent_failure=after is not None,
+            start_within_s=s.start_within_s,
+            deadline_s=s.deadline_s,
         )
         submitted = await persist("schedule.submit", lambda: self._insert(spec))
         job = submitted.job
@@ -164,7 +167,13 @@ class ScheduleRunner:
             # Another dispatcher got there first: the usual case, and the point.
             log_event(Event.JOB_DEDUPLICATED, level="debug", **fields)
             return
-        log_event(Event.JOB_SUBMITTED, **fields, catch_up=catch_up, run_at=job.run_at.isoformat())
+        log_event(
+            Event.JOB_SUBMITTED,
+            **fields,
+            catch_up=catch_up,
+            run_at=job.run_at.isoformat(),
+            **logged_bounds(job),
+        )
         await persist("schedule.ticked", lambda: self.store.ticked(s.name, tick, job.id))
 
     async def _insert(self, spec: JobSpec) -> Submitted:

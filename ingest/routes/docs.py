@@ -19,6 +19,10 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pymongo.errors import PyMongoError
+
+from brook.ingest.deps import State
+from brook.ingest.openapi import served
 
 OPENAPI_PATH = "/openapi.json"
 # Swagger UI and ReDoc set styles inline and ReDoc starts a worker from a blob: nothing
@@ -61,9 +65,15 @@ async def asset(name: str) -> Response:
 
 
 @router.get(OPENAPI_PATH)
-async def openapi(request: Request) -> JSONResponse:
+async def openapi(request: Request, state: State) -> JSONResponse:
+    """The document, its job specs naming the tasks known now (without a primary to read
+    the live dispatchers from: this process's own)."""
     schema: dict[str, Any] = request.app.openapi()
-    return JSONResponse(schema)
+    try:
+        tasks = await state.core.known_tasks()
+    except PyMongoError:
+        tasks = state.known_tasks
+    return JSONResponse(served(schema, tasks, state.settings.retention_max_seconds))
 
 
 def _page(title: str, head: str, body: str) -> HTMLResponse:

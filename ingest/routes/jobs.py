@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -10,19 +9,24 @@ from fastapi.responses import JSONResponse
 
 from brook.common.domain.bulk import BulkBody
 from brook.common.domain.errors import JobConflict, JobNotFound
+from brook.common.domain.instants import Instant
 from brook.common.domain.models import QUEUE_NAME, JobSpec
 from brook.common.domain.reruns import RerunBody, validate_rerun
 from brook.common.domain.status import JobStatus
-from brook.common.domain.validation import MAX_BATCH, SubmitJob
+from brook.common.domain.validation import MAX_BATCH, spec_schema
 from brook.ingest.deps import Core, Store, batch_body, json_body, submit_body
 from brook.ingest.encoding import job_response, json_response
-from brook.ingest.fields import INCLUDABLE, parse_include
+from brook.ingest.fields import INCLUDABLE, INCLUDE_PATTERN, parse_include
 
 router = APIRouter(tags=["jobs"])
 
+# What a job id is (an ObjectId's hex), as the document says of `after`: any other text is
+# a `422`.
+JOB_ID_PATTERN = r"^[0-9a-fA-F]{24}$"
+
 # Bodies are read by hand (size limit first, then depth, then parsing); their schemas are
 # declared here so the OpenAPI document still shows them.
-_SPEC_SCHEMA = SubmitJob.model_json_schema()
+_SPEC_SCHEMA = spec_schema()
 _SUBMIT_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,
@@ -154,12 +158,16 @@ async def list_jobs(
     task: Annotated[str | None, Query(max_length=200)] = None,
     queue: Annotated[str | None, Query(pattern=QUEUE_NAME)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    after: Annotated[str | None, Query(max_length=64)] = None,
+    after: Annotated[
+        str | None, Query(max_length=64, json_schema_extra={"pattern": JOB_ID_PATTERN})
+    ] = None,
     key: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
     error: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    include: Annotated[str | None, Query(max_length=100)] = None,
+    since: Instant | None = None,
+    until: Instant | None = None,
+    include: Annotated[
+        str | None, Query(max_length=100, json_schema_extra={"pattern": INCLUDE_PATTERN})
+    ] = None,
     spawned_by: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
 ) -> JSONResponse:
     """Jobs newest first, without `payload` and `result` unless `include` names them
@@ -167,18 +175,22 @@ async def list_jobs(
     Search by `key`, `error` (the start of the error's type, case-sensitive) and
     `since`/`until` (created at or after / before, ISO-8601). A search that cannot finish
     within `BROOK_QUERY_MAX_MS` → `422` `search_too_broad`. `spawned_by`: the jobs that
-    job's task submitted with `ctx.submit` (with `status`, `task` and `queue` only)."""
+    job's task submitted with `ctx.submit`, with any of the other filters."""
     wanted = parse_include(include)
     left_out = sorted(INCLUDABLE - wanted)
     if spawned_by is not None:
-        if any(v is not None for v in (key, error, since, until)):
-            raise HTTPException(
-                422, "spawned_by combines with status, task and queue only (not key, error, "
-                "since or until)"
-            )
         given = {"status": status.value if status else None, "task": task, "queue": queue}
+        given["key"] = key  # with the others: `key` is an equality too
         filters = {k: v for k, v in given.items() if v is not None}
-        jobs, nxt = await store.list_spawned(spawned_by, filters=filters, limit=limit, after=after)
+        jobs, nxt = await store.list_spawned(
+            spawned_by,
+            filters=filters,
+            limit=limit,
+            after=after,
+            error=error,
+            since=since,
+            until=until,
+        )
         page = [_without(j.to_api(), left_out) for j in jobs]
         return json_response({"jobs": page, "next": nxt})
     jobs, nxt = await store.list_jobs(
@@ -189,8 +201,8 @@ async def list_jobs(
         after=after,
         key=key,
         error=error,
-        since=_utc(since),
-        until=_utc(until),
+        since=since,
+        until=until,
         include=wanted,
     )
     return json_response({"jobs": [_without(j.to_api(), left_out) for j in jobs], "next": nxt})
@@ -202,23 +214,17 @@ def _without(job: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     return job
 
 
-def _utc(at: datetime | None) -> datetime | None:
-    if at is None:
-        return None
-    return (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
-
-
 @router.get("/failures", responses={422: _LIST_ERRORS[422]})
 async def failures(
     store: Store,
-    since: datetime | None = None,
+    since: Instant | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JSONResponse:
     """Jobs with an error, grouped by error type and task (the dashboard's failures view):
     `{"groups": [{"error_type", "task", "failed", "retrying", "latest": {"id", "error",
     "at"}}]}`, the most recent groups first; `since`: failed jobs finished at or after.
     Too broad to finish within `BROOK_QUERY_MAX_MS` → `422` `search_too_broad`."""
-    groups = await store.failure_groups(_utc(since), limit)
+    groups = await store.failure_groups(since, limit)
     return json_response(
         {
             "groups": [

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Header, HTTPException, Query
 from fastapi.responses import Response, StreamingResponse
 from sse_starlette import EventSourceResponse
 
-from brook.common.domain.output import parse_position
+from brook.common.domain.output import POSITION_PATTERN, parse_position
 from brook.ingest.deps import State
 from brook.ingest.feeds import SEP
 from brook.ingest.output_feed import OutputFeed, output_text
@@ -18,12 +18,21 @@ from brook.ingest.output_hub import OutputReader
 from brook.ingest.routes.events import (
     READY_WAIT_S,
     SEND_TIMEOUT_S,
-    LastEventId,
     _busy,
     _Stream,
 )
 
 router = APIRouter(tags=["output"])
+
+Position = Annotated[
+    str | None,
+    Header(
+        max_length=30,
+        json_schema_extra={"pattern": POSITION_PATTERN},
+        description="The `id:` of the last event received (`ATTEMPT-SEQ`): the stream "
+        "resumes right after it.",
+    ),
+]
 
 _EVENT_SCHEMA = {
     "title": "OutputEvent",
@@ -60,20 +69,21 @@ _EVENT_SCHEMA = {
                 "text/plain": {"schema": {"type": "string"}},
             },
         },
-        400: {"description": "`Last-Event-ID` is not a position this job's stream has."},
+        400: {"description": "`Last-Event-ID` is not a position (`ATTEMPT-SEQ`)."},
+        409: {"description": "`Last-Event-ID` is a position this job's output never had."},
     },
 )
 async def job_output(
     job_id: str,
     state: State,
-    last_event_id: LastEventId = None,
+    last_event_id: Position = None,
     attempt: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
     format: Literal["sse", "text"] = "sse",
 ) -> Response:
     """The job's output, every attempt in turn (or one, with `attempt`): its chunks so far,
     then each one as it is written, then `end` once the job has ended."""
     after = None
-    if last_event_id is not None:
+    if last_event_id:  # an empty header names no position
         after = parse_position(last_event_id)
         if after is None:
             raise HTTPException(400, "Last-Event-ID is not an output position ('ATTEMPT-SEQ')")
@@ -81,7 +91,9 @@ async def job_output(
     if await store.status(job_id) is None:
         raise HTTPException(404, f"no job {job_id}")
     if after is not None and not await store.issued(job_id, *after):
-        raise HTTPException(400, f"this job's output never had position {last_event_id}")
+        # Well formed, and of a job that exists: what it names is not there (yet). A conflict
+        # with the job's state, as the document says, not a malformed request.
+        raise HTTPException(409, f"this job's output never had position {last_event_id}")
     if format == "text":
         return StreamingResponse(
             output_text(store, job_id, attempt), media_type="text/plain; charset=utf-8"

@@ -7,6 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 
+from brook.common.domain.errors import InvalidInput
+from brook.common.domain.models import QUEUE_NAME
 from brook.common.domain.queues import QueueUpdate
 from brook.ingest.deps import Core, json_body
 from brook.ingest.encoding import json_response
@@ -14,7 +16,11 @@ from brook.ingest.encoding import json_response
 router = APIRouter(tags=["queues"])
 
 # Any name reaches the validator, so a bad one gets the same `422` as from the client.
-Name = Annotated[str, Path(description="the queue's name", max_length=200)]
+# The document states the pattern the validator holds names to.
+Name = Annotated[
+    str,
+    Path(description="the queue's name", max_length=200, json_schema_extra={"pattern": QUEUE_NAME}),
+]
 # The body is read by hand (size limit first) and checked by the validator the Python
 # client shares; its schema is declared here so the OpenAPI document still shows it.
 _SET_OPENAPI: dict[str, Any] = {
@@ -50,5 +56,7 @@ async def set_queue(
     `paused` (nothing new starts; running jobs finish). `null` clears a limit; a field left
     out keeps its value. Answers the queue as `GET /queues` shows it; `422` (nothing
     changed) for a bad name or body."""
+    if not isinstance(body, dict):  # `None` would read as "no change" in the client's call
+        raise InvalidInput("the body must be a JSON object")
     queue = await core.set_queue(name, body)
     return json_response(queue.to_api())

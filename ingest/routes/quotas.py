@@ -55,8 +55,7 @@ async def set_quota(
     """Set the quota's limits for the whole cluster: `units` and `requests` (`{"limit": n,
     "per_seconds": s}`), `concurrency` (jobs at once). `null` clears a limit; a field left
     out keeps its value; a quota keeps at least one. `422` (nothing changed) otherwise."""
-    quota = await core.set_quota(name, body)
-    return json_response(quota.to_api())
+    return json_response(await core.set_quota(name, body))
 
 
 @router.delete("/quotas/{name:path}", responses={404: {"description": "no such quota"}})

@@ -8,14 +8,23 @@ from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 
 from brook.common.domain.errors import InvalidInput
-from brook.common.domain.steps import SIGNAL_KEY_RULE
-from brook.ingest.deps import Core, json_body
+from brook.common.domain.steps import SIGNAL_KEY, SIGNAL_KEY_RULE
+from brook.common.domain.validation import PAYLOAD_DEFS
+from brook.ingest.deps import Core, optional_json_body
 from brook.ingest.encoding import json_response
 
 router = APIRouter(tags=["signals"])
 
 # Any key reaches the validator, so a bad one gets the same `422` as from the client.
-Key = Annotated[str, Path(description=f"the signal's key: {SIGNAL_KEY_RULE}", max_length=1000)]
+# The document states the pattern the validator holds keys to.
+Key = Annotated[
+    str,
+    Path(
+        description=f"the signal's key: {SIGNAL_KEY_RULE}",
+        max_length=1000,
+        json_schema_extra={"pattern": SIGNAL_KEY.pattern},
+    ),
+]
 _SIGNAL_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": False,
@@ -23,8 +32,11 @@ _SIGNAL_OPENAPI: dict[str, Any] = {
             "application/json": {
                 "schema": {
                     "type": "object",
-                    "properties": {"payload": {"description": "any JSON value"}},
+                    "properties": {
+                        "payload": {"$ref": "#/$defs/PayloadValue", "description": "any JSON value"}
+                    },
                     "additionalProperties": False,
+                    "$defs": PAYLOAD_DEFS,
                 }
             }
         },
@@ -41,7 +53,7 @@ _SIGNAL_OPENAPI: dict[str, Any] = {
     },
 )
 async def send_signal(
-    key: Key, body: Annotated[object, Depends(json_body)], core: Core
+    key: Key, body: Annotated[object, Depends(optional_json_body)], core: Core
 ) -> JSONResponse:
     """Send a signal on `key` with body `{"payload": <any JSON>}` (an empty object: a null
     payload). It is stored durably and kept for `BROOK_SIGNAL_RETENTION_SECONDS`; every job

@@ -230,7 +230,7 @@ function drawLines(svg, series, colors) {
 const overview = {
   running: new Map(),
   failures: new Map(),
-  features: { retry: false, queues: false, queuePut: false, schedules: false, scheduleActions: false, triggers: false, triggerActions: false },
+  features: { retry: false, queues: false, quotas: false, queuePut: false, schedules: false, scheduleActions: false, triggers: false, triggerActions: false },
   readOnly: false,  // a read-only token: no action is offered (the API would answer 403)
   stream: null,
   statsTimer: null,
@@ -248,6 +248,7 @@ async function detectFeatures() {
     overview.features = {
       retry: can && has(/^\/jobs\/\{[^}]+\}\/retry$/, "post"),
       queues: has(/^\/queues$/, "get"),
+      quotas: has(/^\/quotas$/, "get"),
       queuePut: can && has(/^\/queues\/\{[^}]+\}$/, "put"),
       schedules: has(/^\/schedules$/, "get"),
       scheduleActions: can && has(/^\/schedules\/\{[^}]+\}\/pause$/, "post"),
@@ -289,6 +290,26 @@ async function renderQueues(queues) {
     const more = extra ? [el("td", {}, q && q.concurrency !== null && q.concurrency !== undefined ? q.concurrency : "—"),
       el("td", {}, q && overview.features.queuePut ? queueButton(q) : "")] : [];
     return el("tr", {}, el("td", {}, el("code", {}, name), q && q.paused ? " (paused)" : ""), cells, more);
+  }));
+}
+
+// Each quota: its limits, what its windows hold, the attempts holding it, the adaptive
+// rate, when a 429 closed it until, its debt and the units its ledger counted today.
+async function renderQuotas() {
+  if (!overview.features.quotas) return;
+  const quotas = (await getJson("/quotas")).quotas;
+  $("#quotas-panel").hidden = quotas.length === 0;
+  const windowOf = (w) => (w ? `${w.limit}/${w.per_seconds}s` : null);
+  $("#quotas tbody").replaceChildren(...quotas.map((q) => {
+    const limits = [["units", windowOf(q.units)], ["requests", windowOf(q.requests)],
+      ["concurrency", q.concurrency ?? null]].filter(([, v]) => v !== null).map(([k, v]) => `${k} ${v}`);
+    const used = Object.entries(q.used || {}).map(([k, v]) => `${k} ${Math.round(v)}`).join(", ");
+    return el("tr", { "data-quota": q.name }, el("td", {}, el("code", {}, q.name)),
+      el("td", {}, limits.join(", ")), el("td", { class: "num" }, used),
+      el("td", { class: "num" }, q.running ?? 0), el("td", { class: "num" }, `×${q.effective_rate}`),
+      el("td", {}, q.closed_until ? new Date(q.closed_until).toLocaleTimeString() : "—"),
+      el("td", { class: "num" }, q.debt ? Math.round(q.debt) : 0),
+      el("td", { class: "num" }, q.today ? Math.round(q.today.units) : 0));
   }));
 }
 
@@ -367,6 +388,7 @@ async function refreshStats() {
     renderCounts(stats.counts);
     renderCharts(stats.series);
     await renderQueues(stats.queues);
+    await renderQuotas();
   } catch (err) { /* the next event or tick tries again */ }
   overview.statsBusy = false;
   if (overview.statsDue) {
@@ -506,8 +528,9 @@ function renderJob(job) {
     if (!progress.firstChild) progress.replaceWith(Object.assign(progressBar(job.progress, true), { id: "job-progress" }));
     setProgress($("#job-progress"), job.progress);
   }
-  const fields = ["status", "queue", "priority", "attempts", "max_attempts", "run_at", "created_at", "started_at",
-    "finished_at", "timeout_s", "idempotency_key", "lease_owner", "lease_expires_at", "cancel_requested"];
+  const fields = ["status", "queue", "priority", "attempts", "max_attempts", "run_at", "start_by", "deadline",
+    "created_at", "started_at", "finished_at", "timeout_s", "idempotency_key", "lease_owner", "lease_expires_at",
+    "cancel_requested"];
   const rows = fields.filter((f) => f in job).map((f) =>
     el("tr", {}, el("th", {}, f), el("td", {}, job[f] === null ? "—" : String(job[f]))));
   // Rerun from a step: the job this one reruns, and its reruns, as links.
@@ -542,10 +565,14 @@ function renderDurable(job) {
   $("#job-waiting-panel").hidden = !(waiting && job.status === "pending");
   if (waiting && job.status === "pending") {
     const until = waiting.until ? new Date(waiting.until).toLocaleString() : null;
-    const what = waiting.kind === "signal"
-      ? `a signal on “${waiting.key}”${until ? `, or its timeout at ${until}` : ""}`
-      : `its wake time, ${until}`;
-    $("#job-waiting").textContent = `Waiting for ${what}, holding no worker (step ${waiting.step || ""}).`;
+    const due = job.run_at ? new Date(job.run_at).toLocaleString() : "";
+    const what = waiting.kind === "quota"
+      ? `room in quota “${waiting.name}” (${waiting.reason || "full"}), looked at again by ${due}`
+      : waiting.kind === "signal"
+        ? `a signal on “${waiting.key}”${until ? `, or its timeout at ${until}` : ""}`
+        : `its wake time, ${until}`;
+    const step = waiting.kind === "quota" ? "" : ` (step ${waiting.step || ""})`;
+    $("#job-waiting").textContent = `Waiting for ${what}, holding no worker${step}.`;
   }
   const steps = job.steps || [];
   $("#job-steps-panel").hidden = steps.length === 0;

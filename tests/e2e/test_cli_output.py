@@ -99,8 +99,15 @@ def test_submit_wait_shows_the_output_as_it_comes_and_prints_only_the_result(
     lines = out.stderr.splitlines()
     job_id = lines[0].split()[0]
     assert lines[0] == f"{job_id} pending" and lines[-1] == f"{job_id} completed", lines
-    assert lines[-2].endswith('{"done":20,"attempt":1}'), lines
+    assert any(line.endswith('{"done":20,"attempt":1}') for line in lines[:-1]), lines
     assert words_between(out.stderr, job_id) == TOKENS.split()
+    # Much output, written before the job's end: all of it is shown before that end.
+    out = cluster.cli("submit", "emit_many", "--payload", '{"n": 5000}', "--wait", **TASKS)
+    assert out.returncode == 0 and json.loads(out.stdout)["emitted"] == 5000, out.stderr
+    lines = out.stderr.splitlines()
+    job_id = lines[0].split()[0]
+    assert lines[-1] == f"{job_id} completed", lines[-3:]
+    assert [line for line in lines if job_id not in line] == [str(i) for i in range(5000)]
 
 
 def test_watch_shows_one_jobs_output_between_its_events(
@@ -114,7 +121,8 @@ def test_watch_shows_one_jobs_output_between_its_events(
     assert watched.returncode == 0, watched.stderr
     lines = watched.stdout.splitlines()
     assert lines[-1].split()[1:3] == [job_id, "completed"], lines
-    assert lines[-2].endswith('{"done":20,"attempt":1}'), lines  # its output, then its end
+    # all of its output before its end (an event line may come between its chunks)
+    assert any(line.endswith('{"done":20,"attempt":1}') for line in lines[:-1]), lines
     assert words_between(watched.stdout, job_id) == TOKENS.split()
     as_json = [
         json.loads(line)
@@ -123,5 +131,11 @@ def test_watch_shows_one_jobs_output_between_its_events(
     chunks = [line["chunk"] for line in as_json if "chunk" in line]
     assert [c["seq"] for c in chunks] == list(range(1, 22))
     assert as_json[-1]["status"] == "completed"
+    # Much output, written before the job's end: watch shows all of it before that end.
+    many = http.post("/jobs", json={"task": "emit_many", "payload": {"n": 5000}}).json()["id"]
+    watched = cluster.cli("watch", many, **TASKS)
+    lines = watched.stdout.splitlines()
+    assert lines[-1].split()[1:3] == [many, "completed"], lines[-3:]
+    assert [line for line in lines if many not in line] == [str(i) for i in range(5000)]
     quiet = cluster.cli("watch", job_id, "--no-output", **TASKS)
     assert "t0" not in quiet.stdout and len(quiet.stdout.splitlines()) == 1

@@ -329,3 +329,26 @@ def test_the_job_page_links_a_rerun_and_its_source_and_marks_the_carried_steps(
     wait_for(browser, lambda d: text(d, "#job-id") == source, timeout=30)
     wait_for(browser, lambda d: texts(d, f"{row} th") == ["reruns"], timeout=30)
     assert browser.find_element(By.CSS_SELECTOR, f"{row} a").get_attribute("title") == rerun_id
+
+
+def test_the_dashboard_shows_each_quota_and_a_job_a_quota_holds_back(
+    cluster: Cluster, browser: WebDriver, http: httpx.Client
+) -> None:
+    tasks = {"BROOK_TASKS": "tests.tasks.basic,tests.tasks.quotas"}
+    cluster.api(**tasks)
+    cluster.dispatcher(**tasks)
+    put = http.put("/quotas/openai:gpt-4o", json={"units": {"limit": 100, "per_seconds": 60}})
+    assert put.status_code == 200, put.text
+    spec = {"task": "quota_sleep", "payload": {"seconds": 0}, "quotas": {"openai:gpt-4o": 100}}
+    first = http.post("/jobs", json=spec).json()["id"]
+    wait_for(browser, lambda d: http.get(f"/jobs/{first}").json()["status"] == "completed")
+    held = http.post("/jobs", json=spec).json()["id"]
+    browser.get(f"{cluster.api_url}/#/jobs/{held}")
+    wait_for(browser, lambda d: "room in quota “openai:gpt-4o”" in text(d, "#job-waiting"))
+    browser.get(f"{cluster.api_url}/")
+    row = '#quotas tr[data-quota="openai:gpt-4o"] td'
+    wait_for(browser, lambda d: len(texts(d, row)) == 8)
+    cells = texts(browser, row)
+    assert cells[0] == "openai:gpt-4o" and cells[1] == "units 100/60s"
+    assert cells[2] == "units 100" and cells[7] == "100"
+    screenshot(browser, "quotas.png")

@@ -225,6 +225,32 @@ async def test_reported_usage_frees_units_a_waiting_job_uses_and_an_overdraft_ho
     assert (doc_d["started_at"] - doc_c["started_at"]).total_seconds() >= 10
     ledger = http.get("/quotas/tokens").json()["totals"]["days"][0]
     assert ledger["units"] == 100 + 800 + 1500 + 1 and ledger["requests"] == 4
+    metrics = http.get("/metrics").text
+    assert 'brook_quota_units_total{quota="tokens"} 2401.0' in metrics
+
+
+async def test_usage_reported_inside_a_step_is_not_charged_again_when_the_step_replays(
+    cluster: Cluster, http: httpx.Client, store: JobStore
+) -> None:
+    cluster.api(BROOK_TASKS=TASKS)
+    put = http.put("/quotas/steps", json={"units": {"limit": 10000, "per_seconds": 60}})
+    assert put.status_code == 200, put.text
+    cluster.dispatcher(BROOK_TASKS=TASKS)
+    job = post(
+        http,
+        {
+            "task": "quota_step_usage",
+            "payload": {"quota": "steps", "used": 700},
+            "quotas": {"steps": 200},
+        },
+    )
+    await wait_all_terminal(store, 1, timeout=60)
+    doc = await job_doc(store, job)
+    assert doc["status"] == "completed" and doc["attempts"] == 2
+    # Attempt 1: 200 charged, corrected to 700. Attempt 2: 200 charged, the step replayed
+    # (its usage not reported again, so not corrected again).
+    ledger = http.get("/quotas/steps").json()["totals"]["days"][0]
+    assert ledger["units"] == 700 + 200 and ledger["requests"] == 2
 
 
 async def test_rate_limited_closes_the_quota_for_every_dispatcher_and_keeps_the_jobs_budget(
@@ -277,27 +303,25 @@ async def test_rate_limited_closes_the_quota_for_every_dispatcher_and_keeps_the_
     wait_until(lambda: http.get("/quotas/model").json()["effective_rate"] == 1.0, timeout=60)
 
 
-async def test_two_tenants_under_one_quota_each_get_their_share_even_against_priority(
+async def test_two_tenants_under_one_quota_each_get_their_share_whatever_their_backlogs(
     cluster: Cluster, http: httpx.Client, store: JobStore
 ) -> None:
     cluster.api(BROOK_TASKS=TASKS)
     put = http.put("/quotas/shared", json={"units": {"limit": 1000, "per_seconds": 2}})
     assert put.status_code == 200, put.text
-    # Tenant a's backlog is older and outranks b's: without fair shares it would take every
-    # unit of the quota until it ran dry.
+    # Tenant a's backlog is older and three times b's: taken in claim order, a's jobs would
+    # get three starts of every four.
     spec = {"task": "quota_sleep", "payload": {"seconds": 0}, "quotas": {"shared": 100}}
-    submit_many(http, [{**spec, "key": "a", "priority": 5} for _ in range(80)])
-    submit_many(http, [{**spec, "key": "b"} for _ in range(80)])
+    submit_many(http, [{**spec, "key": "a"} for _ in range(150)])
+    submit_many(http, [{**spec, "key": "b"} for _ in range(50)])
     for _ in range(2):
         cluster.dispatcher(BROOK_TASKS=TASKS, BROOK_CONCURRENCY="4")
-
-    async def completed() -> list[dict[str, Any]]:
-        docs = await store.jobs.find({"status": "completed"}).to_list()
-        return sorted(docs, key=lambda d: d["started_at"])
-
-    await wait_all_terminal(store, 60, timeout=120)  # 60 of the 160 ended
-    first = (await completed())[:60]
-    share = {k: sum(1 for d in first if d["key"] == k) / len(first) for k in ("a", "b")}
+    await wait_all_terminal(store, 100, timeout=120)  # 100 of the 200 ended
+    docs = await store.jobs.find({"status": "completed"}).to_list()
+    # After the first window (a's oldest jobs fill it before b is refused room), 80 starts:
+    # 8 windows' worth, while both backlogs last.
+    starts = sorted(docs, key=lambda d: d["started_at"])[10:90]
+    share = {k: sum(1 for d in starts if d["key"] == k) / len(starts) for k in ("a", "b")}
     assert share["a"] >= 0.4 and share["b"] >= 0.4, share
 
 

@@ -194,7 +194,7 @@ async def test_cycles_and_unknown_parents_are_refused_and_nothing_is_stored(
         }
     ]
     resp = http.post("/jobs", json={"task": "noop", "depends_on": ["0123456789abcdef01234567"]})
-    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"] == ["depends_on", 0]
+    assert resp.status_code == 404 and resp.json()["detail"][0]["loc"] == ["depends_on", 0]
     assert await store.jobs.count_documents({}) == 0
 
 

@@ -16,7 +16,7 @@ import pytest
 from brook.common.domain.models import Job, JobSpec
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database, make_client
-from brook.common.store.jobs import BestDue, JobStore, Tagged
+from brook.common.store.jobs import BestDue, JobStore, Lease, Tagged
 from tests.support.failpoints import fail_nothing
 
 
@@ -139,3 +139,34 @@ async def test_a_submit_that_joins_a_job_a_claim_has_read_is_not_lost_to_that_cl
         assert again is not None
         ran[again.id] = again.payload
     assert ran == {plain.job.id: {}, first.job.id: {"n": 2}}
+
+
+async def test_a_debounced_job_back_to_pending_leaves_its_key_to_the_job_that_holds_it(
+    store: JobStore,
+) -> None:
+    """Once claimed, a debounced job is no longer the one its key's submits join: an attempt
+    that fails and is retried, a job handed back, or one retried by hand after a cancel,
+    goes back to pending beside the job its key holds now (each was a DuplicateKeyError
+    on `debounce_pending`: in a dispatcher's write, or a 500 from the API), and the key's
+    next submit joins that one."""
+    await store.ensure_indexes()
+    first = await store.submit(debounced(1, quiet=0.01))
+    claimed = None
+    while claimed is None:  # due 10 ms after its submit
+        claimed = (await store.claim("d1", 30, BestDue(tasks={"noop"}))).job
+    assert claimed.id == first.job.id
+    second = await store.submit(debounced(2))
+    assert second.created
+    lease = Lease(job_id=claimed.id, attempt=claimed.attempts)
+    retried = await store.fail_attempt(lease, "d1", {"type": "E", "message": "m"}, 0.0)
+    assert retried.status == "pending"
+    again = (await store.claim("d1", 30, BestDue(tasks={"noop"}, n=1))).job
+    assert again is not None
+    await store.release(Lease(job_id=again.id, attempt=again.attempts), "d1")
+    cancelled = await store.submit(debounced(3, key="other"))
+    await store.cancel(cancelled.job.id)
+    fresh = await store.submit(debounced(4, key="other"))
+    assert (await store.retry(cancelled.job.id)).status == "pending"
+    # The keys' submits join the jobs that hold them, not the ones back to pending.
+    assert (await store.submit(debounced(5))).job.id == second.job.id
+    assert (await store.submit(debounced(6, key="other"))).job.id == fresh.job.id

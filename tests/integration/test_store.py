@@ -396,6 +396,13 @@ async def test_every_transition_the_store_performs_is_in_the_table(store: JobSto
     assert j and j.id == family[0].job.id and j.has_dependents
     written = await store.complete_many(OWNER, [(Lease(job_id=j.id, attempt=1, has_dependents=True), 0)])
     assert len(await settle(store, written.parents, via="completion")) == 1
+    # deadlines: pending → failed, waiting → failed (the waiting one's parent never ends)
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    late = await store.submit(spec(deadline=past))
+    held = await store.submit(spec(run_at=datetime.now(UTC) + timedelta(hours=1)))
+    stuck = await store.submit_many([spec(depends_on=(held.job.id,), deadline=past)])
+    for job_id in (late.job.id, stuck[0].job.id):
+        assert await store.end_past_bound(job_id, "deadline_exceeded", {}) is not None
 
     seen: set[tuple[JobStatus, JobStatus]] = set()
     async for doc in store.jobs.find({}):

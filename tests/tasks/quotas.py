@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from brook import RateLimited, TaskContext, task
+from brook import RateLimited, Retry, TaskContext, task
 
 
 @task("quota_sleep")
@@ -32,3 +32,18 @@ async def quota_429(payload: dict[str, Any], ctx: TaskContext) -> int:
     if ctx.attempt <= int(payload.get("refusals", 1)):
         raise RateLimited(quota=payload["quota"], delay=float(payload.get("delay", 2)))
     return ctx.attempt
+
+
+@task("quota_step_usage")
+async def quota_step_usage(payload: dict[str, Any], ctx: TaskContext) -> int:
+    """A paid call in a step that reports its usage; the first attempt then fails, and the
+    second replays the step."""
+
+    async def call() -> int:
+        await ctx.usage(payload["quota"], int(payload["used"]))
+        return int(payload["used"])
+
+    used = int(await ctx.step("call", call))
+    if ctx.attempt == 1:
+        raise Retry(delay=0)
+    return used

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 import pytest
+from fastapi import HTTPException
 from pydantic import TypeAdapter, ValidationError
 
 from brook.common.domain.bulk import validate_bulk
@@ -28,6 +29,7 @@ from brook.common.domain.steps import check_signal_key
 from brook.common.domain.triggers import Trigger
 from brook.common.domain.validation import SubmitJob
 from brook.common.runtime.settings import load_settings, parse_queues
+from brook.ingest.fields import parse_include
 from brook.ingest.routes.jobs import list_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +109,14 @@ def _position(value: str) -> str:
     return value
 
 
+def _include(value: str) -> str:
+    try:
+        parse_include(value)
+    except HTTPException as exc:  # the API's 400
+        raise ValueError(exc.detail) from None
+    return value
+
+
 # Site -> (a validator that returns the value it accepted, a good value). A value with a
 # newline among its characters on purpose (MongoDB allows it in a collection's name) is
 # marked: there the check is a `$` instead.
@@ -149,6 +159,7 @@ CHECKS: dict[Site, tuple[Callable[[str], object], str]] = {
     ("ingest/routes/jobs.py", "QUEUE_NAME"): (_route_query, "emails"),
     ("common/domain/output.py", "_POSITION"): (_position, "2-17"),
     ("common/domain/quotas.py", "_QUOTA_NAME"): (check_quota_name, "openai:gpt-4o"),
+    ("ingest/fields.py", "_INCLUDE"): (_include, "payload, result"),
 }
 NEWLINE_ALLOWED = {("common/domain/triggers.py", "COLLECTION")}
 REFUSED = (BrookError, ValueError, ValidationError)

@@ -13,7 +13,8 @@ for every kind of claim), `candidates` (JobCandidates: where a claim looks), `at
 `commands` (JobCommands: cancel, retry), `bulk` (JobBulk: retry and cancel by filter),
 `reads` (JobReads), `changes` (JobChanges), `steps` (JobSteps: durable steps, sleeps and
 signal wake-ups), `spawned` (JobSpawned: the jobs a task submitted, and a cancel that
-reaches them) and `reruns` (JobReruns: a new job from a finished one's steps).
+reaches them), `reruns` (JobReruns: a new job from a finished one's steps) and `deadlines`
+(JobDeadlines: jobs ended by their `start_by` or `deadline`).
 A `JobStore` is all of them over one database, with handles on the two small collections
 every Brook process uses beside it: `presence` (`brook_dispatchers`) and `tokens`
 (`brook_state`), and the process's one `clock`.
@@ -42,6 +43,7 @@ from brook.common.store.jobs.claims import (
     Tagged,
 )
 from brook.common.store.jobs.commands import JobCommands
+from brook.common.store.jobs.deadlines import JobDeadlines
 from brook.common.store.jobs.indexes import INDEXES
 from brook.common.store.jobs.outcomes import JobOutcomes
 from brook.common.store.jobs.reads import JobReads
@@ -98,6 +100,7 @@ class JobStore(
     JobSteps,
     JobSpawned,
     JobReruns,
+    JobDeadlines,
 ):
     """The jobs collection's operations, one class per concern, over one database."""
 

@@ -161,7 +161,13 @@ INDEXES = [
         [("debounce_key", ASCENDING)],
         name="debounce_pending",
         unique=True,
-        partialFilterExpression={"status": P, "debounce_key": {"$type": "string"}},
+        # Only a job its key's submits may still join: one claimed (then retried or handed
+        # back to pending) holds its key no more.
+        partialFilterExpression={
+            "status": P,
+            "debounce_key": {"$type": "string"},
+            "debounce_open": True,
+        },
     ),
     # Spawned jobs (`ctx.submit`), by the job that spawned them, newest first: a cancel goes
     # down the tree by it, and `GET /jobs?spawned_by=` lists them. Jobs no task spawned
@@ -176,6 +182,22 @@ INDEXES = [
         [("status", ASCENDING)],
         name="spawn_cancelling",
         partialFilterExpression={"spawn_cancel": True},
+    ),
+    # Deadlines: the waiting and pending jobs by their own `start_by` and `deadline` (the
+    # timer's look for the next bound, and for those passed; the others cost them nothing) ...
+    *(
+        IndexModel(
+            [("status", ASCENDING), (field, ASCENDING)],
+            name=field,
+            partialFilterExpression={"status": {"$in": [W, P]}, field: {"$type": "date"}},
+        )
+        for field in ("start_by", "deadline")
+    ),
+    # ... and by their submit, per task: a bound a task declares counts from it.
+    IndexModel(
+        [("status", ASCENDING), ("task", ASCENDING), ("created_at", ASCENDING)],
+        name="bound_by_age",
+        partialFilterExpression={"status": {"$in": [W, P]}},
     ),
     # Retention: a finished job gets `expire_at` (its finish + its retention) at its terminal
     # write, and MongoDB's TTL monitor deletes it then. Active jobs have no `expire_at`.

@@ -8,6 +8,7 @@ none of it."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from pymongo import DESCENDING
@@ -16,6 +17,7 @@ from brook.common.domain.models import Doc, Job
 from brook.common.store import queries
 from brook.common.store.jobs.base import JobsCollection
 from brook.common.store.queries import ENDED
+from brook.common.store.queries.listing import prefix_range
 
 # What a propagation reads of each spawned job, and of the ones it changed.
 CHILD_FIELDS = {"status": 1, "cancel_requested": 1}
@@ -91,12 +93,21 @@ class JobSpawned(JobsCollection):
         filters: Mapping[str, str] | None = None,
         limit: int = 50,
         after: str | None = None,
+        error: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> tuple[list[Job], str | None]:
         """The jobs `spawned_by` spawned, newest first (`GET /jobs?spawned_by=`), with the
-        listing's other equality `filters` (`status`, `task`, `queue`) read on top of the
-        index; `after` is the `next` cursor of the previous page."""
+        listing's other equality `filters` (`status`, `task`, `queue`, `key`), its `error`
+        type prefix and its `since`/`until` on `created_at`, read on top of the index;
+        `after` is the `next` cursor of the previous page."""
         query: dict[str, Any] = {"spawned_by": {"$eq": spawned_by, "$type": "string"}}
         query.update({k: {"$eq": v} for k, v in (filters or {}).items()})
+        if error is not None:
+            query["error.type"] = prefix_range(error)
+        created = {op: at for op, at in (("$gte", since), ("$lt", until)) if at is not None}
+        if created:
+            query["created_at"] = created
         if after is not None:
             query["_id"] = {"$lt": after}
         cursor = self.jobs.find(query, hint="spawned").sort("_id", DESCENDING).limit(limit + 1)

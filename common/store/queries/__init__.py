@@ -11,9 +11,10 @@ One module per concern, as the jobs store (`brook.common.store.jobs`) has: `base
 order, `Write`, the fences), `submits`, `claims`, `attempts` (a running attempt's lease,
 progress, start and transaction), `steps`, `outcomes`, `commands` (a caller's operations
 on one job and on many), `workflows`, `spawned` (a cancel that reaches the jobs a task
-submitted) and `reruns` (a new job from a finished one's steps); beside them `listing`,
-the reads that list, search and group jobs (the index each reads, its filter and order).
-Every write builder is importable from here.
+submitted), `reruns` (a new job from a finished one's steps) and `deadlines` (a job's end
+by its `start_by` or `deadline`); beside them `listing`, the reads that list, search and
+group jobs (the index each reads, its filter and order). Every write builder is importable
+from here.
 """
 
 from brook.common.store.queries.attempts import (
@@ -58,6 +59,16 @@ from brook.common.store.queries.commands import (
     retried,
     retried_many,
 )
+from brook.common.store.queries.deadlines import (
+    DEADLINE,
+    NEVER_STARTED,
+    START_BY,
+    bound_of,
+    deadline_exceeded,
+    held_deadline_exceeded,
+    held_start_by_passed,
+    start_by_passed,
+)
 from brook.common.store.queries.outcomes import (
     attempt_failed,
     cancelled_running,
@@ -101,14 +112,18 @@ from brook.common.store.queries.workflows import (
 __all__ = [
     "CLAIM_FILTER",
     "CLAIM_SORT",
+    "DEADLINE",
     "ENDED",
     "FOREVER",
     "MAX_MERGED_SCANS",
+    "NEVER_STARTED",
     "PARENT_CANCELLED",
+    "START_BY",
     "Update",
     "Write",
     "as_read",
     "attempt_failed",
+    "bound_of",
     "bulk_index",
     "bulk_match",
     "cancel_requested",
@@ -126,10 +141,13 @@ __all__ = [
     "completed",
     "completed_in_transaction",
     "completions_by_id",
+    "deadline_exceeded",
     "debounced",
     "dependents_attached",
     "expired_fence",
+    "held_deadline_exceeded",
     "held_leases",
+    "held_start_by_passed",
     "key_released",
     "lease_renewed",
     "marked_settled",
@@ -153,6 +171,7 @@ __all__ = [
     "spawn_cancel_marked",
     "spawned_cancel_requested",
     "spawned_cancelled",
+    "start_by_passed",
     "started",
     "step_entry",
     "step_recorded",

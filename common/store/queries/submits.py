@@ -42,7 +42,7 @@ def debounced(job_id: str, spec: JobSpec) -> Write:
     first = {k: {"$cond": [fresh, v, f"${k}"]} for k, v in new_job(spec).items()}
     first["_id"] = {"$ifNull": ["$_id", lit(job_id)]}
     return Write(
-        filter={"debounce_key": spec.debounce_key, "status": P},
+        filter={"debounce_key": spec.debounce_key, "status": P, "debounce_open": True},
         update=[
             {"$set": first},
             {

@@ -27,8 +27,9 @@ def test_every_operation_documents_the_errors_it_can_answer() -> None:
     # Any route may meet a foreign Host (400); a state change, a read-only token or another
     # site's page (403) and a body that is not JSON (415).
     assert codes[("/healthz", "get")] == {"200", "400"}
+    # A submit's `depends_on` may name a parent that is no job (404).
     assert codes[("/jobs", "post")] == {
-        "200", "202", "400", "401", "403", "413", "415", "422", "503"
+        "200", "202", "400", "401", "403", "404", "413", "415", "422", "503"
     }
     assert codes[("/jobs/{job_id}/cancel", "post")] == {
         "200", "400", "401", "403", "404", "409", "415", "422", "503"

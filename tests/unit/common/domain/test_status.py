@@ -10,11 +10,12 @@ def test_statuses_split_into_active_and_terminal_and_terminal_is_final() -> None
     assert not any(src in TERMINAL for src, _ in TRANSITIONS)
 
 
-def test_waiting_is_an_active_status_that_leads_only_to_pending_or_cancelled() -> None:
+def test_waiting_is_an_active_status_that_leads_only_to_pending_cancelled_or_failed() -> None:
     assert JobStatus.WAITING in ACTIVE and JobStatus.WAITING not in TERMINAL
     assert {dst for src, dst in TRANSITIONS if src == JobStatus.WAITING} == {
         JobStatus.PENDING,
         JobStatus.CANCELLED,
+        JobStatus.FAILED,  # its deadline passed
     }
     assert not any(dst == JobStatus.WAITING for _, dst in TRANSITIONS)  # a job starts there
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from brook.common.domain.deadlines import TaskDeadlines
 from brook.common.domain.models import JobSpec
 from brook.common.domain.status import ALLOWED, TERMINAL, JobStatus
 from brook.common.store import queries
@@ -36,6 +37,7 @@ ENDED = [
     EndedParent(job_id="p2", status=JobStatus.FAILED, token="t2"),
 ]
 STATUSES = {s.value for s in JobStatus}
+BY_TASK = {"slow": TaskDeadlines(start_within_s=5, deadline_s=60)}
 
 
 def _running(write: Write, lease: Lease = LEASE, owner: str = OWNER) -> None:
@@ -121,6 +123,14 @@ CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
     "spawned_cancel_requested": (queries.spawned_cancel_requested(["j1"], "op"), {R}, set()),
     "spawn_cancel_done": (queries.spawn_cancel_done(["j1"]), set(TERMINAL), set()),
     "rerun_linked": (queries.rerun_linked("j1", "j2"), set(TERMINAL), set()),
+    "start_by_passed": (queries.start_by_passed("j1", BY_TASK, 60), {W, P}, {C}),
+    "deadline_exceeded": (queries.deadline_exceeded("j1", BY_TASK, 60), {W, P}, {F}),
+    "held_start_by_passed": (queries.held_start_by_passed(LEASE, OWNER, AT, 60), {R}, {C}),
+    "held_deadline_exceeded": (
+        queries.held_deadline_exceeded(LEASE, OWNER, AT, 60, RAN),
+        {R},
+        {P, C, F},
+    ),
 }
 
 

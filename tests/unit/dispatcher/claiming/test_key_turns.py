@@ -144,7 +144,8 @@ def test_a_debounce_join_keeps_the_first_submits_fields_and_takes_the_latest_pay
 
     spec = JobSpec(task="noop", payload={"v": 2}, debounce_key="doc-7", debounce_s=2)
     write = queries.debounced("j9", spec)
-    assert write.filter == {"debounce_key": "doc-7", "status": "pending"}
+    # Only a job not yet claimed is joined (one back to pending for a retry is not).
+    assert write.filter == {"debounce_key": "doc-7", "status": "pending", "debounce_open": True}
     assert isinstance(write.update, list)
     first, latest = write.update
     # A new job's fields only when there is none yet (its `_id` the fresh one).

@@ -139,3 +139,27 @@ def test_a_job_whose_last_two_attempts_died_with_their_shared_process_runs_alone
     assert not died_shared_twice(job("c", "llm", [died, again, alone]))
     timed_out = {**again, "error": "Timeout"}
     assert not died_shared_twice(job("d", "llm", [died, timed_out]))
+
+
+async def test_a_plain_backlog_behind_busy_processes_is_claimed_when_a_process_frees() -> None:
+    """Every process busy, the shared tasks with nothing due: the look that finds the shared
+    part dry must not conclude that nothing is due, or the plain jobs left behind wait for
+    the next sweep once a process frees."""
+    store = ScopedStore({"noop": 10})
+    holdings = Holdings()
+    holdings.record_run(2.0)  # long tasks: nothing is claimed ahead of the processes
+    claimer = claimer_for(store, holdings, seats=20)
+    loop = asyncio.create_task(claimer.run())
+    claimer.signal()
+    await asyncio.sleep(0.05)
+    first = [j.id for j in holdings.claimed_ahead() if j.task == "noop"]
+    assert len(first) == 2 and store.left["noop"] == 8
+    assert any(tasks == {"llm"} for tasks, _ in store.asks)  # the shared part ran dry
+    for job_id in first:  # both processes take their job, run it and are free again
+        holdings.start(job_id)
+        holdings.drop(job_id)
+    claimer.worker_freed()
+    await asyncio.sleep(0.05)
+    claimer.stop()
+    await loop
+    assert store.left["noop"] == 6, store.asks
