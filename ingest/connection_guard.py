@@ -17,6 +17,12 @@ request answer `503`. So Brook runs uvicorn without that limit and with this gua
 
 Connections that send nothing are dropped; a request that arrives is served while any
 held connection is idle. `brook_api_connections_dropped_total{reason}` counts the drops.
+
+A request's head (request line and headers) may take `MAX_HEAD_BYTES`; beyond, it is
+answered `431` and the connection closed. httptools bounds no header, and joins the
+pieces of one header as they arrive, each join copying what came before: unbounded, a
+head sent in many small pieces cost time quadratic in its size (a 4 MiB header in 1 KiB
+writes: about a second of the loop's time), and memory without end.
 """
 
 from __future__ import annotations
@@ -37,6 +43,11 @@ DROPPED = Counter(
     "Connections the API closed while idle: `timeout` (no request in time), `crowded` (to "
     "make room for a new connection).",
     ["reason"],
+)
+MAX_HEAD_BYTES = 64 * 1024  # uvicorn's URL parser refuses a URL past 64 KiB anyway
+_HEAD_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
 )
 # How many of the longest-idle connections a new one looks at for one to close (each a
 # syscall): beyond them, every one had a request waiting, which is served.
@@ -119,19 +130,40 @@ class ConnectionGuard:
 
 
 class GuardedHttp(HttpToolsProtocol):
-    """uvicorn's HTTP protocol (httptools), reporting to its process's `ConnectionGuard`."""
+    """uvicorn's HTTP protocol (httptools), reporting to its process's `ConnectionGuard`,
+    and refusing a request head over `MAX_HEAD_BYTES`."""
 
     guard: ClassVar[ConnectionGuard]
+    _in_head = True  # reading a request's head (not its body)
+    _heads = 0  # heads completed on this connection
+    _head_bytes = 0  # bytes of the head being read, counted by whole reads
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.guard.opened(self)
+
+    def data_received(self, data: bytes) -> None:
+        in_head, heads = self._in_head, self._heads
+        super().data_received(data)
+        # Only reads that were all head are counted: one that ends a request and starts
+        # the next is not, so the limit holds to within one read (256 KiB at most).
+        if in_head and self._in_head and self._heads == heads:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                detail = b'{"detail":"request head larger than %d bytes"}' % MAX_HEAD_BYTES
+                self.transport.write(_HEAD_TOO_LARGE % (len(detail), detail))
+                self.transport.close()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head, self._head_bytes = True, 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.guard.closed(self)
         super().connection_lost(exc)
 
     def on_headers_complete(self) -> None:
+        self._in_head, self._heads = False, self._heads + 1
         # uvicorn answers `503` for the limit it reads here: past the guard's, or none.
         self.limit_concurrency = 0 if self.guard.request_started(self) else None
         super().on_headers_complete()
