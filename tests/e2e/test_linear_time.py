@@ -146,11 +146,12 @@ def test_each_hostile_body_costs_linear_cpu_time_and_the_loop_keeps_answering(
     assert all(r < MAX_RATIO for r in ratios.values()), ratios
     # A large body is judged in a worker thread, but CPython's JSON parser holds the GIL
     # for a whole parse: a /healthz waits at most for the parse in hand (one at a time
-    # here), the slowest 4 MiB body's CPU time. Three times that, and never less than half
-    # a second, leaves room for a 2-core machine shared with other work (the parse
-    # stretched by the scheduler, the probe's own wait for a core), and still fails a loop
-    # held across requests, or by work that grows faster than the body.
-    bound = max(0.5, 3 * slowest)
+    # here), the slowest 4 MiB body's CPU time. Three times that, and never less than a
+    # second, leaves room for a 2-core machine shared with other work (the parse stretched
+    # by the scheduler, the probe's own wait for a core: up to 0.3 s seen under load with
+    # nothing held), and still fails a loop held across requests, or by work that grows
+    # faster than the body.
+    bound = max(1.0, 3 * slowest)
     assert len(latencies) >= 5 and max(latencies) < bound, (bound, sorted(latencies)[-5:])
 
 
