@@ -28,11 +28,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from brook.common.domain.errors import InvalidInput
+from brook.common.domain.numbers import WHOLE
 
 # A quota's name: a provider and a model, say (`openai:gpt-4o`, `anthropic/claude`). No `.`
 # or `$` (it is a key of a job's `quotas`), no spaces.
@@ -60,8 +61,11 @@ WINDOWS: tuple[WindowName, ...] = ("units", "requests")
 class WindowSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    limit: StrictInt = Field(ge=1, le=MAX_QUOTA_LIMIT, description="units (or starts) per window")
-    per_seconds: StrictInt | StrictFloat = Field(
+    limit: Annotated[int, Strict(), Field(ge=1, le=MAX_QUOTA_LIMIT), WHOLE] = Field(
+        description="units (or starts) per window"
+    )
+    # One strict type, so the document carries its bounds (a union's were left out of it).
+    per_seconds: Annotated[float, Strict()] = Field(
         gt=0, le=MAX_QUOTA_SECONDS, description="the window, in seconds"
     )
 
@@ -85,8 +89,8 @@ class QuotaUpdate(BaseModel):
         default=None, description="weighted starts (each job's cost) per window; null: none"
     )
     requests: WindowSpec | None = Field(default=None, description="starts per window; null: none")
-    concurrency: StrictInt | None = Field(
-        default=None, ge=1, le=MAX_QUOTA_CONCURRENCY, description="jobs running at once"
+    concurrency: Annotated[int, Strict(), Field(ge=1, le=MAX_QUOTA_CONCURRENCY), WHOLE] | None = (
+        Field(default=None, description="jobs running at once")
     )
 
     def changes(self) -> dict[str, Any]:

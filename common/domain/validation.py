@@ -197,17 +197,23 @@ class SubmitJob(BaseModel):
         json_schema_extra=job_quotas_schema,
         description="the quotas it draws on, each with its cost in units (an estimate)",
     )
-    start_by: datetime | None = Field(
-        default=None, description="not started by then: cancelled (StartByPassed)"
+    start_by: IsoDateTime | None = Field(
+        default=None,
+        json_schema_extra={RUN_AT_MARK: True},
+        description="ISO-8601, at most 365 days ahead: not started by then, cancelled "
+        "(StartByPassed)",
     )
-    start_within_s: float | None = Field(
-        default=None, gt=0, le=MAX_HORIZON_S, description="start_by, counted from the submit"
+    start_within_s: Annotated[float, Strict(), Field(gt=0, le=MAX_HORIZON_S)] | None = Field(
+        default=None, description="start_by, counted from the submit"
     )
-    deadline: datetime | None = Field(
-        default=None, description="unfinished then: failed (DeadlineExceeded), never retried"
+    deadline: IsoDateTime | None = Field(
+        default=None,
+        json_schema_extra={RUN_AT_MARK: True},
+        description="ISO-8601, at most 365 days ahead: unfinished then, failed "
+        "(DeadlineExceeded), never retried",
     )
-    deadline_s: float | None = Field(
-        default=None, gt=0, le=MAX_HORIZON_S, description="deadline, counted from the submit"
+    deadline_s: Annotated[float, Strict(), Field(gt=0, le=MAX_HORIZON_S)] | None = Field(
+        default=None, description="deadline, counted from the submit"
     )
 
     @field_validator("run_at", "start_by", "deadline")

@@ -58,7 +58,7 @@ def test_a_spec_takes_each_bound_as_a_time_or_counted_from_the_submit() -> None:
         ({"deadline_s": 0}, "greater than 0"),
         ({"start_within_s": -1}, "greater than 0"),
         ({"deadline_s": 366 * 86400}, "less than or equal to"),
-        ({"start_by": "not a time"}, "datetime"),
+        ({"start_by": "not a time"}, "ISO-8601"),
     ],
 )
 def test_bad_bounds_are_refused_with_a_clear_message(spec: dict[str, Any], text: str) -> None:
