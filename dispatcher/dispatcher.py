@@ -137,7 +137,7 @@ class Dispatcher:
         gate = QuotaGate(wiring, QuotaStore(wiring.store.db), self.task_quotas)
         gate.start, gate.refuse = hand_off.claimed, hand_off.refused
         claimer = Claimer(wiring, gate.take, limits, refuse=hand_off.refused)
-        hand_off.quotas = gate
+        hand_off.quotas = self.quota_gate = gate
         claimer.free_workers = self.runner.free_workers
         claimer.room.shared = frozenset(self.runner.shared)
         claimer.room.free_seats = self.runner.free_seats
@@ -247,6 +247,7 @@ class Dispatcher:
         self.loops.spawn(self.watchdog.run(), "watchdog")
         self.loops.spawn(self.deadlines.run(), "deadlines")
         self.loops.spawn(self.output_pruner.run(), "output-pruner")
+        self.loops.spawn(self.quota_gate.run(), "quota-holds")
         self.loops.spawn(self.schedules.run(), "schedules")
         self.loops.spawn(self.triggers.run(), "triggers")
         await workers

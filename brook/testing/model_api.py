@@ -23,6 +23,8 @@ cares about, like the chat-completions endpoint of the common providers:
 * `GET /stats`: requests, answered, refused (`rate_limited`), tokens charged and sent, and
   the most requests in flight at once, for benchmarks to report the share of 429s.
 * `POST /stats/reset` zeroes them (the window too).
+* `POST /limit` `{"tpm": n}` changes the limit from now on, telling no client (a provider
+  that lowered it): for benchmarks of a client's adaptation.
 
 The text is deterministic: the words of the last message, over and over (or a fixed
 sentence), so a test can check what a job streamed.
@@ -199,6 +201,7 @@ class ModelAPI:
                 Route("/v1/chat/completions", self._complete, methods=["POST"]),
                 Route("/stats", self._stats, methods=["GET"]),
                 Route("/stats/reset", self._reset, methods=["POST"]),
+                Route("/limit", self._limit, methods=["POST"]),
             ]
         )
 
@@ -215,6 +218,16 @@ class ModelAPI:
         self.stats = Stats()
         self.limiter.reset()
         return JSONResponse(self.stats.as_dict())
+
+    async def _limit(self, request: Request) -> Response:
+        """`{"tpm": n}`: a new tokens-per-window limit from now on (the provider changed
+        it, telling no one); the window's charges stay."""
+        body = json.loads(await request.body() or b"{}")
+        tpm = body.get("tpm") if isinstance(body, dict) else None
+        if isinstance(tpm, bool) or not isinstance(tpm, int) or tpm < 1:
+            return _error(400, "invalid_request_error", "tpm: a whole number >= 1")
+        self.limiter.tpm = tpm
+        return JSONResponse({"tpm": tpm})
 
     async def _complete(self, request: Request) -> Response:
         self.stats.requests += 1

@@ -11,14 +11,18 @@ its moment, and admission sums every bucket that overlaps the last `per_seconds`
 than a window's worth), so no window of `per_seconds`, wherever it starts, holds more than
 the limit, save a debt (below). The price: up to 1/BUCKETS of the limit left unused.
 
+Bursts: within one bucket at most BURST buckets' share of the limit is admitted, so that
+the usage the first starts report corrects the window before estimates alone fill it.
+
 Debt: a usage report (`ctx.usage`) that lands after a start can charge more than the
 estimate and overdraw the window; the window then holds more than the limit and admits
 nothing until enough of it has aged out.
 
 The adaptive rule (AIMD): each 429 (`RateLimited`) multiplies the quota's effective rate by
 `DECREASE` (never below `FLOOR` of the limit) when it comes within a window of the previous
-one (a lone 429 only closes the quota), and each window without a 429 adds `INCREASE` of
-the limit back, up to the whole limit.
+one (a lone 429 only closes the quota; the 429s of calls in flight while it is closed count
+as that one), and each window without a 429 adds `INCREASE` of the limit back, up to the
+whole limit.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ MAX_QUOTA_CONCURRENCY = 100_000
 MAX_QUOTAS_PER_JOB = 16
 
 BUCKETS = 20  # buckets to a window
+# At most this many buckets' share of a window is admitted within one bucket (a burst): the
+# estimates of the starts in flight are corrected by their usage before the window fills.
+BURST = 4
 DECREASE = 0.7  # each 429 within a window of the previous one: the effective rate x 0.7
 FLOOR = 0.1  # never below this share of the limit
 INCREASE = 0.1  # each window without a 429: this share of the limit back
@@ -460,6 +467,9 @@ def admit(q: Quota, start: Start, now: datetime) -> Quota | Refused:
         # A cost over the effective limit (lowered by 429s) starts alone in an empty window.
         if used + costs[name] > limit and used > 0:
             return Refused(reason=name, retry_at=_room_at(q, name, costs[name], limit, now))
+        burst = _in_bucket(q, name, now)
+        if burst > 0 and burst + costs[name] > limit * BURST / BUCKETS:
+            return Refused(reason=name, retry_at=(w.bucket(now) + 1) * w.bucket_s)
     unfair = _over_share(q, start, now)
     if unfair is not None:
         return unfair
@@ -550,6 +560,14 @@ def _key_room_at(q: Quota, name: WindowName, key: str, most: float, now: datetim
     return now.timestamp() + w.bucket_s
 
 
+def _in_bucket(q: Quota, name: WindowName, now: datetime) -> float:
+    """What the window's current bucket holds."""
+    w = q.window(name)
+    assert w is not None
+    t = w.bucket(now)
+    return sum(b.n for b in q.buckets.get(name, ()) if b.t == t)
+
+
 def _room_at(q: Quota, name: WindowName, cost: float, limit: float, now: datetime) -> float:
     """When enough of the window will have aged out for `cost`: a timestamp."""
     w = q.window(name)
@@ -612,6 +630,9 @@ def rate_limited(q: Quota, delay_s: float, now: datetime) -> Quota:
     if q.closed_until is not None and q.closed_until > until:
         until = q.closed_until
     span = timedelta(seconds=q.longest_s())
+    if q.closed_until is not None and q.closed_until > now:
+        # The calls in flight when the quota closed answer 429 too: one burst, one strike.
+        return replace(q, closed_until=until, last_429=now, calm_since=until)
     strikes = q.strikes + 1 if q.last_429 is not None and now - q.last_429 <= span else 1
     factor = q.factor
     if strikes >= 2:

@@ -12,8 +12,11 @@ One document per quota (its `_id` is the quota's name):
 Every change of a quota's state is computed by `brook.common.domain.quotas` from the document
 as read (with the server's clock, `$$NOW`, read in the same round trip) and written only if
 no other write came between (`version`): a lost race reads again. A charge names the attempt
-and its owner; a usage report is written in one transaction with a fenced write on its job,
-so an attempt whose lease is lost charges nothing more.
+and its owner. A usage report writes its job first, fenced by attempt and owner (an attempt
+whose lease is lost charges nothing more), then the difference in one atomic update of the
+quota (no read-compute-write: the reports of many jobs in flight do not race each other's
+retries on the one document). Closing a quota on a 429 that loses every race is written
+atomically too (`$max` of `closed_until`).
 
 Its cost ledger is `QuotaLedger`'s (`quota_ledger.py`).
 """
@@ -21,7 +24,8 @@ Its cost ledger is `QuotaLedger`'s (`quota_ledger.py`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pymongo.asynchronous.client_session import AsyncClientSession
@@ -41,7 +45,6 @@ from brook.common.domain.quotas import (
     rate_limited,
     refunded,
     released,
-    reported,
     waiting_key,
 )
 from brook.common.store.fields import NOW
@@ -209,43 +212,67 @@ class QuotaStore:
 
     async def usage(self, name: str, lease: Lease, owner: str, total: float) -> float:
         """An attempt's real usage so far (`ctx.usage`): the difference from what it was
-        charged is charged or refunded, in one transaction with a fenced write on its job
-        (`quota_usage`): `LeaseLost` if the attempt is no longer the caller's. The
-        difference; 0 if the attempt holds no charge of this quota."""
-
-        async def together(session: AsyncClientSession) -> float:
-            job = await self.jobs.update_one(
-                running_fence(lease, owner),
-                {"$set": {f"quota_usage.{name}": total}},
-                session=session,
+        charged is charged or refunded in the window's bucket it was charged to (a bucket
+        that no longer counts is left alone). Fenced: the job's own write (`quota_usage`,
+        on its running attempt and owner) comes first, and `LeaseLost` if it matches
+        nothing; then one atomic update of the quota, conditioned on what the attempt's
+        hold was charged so far (a report racing another is read again). The difference;
+        0 if the attempt holds no charge of this quota."""
+        job = await self.jobs.update_one(
+            running_fence(lease, owner), {"$set": {f"quota_usage.{name}": total}}
+        )
+        if job.matched_count == 0:
+            raise LeaseLost(f"job {lease.job_id} attempt {lease.attempt} is no longer held")
+        for _ in range(MAX_TRIES):
+            q = await self.quotas.find_one({"_id": name}, projection={"holders": 1})
+            held = [
+                h
+                for h in (q or {}).get("holders") or ()
+                if h.get("job") == lease.job_id and h.get("attempt") == lease.attempt
+            ]
+            if not held:
+                return 0.0
+            charged = float(held[0].get("units", 0))
+            delta = total - charged
+            mine = {"h.job": lease.job_id, "h.attempt": lease.attempt}
+            res = await self.quotas.update_one(
+                {
+                    "_id": name,
+                    "holders": {
+                        "$elemMatch": {
+                            "job": lease.job_id,
+                            "attempt": lease.attempt,
+                            "units": held[0].get("units", 0),
+                        }
+                    },
+                },
+                {
+                    "$inc": {"buckets.units.$[b].n": delta, "version": 1},
+                    "$set": {"holders.$[h].units": total, "holders.$[h].reported": True},
+                },
+                array_filters=[{"b.t": held[0].get("t")}, mine],
             )
-            if job.matched_count == 0:
-                raise LeaseLost(f"job {lease.job_id} attempt {lease.attempt} is no longer held")
-            delta = 0.0
-
-            def step(q: Quota, now: datetime) -> Quota | None:
-                nonlocal delta
-                out = reported(q, lease.job_id, lease.attempt, total, now)
-                if out is None:
-                    return None
-                q, delta = out
-                return q
-
-            await self._change(name, step, session)
-            return delta
-
-        async with self.db.client.start_session() as session:
-            delta: float = await session.with_transaction(together)
-        if delta:
-            job = await self.jobs.find_one({"_id": lease.job_id}, projection={"key": 1})
-            await self.ledger.book(name, (job or {}).get("key"), None, delta, 0)
-        return delta
+            if res.matched_count == 1:
+                if delta:
+                    doc = await self.jobs.find_one({"_id": lease.job_id}, projection={"key": 1})
+                    await self.ledger.book(name, (doc or {}).get("key"), None, delta, 0)
+                return delta
+        return 0.0
 
     async def rate_limited(self, name: str, delay_s: float) -> Quota:
         """A 429: the quota is closed for everyone until `delay_s` from now on the server's
         clock (the adaptive rule lowers its rate on repeats)."""
-        _, out = await self._change(name, lambda q, now: rate_limited(q, delay_s, now))
-        assert isinstance(out, Quota)
+        before, out = await self._change(name, lambda q, now: rate_limited(q, delay_s, now))
+        if not isinstance(out, Quota):
+            # Lost every race (a burst of 429s at once): close it all the same, atomically
+            # (a later close wins); the adaptive rule counts this one with the others.
+            assert before.now is not None
+            until = _aware(before.now) + timedelta(seconds=delay_s)
+            await self.quotas.update_one(
+                {"_id": name}, {"$max": {"closed_until": until}, "$inc": {"version": 1}}
+            )
+            closed = _aware(before.closed_until) if before.closed_until else until
+            out = replace(before, closed_until=max(until, closed))
         await self.ledger.book_429(name)
         return out
 

@@ -36,6 +36,10 @@ from brook.dispatcher.wiring import Wiring
 # deleted since its submit) is looked at again this long after.
 UNKNOWN_RECHECK_S = 30.0
 
+# A quota holding this many attempts (more than its concurrency) is checked for holds of
+# attempts that are over (a dead dispatcher's), which nothing else would release.
+PRUNE_AT = 256
+
 Costs = Mapping[str, int]
 
 
@@ -44,6 +48,7 @@ class QuotaGate:
         self, wiring: Wiring, store: QuotaStore, defaults: Mapping[str, Costs] | None = None
     ) -> None:
         self.store = store
+        self.sweep_s = wiring.settings.sweep_seconds
         self.owner = wiring.owner
         self.spawn = wiring.spawn
         self.defaults = dict(defaults or {})
@@ -112,6 +117,8 @@ class QuotaGate:
                     await self.store.wake(name, 1, not_key=job.key)
                 return name, out
             charged.append(name)
+            if len(out.holders) >= PRUNE_AT and len(out.holders) > (out.concurrency or 0):
+                await self.store.prune(name)  # holds of dead dispatchers' attempts
         return None
 
     async def _charge(self, name: str, start: Start) -> Quota | Refused:
@@ -127,6 +134,22 @@ class QuotaGate:
         if isinstance(out, Refused) and out.reason in ("closed", "units", "requests"):
             self._full[name] = out
         return out
+
+    async def run(self) -> None:
+        """Every sweep: drop the holds of attempts that are over by their jobs (a dispatcher
+        was killed while its jobs held a quota; the watchdog requeued them), in each quota
+        this dispatcher has charged, so that none stays counted as running."""
+        while True:
+            await asyncio.sleep(self.sweep_s)
+            for name in list(self._locks):
+                try:
+                    await self.store.prune(name)
+                except QuotaNotFound:
+                    self._locks.pop(name, None)
+                except PyMongoError as exc:
+                    log_event(
+                        Event.MONGO_UNAVAILABLE, level="warning", op="quota", error=str(exc)[:200]
+                    )
 
     def ended(self, job: Job) -> None:
         """An attempt of `job` is over here: its holds go, and a job waiting on each quota

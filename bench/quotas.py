@@ -1,0 +1,158 @@
+"""The quota benchmark: three dispatchers spend a model API's tokens-per-minute limit.
+
+    .venv/bin/python -m bench.quotas --tpm 400000 --mode quota    # a quota of U = tpm
+    .venv/bin/python -m bench.quotas --tpm 400000 --mode halve    # the provider halves its
+                                                                  # limit midway, telling no one
+    .venv/bin/python -m bench.quotas --tpm 400000 --mode rate     # a queue rate alone
+
+The provider is the model API stand-in (`brook.testing.model_api`, a child process): a
+sliding window of `--tpm` tokens a minute, `429` with `Retry-After` beyond it. Each job makes
+one call whose real usage is 500-2,000 random tokens; with a quota, its estimate is 1,000
+(`quotas={"bench-llm": 1000}`), corrected by `ctx.usage`, and a `429` raises `RateLimited`.
+The `rate` mode has no quota: the default queue's `rate` is U / 1,250 starts a minute (the
+mean usage), and a `429` raises `Retry` with its delay. Prints one JSON document: goodput
+(tokens the provider accepted per minute / U), the share of calls answered `429`, failed
+jobs, wall time, and with `halve` the goodput over each minute after the halving against
+the new limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from bench.harness import OUT, ROOT, free_port, replica_set, role, role_env, sync_client
+from brook import Client
+from brook.testing.model_api import ModelAPI
+
+QUOTA = "bench-llm"
+ESTIMATE = 1000
+ENDED = ["completed", "failed", "cancelled"]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench.quotas", description=__doc__.split("\n")[0])
+    p.add_argument("--tpm", type=int, default=400_000, help="U: the provider's tokens a minute")
+    p.add_argument("--jobs", type=int, default=500)
+    p.add_argument("--dispatchers", type=int, default=3)
+    p.add_argument("--mode", choices=["quota", "halve", "rate"], default="quota")
+    p.add_argument("--halve-after", type=float, default=60.0, help="seconds into the run")
+    p.add_argument("--seconds", type=float, default=0.5, help="how long an answer takes")
+    p.add_argument("--seed", type=int, default=45)
+    return p.parse_args(argv)
+
+
+def specs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rng = random.Random(args.seed)
+    quota = args.mode != "rate"
+    out = []
+    for _ in range(args.jobs):
+        spec: dict[str, Any] = {
+            "task": "bench_llm",
+            "payload": {"tokens": rng.randint(500, 2000), "quota": quota},
+            "max_attempts": 50,
+        }
+        if quota:
+            spec["quotas"] = {QUOTA: ESTIMATE}
+        out.append(spec)
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    u = args.tpm
+    db = f"bench_quotas_{int(time.time())}"
+    with contextlib.ExitStack() as stack:
+        deployment = stack.enter_context(replica_set(keep=False))
+        model = stack.enter_context(
+            ModelAPI(tokens=ESTIMATE, seconds=args.seconds, tpm=u).process()
+        )
+        env = role_env(deployment.uri, db, concurrency=2, api_port=free_port())
+        env.update(BROOK_TASKS="bench.quota_tasks", MODEL_API_URL=model.url, PYTHONPATH=str(ROOT))
+        client = stack.enter_context(contextlib.closing(Client(uri=deployment.uri, db=db)))
+        if args.mode == "rate":
+            client.set_queue("default", rate={"limit": max(u // 1250, 1), "per_seconds": 60})
+        else:
+            client.set_quota(QUOTA, units={"limit": u, "per_seconds": 60})
+        OUT.mkdir(parents=True, exist_ok=True)
+        for i in range(args.dispatchers):
+            stack.enter_context(role("dispatcher", env, OUT / f"quotas-{args.mode}-{i}.log"))
+        warm = client.submit("noop")
+        client.wait(warm.id, timeout=120)
+        http = stack.enter_context(httpx.Client(base_url=model.url, timeout=10))
+        http.post("/stats/reset")
+        jobs = sync_client(deployment.uri)[db]["jobs"]
+        return measure(args, client, http, jobs)
+    raise AssertionError("unreachable")
+
+
+def measure(
+    args: argparse.Namespace, client: Client, http: httpx.Client, jobs: Any
+) -> dict[str, Any]:
+    u = args.tpm
+    all_specs = specs(args)
+    t0 = time.monotonic()
+    for i in range(0, len(all_specs), 500):
+        client.submit_many(all_specs[i : i + 500])
+    series: list[tuple[float, int]] = []  # (seconds since start, tokens the provider took)
+    halved_at: float | None = None
+    while True:
+        now = time.monotonic() - t0
+        stats = http.get("/stats").json()
+        series.append((now, int(stats["tokens_charged"])))
+        if args.mode == "halve" and halved_at is None and now >= args.halve_after:
+            http.post("/limit", json={"tpm": u // 2})
+            halved_at = now
+        ended = jobs.count_documents({"status": {"$in": ENDED}, "task": "bench_llm"})
+        if ended >= args.jobs:
+            break
+        time.sleep(1.0)
+    wall = time.monotonic() - t0
+    stats = http.get("/stats").json()
+    failed = jobs.count_documents({"status": "failed", "task": "bench_llm"})
+    out: dict[str, Any] = {
+        "mode": args.mode,
+        "U_tokens_per_minute": u,
+        "jobs": args.jobs,
+        "dispatchers": args.dispatchers,
+        "wall_s": round(wall, 1),
+        "tokens_accepted": stats["tokens_charged"],
+        "goodput": round(stats["tokens_charged"] / (wall / 60) / u, 3),
+        "calls": stats["requests"],
+        "rate_limited": stats["rate_limited"],
+        "share_429": round(stats["rate_limited"] / max(stats["requests"], 1), 4),
+        "failed_jobs": failed,
+    }
+    if halved_at is not None:
+        out["halved_at_s"] = round(halved_at, 1)
+        out["goodput_after_halving_per_minute"] = per_minute(series, halved_at, u // 2)
+    return out
+
+
+def per_minute(series: list[tuple[float, int]], since: float, limit: int) -> list[float]:
+    """Tokens taken in each whole minute from `since` on, / `limit`."""
+    out = []
+    start = since
+    while True:
+        inside = [tokens for t, tokens in series if start <= t <= start + 60]
+        if len(inside) < 2 or series[-1][0] < start + 60:
+            break
+        out.append(round((inside[-1] - inside[0]) / limit, 3))
+        start += 60
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    print(json.dumps(run(parse_args(argv)), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
