@@ -40,7 +40,7 @@ DASHBOARD_CSP = (
 
 @cache
 def _asset(name: str) -> str:
-    return resources.files("ingest").joinpath("static", name).read_text(encoding="utf-8")
+    return resources.files("brook.ingest").joinpath("static", name).read_text(encoding="utf-8")
 
 
 @pages.get("/")

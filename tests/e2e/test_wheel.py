@@ -306,6 +306,11 @@ def test_brook_up_in_the_application_folder_runs_its_task_and_ctrl_c_leaves_noth
         try:
             wait_until(lambda: events("up.started"), timeout=60)
             wait_until(lambda: _ok(f"http://127.0.0.1:{port}/readyz"), timeout=60)
+            # The dashboard and its assets come from the wheel's own package, not from a
+            # folder of the application's that bears a role's name (it has an `ingest`).
+            for path, marker in (("/", "<title>"), ("/static/app.js", "function")):
+                page = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10, verify=TLS)
+                assert page.status_code == 200 and marker in page.text, (path, page.text[:300])
             done = subprocess.run(
                 [installed.python, "-c", SUBMIT],
                 cwd=installed.app,
