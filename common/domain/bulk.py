@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from brook.common.domain.errors import InvalidInput
+from brook.common.domain.errors import InvalidInput, invalid_body
 from brook.common.domain.instants import Instant as IsoInstant
 from brook.common.domain.models import QUEUE_NAME
 from brook.common.domain.status import JobStatus
@@ -134,12 +134,7 @@ def _parse(body: Mapping[str, Any]) -> BulkBody:
     try:
         return BulkBody.model_validate(dict(body))
     except ValidationError as exc:
-        raise InvalidInput(
-            [
-                {"loc": ["body", *e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")}
-                for e in exc.errors(include_url=False, include_context=False, include_input=False)
-            ]
-        ) from None
+        raise invalid_body(exc) from None
 
 
 def validate_bulk(body: Any) -> tuple[JobFilter, bool]:

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class BrookError(Exception):
     """Root of Brook's own errors."""
@@ -61,6 +66,15 @@ class InvalidInput(BrookError):
     def __init__(self, detail: ErrorDetail) -> None:
         super().__init__(_readable(detail))
         self.detail = detail
+
+
+def invalid_body(exc: ValidationError) -> InvalidInput:
+    """A request body's validation errors as the API's `422` detail, each `loc` under
+    `body` (a queue's, a quota's, a bulk action's)."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    return InvalidInput(
+        [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in errors]
+    )
 
 
 class UnknownParent(InvalidInput):

@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from brook.common.domain.errors import InvalidInput
+from brook.common.domain.errors import InvalidInput, invalid_body
 from brook.common.domain.models import QUEUE_NAME
 from brook.common.domain.numbers import WHOLE
 
@@ -242,12 +242,7 @@ def validate_queue_update(name: str, body: Any) -> dict[str, Any]:
     try:
         update = QueueUpdate.model_validate(dict(body))
     except ValidationError as exc:
-        raise InvalidInput(
-            [
-                {"loc": ["body", *e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")}
-                for e in exc.errors()
-            ]
-        ) from None
+        raise invalid_body(exc) from None
     return update.changes()
 
 

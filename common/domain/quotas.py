@@ -36,7 +36,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
-from brook.common.domain.errors import InvalidInput
+from brook.common.domain.errors import InvalidInput, invalid_body
 from brook.common.domain.numbers import WHOLE
 
 # A quota's name: a provider and a model, say (`openai:gpt-4o`, `anthropic/claude`). No `.`
@@ -133,12 +133,7 @@ def validate_quota_update(name: object, body: object) -> dict[str, Any]:
     try:
         update = QuotaUpdate.model_validate(dict(body))
     except ValidationError as exc:
-        raise InvalidInput(
-            [
-                {"loc": ["body", *e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")}
-                for e in exc.errors()
-            ]
-        ) from None
+        raise invalid_body(exc) from None
     return update.changes()
 
 
