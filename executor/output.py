@@ -8,7 +8,8 @@ this process's event loop, takes everything pending and appends it in one transa
 (`OutputStore.append`: one majority commit, each attempt fenced by attempt and owner),
 then waits out the rest of its window (`BROOK_OUTPUT_WINDOW_MS`) before the next: at most
 one write per window, however many tokens a second the tasks emit. A chunk emitted after
-a quiet spell goes at once.
+a quiet spell goes at once. The job's count of its output is written with an attempt's
+first batch, then at most every `COUNT_EVERY_S`, and when the attempt ends.
 
 An attempt's last chunks are written before its end is reported (`close`, awaited by the
 worker before it sends the outcome), and a step's chunks before its checkpoint (`flush`).
@@ -24,6 +25,7 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from pymongo.errors import PyMongoError
@@ -34,7 +36,7 @@ from brook.common.protocol.runner import RunJob
 from brook.common.runtime.log_events import Event, job_fields, log_event
 from brook.common.runtime.settings import Settings
 from brook.common.store.db import database
-from brook.common.store.output import AttemptOutput, OutputStore
+from brook.common.store.output import Appended, AttemptOutput, OutputStore
 from brook.common.store.records import Lease
 from brook.executor.clients import process_client
 
@@ -42,6 +44,9 @@ from brook.executor.clients import process_client
 _step: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "brook_output_step", default=None
 )
+# A running attempt writes its job's count of its output at most this often (and with its
+# first and last batch): the count shown while it runs is at most this far behind.
+COUNT_EVERY_S = 1.0
 
 
 @contextlib.contextmanager
@@ -65,12 +70,25 @@ class OutputStream:
         self.max_bytes = settings.output_max_bytes
         self.next_seq = run.output_chunks + 1
         self.total_bytes = run.output_bytes
-        self.written = run.output_chunks  # the last sequence number known written
+        self.written = 0  # of the chunks emitted, how many are known written
+        self.bytes_written = run.output_bytes  # the job's bytes through the last written
+        self.last_seq = run.output_chunks  # the sequence number of the last chunk written
+        self.counted_seq = run.output_chunks  # what the job's count says
+        self.counted_at: float | None = None  # monotonic: when the count was last written
         self.emitted = 0
         self.emitted_bytes = 0
         self.lost = False
+        self.closing = False
         self.closed = False
         self.limited = False
+
+    def count_due(self) -> bool:
+        """Whether the next batch writes the job's count too."""
+        return (
+            self.closing
+            or self.counted_at is None
+            or time.monotonic() - self.counted_at >= self.writer.count_every_s
+        )
 
     def emit(self, data: Any) -> None:
         kind, value, size = encode_chunk(data)
@@ -115,8 +133,11 @@ class OutputStream:
         """The attempt ends: write what is pending (as long as a lease lasts, at most), then
         stop taking chunks. Logs what the attempt wrote."""
         if self.emitted and not self.lost:
+            with self.writer.lock:
+                self.closing = True
             try:
                 await asyncio.wait_for(self.flush(), self.writer.settle_s)
+                await self.writer.count(self)
             except (LeaseLost, TimeoutError) as exc:
                 log_event(
                     Event.OUTPUT_DISCARDED,
@@ -140,10 +161,17 @@ class OutputStream:
 class OutputWriter:
     """This worker process's writer of output: one task on its event loop."""
 
-    def __init__(self, store: Callable[[], OutputStore], window_s: float, settle_s: float) -> None:
+    def __init__(
+        self,
+        store: Callable[[], OutputStore],
+        window_s: float,
+        settle_s: float,
+        count_every_s: float = COUNT_EVERY_S,
+    ) -> None:
         self._store = store
         self.window_s = window_s
         self.settle_s = settle_s
+        self.count_every_s = count_every_s
         self.lock = threading.Lock()
         self._pending: dict[tuple[str, int], list[Chunk]] = {}
         self._streams: dict[tuple[str, int], OutputStream] = {}
@@ -179,7 +207,7 @@ class OutputWriter:
             self._streams.pop(stream.key, None)
 
     async def flush(self, stream: OutputStream) -> None:
-        target = stream.next_seq - 1
+        target = stream.emitted
         if stream.lost:
             raise LeaseLost(f"job {stream.run.job_id} attempt {stream.run.attempt}: lease lost")
         if stream.written >= target:
@@ -214,7 +242,13 @@ class OutputWriter:
 
     async def _write(self, batch: dict[tuple[str, int], list[Chunk]]) -> None:
         attempts = [
-            AttemptOutput(lease=s.lease, owner=s.run.owner, chunks=chunks)
+            AttemptOutput(
+                lease=s.lease,
+                owner=s.run.owner,
+                chunks=chunks,
+                count=s.count_due(),
+                bytes_before=s.bytes_written,
+            )
             for key, chunks in batch.items()
             if (s := self._streams.get(key)) is not None and not s.lost
         ]
@@ -233,22 +267,47 @@ class OutputWriter:
         self.writes += 1
         for a in attempts:
             stream = self._streams.get(a.key)
-            if stream is None:
-                continue
-            if verdict.get(a.key) == "written":
-                stream.written = a.chunks[-1].seq
-            else:
-                with self.lock:
-                    stream.lost = True
-                    self._pending.pop(a.key, None)
-                log_event(
-                    Event.OUTPUT_DISCARDED,
-                    level="warning",
-                    **job_fields(stream.run),
-                    chunks=len(a.chunks),
-                    reason="lease lost: another attempt or owner holds the job",
-                )
+            if stream is not None:
+                self._settle_batch(stream, a, verdict[a.key])
         self._settle()
+
+    def _settle_batch(self, stream: OutputStream, batch: AttemptOutput, done: Appended) -> None:
+        if not done.written:
+            with self.lock:
+                stream.lost = True
+                self._pending.pop(batch.key, None)
+            log_event(
+                Event.OUTPUT_DISCARDED,
+                level="warning",
+                **job_fields(stream.run),
+                chunks=len(batch.chunks),
+                reason="lease lost: another attempt or owner holds the job",
+            )
+            return
+        with self.lock:
+            if done.moved:
+                # An earlier attempt's last chunks were past the count this attempt began
+                # from: its chunks still to write go on after them too.
+                stream.next_seq += done.moved
+                stream.total_bytes += done.moved_bytes
+                self._pending[batch.key] = [
+                    replace(c, seq=c.seq + done.moved) for c in self._pending.get(batch.key, [])
+                ]
+            stream.written += len(batch.chunks)
+            stream.bytes_written += done.moved_bytes + sum(c.size for c in batch.chunks)
+            stream.last_seq = done.last_seq
+            if done.counted:
+                stream.counted_seq, stream.counted_at = done.last_seq, time.monotonic()
+
+    async def count(self, stream: OutputStream) -> None:
+        """The attempt ends with everything written: its job's count says so too."""
+        if stream.lost or stream.counted_seq >= stream.last_seq:
+            return
+        with contextlib.suppress(PyMongoError):  # the next attempt's first batch writes it
+            if await self._store().count(
+                stream.lease, stream.run.owner, stream.last_seq, stream.bytes_written
+            ):
+                stream.counted_seq = stream.last_seq
 
     def _settle(self) -> None:
         left = []

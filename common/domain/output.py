@@ -115,6 +115,56 @@ def check_job_total(chunks: int, size: int, max_chunks: int, max_bytes: int) -> 
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Placed:
+    """Where a batch of an attempt's chunks goes in its job's stream (`place`).
+
+    `kept` False: the batch is not the next one of the job's stream, and nothing of it is
+    written. Else its chunks after the first `skip` (found written already: the same batch
+    again, after a write whose answer was lost) go from `first_seq` on. `moved` chunks
+    (`moved_bytes` bytes) that an earlier attempt wrote past the job's count, which is
+    where this attempt began numbering, come first: the batch goes on after them."""
+
+    kept: bool
+    first_seq: int = 0
+    skip: int = 0
+    moved: int = 0
+    moved_bytes: int = 0
+
+
+NOT_NEXT = Placed(kept=False)
+
+
+def place(attempt: int, first: int, count: int, near: list[tuple[int, int, int]]) -> Placed:
+    """Where `count` chunks of `attempt`, numbered from `first` by its worker, go; `near`
+    holds `(seq, attempt, size)` of the job's chunks from `first - 1` on, in order.
+
+    The chunk before the batch must be there (or the batch is the job's first): batches go
+    in order. Chunks already at `first` and after are either this attempt's own, a prefix
+    of the batch written before (skipped), or an earlier attempt's, written after the
+    count this attempt started from (the batch is numbered after them). Never both."""
+    if first > 1 and not any(seq == first - 1 for seq, _, _ in near):
+        return NOT_NEXT
+    tail = [(seq, a, size) for seq, a, size in near if seq >= first]
+    if not tail:
+        return Placed(kept=True, first_seq=first)
+    expected = list(range(first, first + len(tail)))
+    if [seq for seq, _, _ in tail] != expected:
+        return NOT_NEXT  # a gap in the stream: never made by Brook's writes
+    if all(a == attempt for _, a, _ in tail):
+        if len(tail) > count:
+            return NOT_NEXT
+        return Placed(kept=True, first_seq=first + len(tail), skip=len(tail))
+    if any(a >= attempt for _, a, _ in tail):
+        return NOT_NEXT
+    return Placed(
+        kept=True,
+        first_seq=first + len(tail),
+        moved=len(tail),
+        moved_bytes=sum(size for _, _, size in tail),
+    )
+
+
 def format_position(attempt: int, seq: int) -> str:
     return f"{attempt}-{seq}"
 

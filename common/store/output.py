@@ -2,12 +2,19 @@
 chunk, ordered by the job's sequence number (`{job, seq}`, unique).
 
 Chunks are appended in batches, one transaction for every attempt a worker process has
-chunks of: for each attempt, the fenced write on its job (`queries.output_appended`:
-attempt, owner, running, and the job's count of chunks just before the batch), then the
-chunks of the attempts whose write matched, inserted together. A zombie attempt's batch
-matches nothing and none of its chunks is inserted; a batch is never taken twice, and
-never out of order. The job keeps the count (`output: {chunks, bytes}`), which fences the
-next batch and is where a new attempt starts.
+chunks of. The transaction reads each job (`queries.output.holds`: attempt, owner,
+running) and the job's chunks from the one before the batch on; the batches of attempts
+that hold their job, and are the next of its stream (`place`), are inserted together. A
+zombie attempt's batch is never inserted: read before its lease was lost, its insert and
+the next attempt's compete for the same sequence numbers (the unique index), and the
+transaction that loses retries and reads again. A batch is never taken twice, and never out
+of order.
+
+No batch writes the job itself, but for its count (`output: {chunks, bytes}`): with an
+attempt's first batch, then at most once a second (the writer's `COUNT_EVERY_S`), and when
+the attempt ends. The count is where the next attempt starts numbering; an earlier
+attempt's chunks found past it (written after its last count, before it was killed) are
+numbered before the new attempt's.
 
 A job's output goes with the job: `prune` deletes the chunks of jobs that are no longer
 there (its retention deleted them), run by every dispatcher from time to time.
@@ -17,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from bson import Timestamp
 from pymongo import ASCENDING, IndexModel, UpdateOne
@@ -28,7 +35,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from brook.common.domain.errors import LeaseLost
 from brook.common.domain.models import Doc
-from brook.common.domain.output import Chunk
+from brook.common.domain.output import Chunk, place
 from brook.common.store import queries
 from brook.common.store.db import ensure_indexes
 from brook.common.store.jobs.base import JOBS
@@ -41,28 +48,49 @@ OUTPUT_INDEXES = [
     IndexModel([("job", ASCENDING), ("seq", ASCENDING)], name="output_order", unique=True),
 ]
 
-Appended = Literal["written", "lost"]
 # The most job ids one pass of `prune` looks up at once.
 PRUNE_BATCH = 1000
 
 
 @dataclass(frozen=True, kw_only=True)
 class AttemptOutput:
-    """One attempt's chunks to append, their sequence numbers consecutive."""
+    """One attempt's chunks to append, their sequence numbers consecutive as its worker
+    numbered them. `count`: write the job's count of its output with them (its bytes before
+    this batch: `bytes_before`)."""
 
     lease: Lease
     owner: str
     chunks: Sequence[Chunk]
+    count: bool = True
+    bytes_before: int = 0
 
     @property
     def key(self) -> tuple[str, int]:
         return self.lease.job_id, self.lease.attempt
 
 
-def chunk_doc(batch: AttemptOutput, chunk: Chunk) -> Doc:
+@dataclass(frozen=True, kw_only=True)
+class Appended:
+    """What became of an attempt's batch: `written` (else its attempt no longer holds the
+    job, or the batch is not the next one: nothing of it was inserted), the sequence number
+    of its last chunk, what `Placed` says of it (`skip`, `moved`, `moved_bytes`), and
+    whether the job's count was written with it."""
+
+    written: bool
+    last_seq: int = 0
+    skip: int = 0
+    moved: int = 0
+    moved_bytes: int = 0
+    counted: bool = False
+
+
+LOST = Appended(written=False)
+
+
+def chunk_doc(batch: AttemptOutput, chunk: Chunk, seq: int) -> Doc:
     doc: Doc = {
         "job": batch.lease.job_id,
-        "seq": chunk.seq,
+        "seq": seq,
         "attempt": batch.lease.attempt,
         "kind": chunk.kind,
         "data": chunk.data,
@@ -73,10 +101,6 @@ def chunk_doc(batch: AttemptOutput, chunk: Chunk) -> Doc:
     if chunk.emitted_at is not None:
         doc["emitted_at"] = chunk.emitted_at  # the worker's clock: for latency figures only
     return doc
-
-
-class _SomeLost(Exception):
-    """A batch's fenced write matched nothing: the transaction is abandoned."""
 
 
 class OutputStore:
@@ -94,52 +118,88 @@ class OutputStore:
     # -- writing ------------------------------------------------------------------------
 
     async def append(self, batches: Sequence[AttemptOutput]) -> dict[tuple[str, int], Appended]:
-        """Append each attempt's chunks in one transaction (one majority commit); each
-        attempt's verdict: `written`, or `lost` (the attempt no longer holds the job, or its
-        batch is not the next one: nothing of it is inserted).
-
-        The fenced writes go in one bulk write; if any matches nothing (rare: a lost lease),
-        that transaction is abandoned and a second one writes them one by one, to learn
-        which."""
+        """Append each attempt's chunks in one transaction (one majority commit); what became
+        of each (`Appended`)."""
         await self.ensure_indexes()
         async with self.db.client.start_session() as session:
 
-            async def together(s: AsyncClientSession) -> dict[tuple[str, int], Appended]:
-                return await self._append(s, batches, one_by_one=False)
+            async def append(s: AsyncClientSession) -> dict[tuple[str, int], Appended]:
+                return await self._append(s, batches)
 
-            async def one_by_one(s: AsyncClientSession) -> dict[tuple[str, int], Appended]:
-                return await self._append(s, batches, one_by_one=True)
-
-            try:
-                return await session.with_transaction(together)
-            except _SomeLost:
-                return await session.with_transaction(one_by_one)
+            return await session.with_transaction(append)
 
     async def _append(
-        self, session: AsyncClientSession, batches: Sequence[AttemptOutput], *, one_by_one: bool
+        self, session: AsyncClientSession, batches: Sequence[AttemptOutput]
     ) -> dict[tuple[str, int], Appended]:
-        writes = [
-            queries.output_appended(
-                b.lease, b.owner, b.chunks[0].seq, len(b.chunks), sum(c.size for c in b.chunks)
-            )
+        ids = sorted({b.lease.job_id for b in batches})
+        jobs = {
+            d["_id"]: d
+            for d in await self.jobs.find(
+                {"_id": {"$in": ids}}, projection=queries.FENCE_FIELDS, session=session
+            ).to_list()
+        }
+        held = [
+            b
             for b in batches
+            if b.chunks and queries.holds(jobs.get(b.lease.job_id), b.lease, b.owner)
         ]
-        verdict: dict[tuple[str, int], Appended] = {}
-        if one_by_one:
-            for b, w in zip(batches, writes, strict=True):
-                one = await self.jobs.update_one(w.filter, w.update, session=session)
-                verdict[b.key] = "written" if one.matched_count else "lost"
-        else:
-            res = await self.jobs.bulk_write(
-                [UpdateOne(w.filter, w.update) for w in writes], ordered=False, session=session
+        near = await self._near(session, held)
+        verdict = dict.fromkeys((b.key for b in batches), LOST)
+        docs: list[Doc] = []
+        counts: list[UpdateOne] = []
+        for b in held:
+            job_id, attempt = b.key
+            at = place(attempt, b.chunks[0].seq, len(b.chunks), near.get(job_id, []))
+            if not at.kept:
+                continue
+            fresh = b.chunks[at.skip :]
+            docs += [chunk_doc(b, c, at.first_seq + i) for i, c in enumerate(fresh)]
+            last = at.first_seq + len(fresh) - 1
+            counted = b.count and not queries.in_own_transaction(jobs[job_id], attempt)
+            if counted:
+                size = b.bytes_before + at.moved_bytes + sum(c.size for c in b.chunks)
+                w = queries.output_counted(b.lease, b.owner, last, size)
+                counts.append(UpdateOne(w.filter, w.update))
+            verdict[b.key] = Appended(
+                written=True,
+                last_seq=last,
+                skip=at.skip,
+                moved=at.moved,
+                moved_bytes=at.moved_bytes,
+                counted=counted,
             )
-            if res.matched_count != len(batches):
-                raise _SomeLost  # aborts this transaction: nothing of it is kept
-            verdict = {b.key: "written" for b in batches}
-        docs = [chunk_doc(b, c) for b in batches if verdict[b.key] == "written" for c in b.chunks]
+        if counts:
+            # Read above in this transaction's snapshot: a write to the job since is a write
+            # conflict, and the transaction is retried from the start.
+            await self.jobs.bulk_write(counts, ordered=False, session=session)
         if docs:
             await self.output.insert_many(docs, ordered=True, session=session)
         return verdict
+
+    async def _near(
+        self, session: AsyncClientSession, batches: Sequence[AttemptOutput]
+    ) -> dict[str, list[tuple[int, int, int]]]:
+        """`(seq, attempt, size)` of each job's chunks from the one before its batch on."""
+        near: dict[str, list[tuple[int, int, int]]] = {}
+        if not batches:
+            return near
+        clauses = [{"job": b.lease.job_id, "seq": {"$gte": b.chunks[0].seq - 1}} for b in batches]
+        async for d in self.output.find(
+            {"$or": clauses},
+            projection={"_id": 0, "job": 1, "seq": 1, "attempt": 1, "size": 1},
+            session=session,
+        ).sort([("job", ASCENDING), ("seq", ASCENDING)]):
+            near.setdefault(d["job"], []).append(
+                (int(d["seq"]), int(d["attempt"]), int(d.get("size", 0)))
+            )
+        return near
+
+    async def count(self, lease: Lease, owner: str, chunks: int, size: int) -> bool:
+        """Write the job's count of its output (an attempt's last, when its last batch went
+        without it); False if the attempt no longer holds the job (or is in its own
+        transaction)."""
+        w = queries.output_counted(lease, owner, chunks, size)
+        return bool((await self.jobs.update_one(w.filter, w.update)).matched_count)
 
     # -- reading ------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ async def emit(store: JobStore, lease: Lease, first: int, words: list[str]) -> N
     """What a worker's writer appends: `words` as chunks from sequence number `first`."""
     chunks = [Chunk(seq=first + i, kind="text", data=w, size=len(w)) for i, w in enumerate(words)]
     out = AttemptOutput(lease=lease, owner=OWNER, chunks=chunks)
-    assert await OutputStore(store.db).append([out]) == {out.key: "written"}
+    assert (await OutputStore(store.db).append([out]))[out.key].written
 
 
 async def complete(store: JobStore, lease: Lease) -> None:

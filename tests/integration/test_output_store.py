@@ -15,7 +15,7 @@ from brook.common.domain.output import Chunk
 from brook.common.protocol.runner import RunJob
 from brook.common.runtime.settings import Settings
 from brook.common.store.jobs import JobStore, Lease
-from brook.common.store.output import AttemptOutput, OutputStore
+from brook.common.store.output import Appended, AttemptOutput, OutputStore
 from brook.executor.output import OutputWriter, in_step
 from tests.integration.test_store import expire_now
 
@@ -35,8 +35,12 @@ def chunks(first: int, n: int, step: str | None = None) -> list[Chunk]:
     ]
 
 
-async def stream(output: OutputStore, job_id: str) -> list[tuple[int, int, str]]:
+async def stream_of(output: OutputStore, job_id: str) -> list[tuple[int, int, str]]:
     return [(d["attempt"], d["seq"], d["data"]) for d in await output.read(job_id)]
+
+
+def written(verdict: dict[tuple[str, int], Appended]) -> dict[tuple[str, int], bool]:
+    return {key: v.written for key, v in verdict.items()}
 
 
 async def test_a_zombie_attempt_cannot_append_and_the_live_one_goes_on_after_the_kept_chunks(
@@ -46,7 +50,7 @@ async def test_a_zombie_attempt_cannot_append_and_the_live_one_goes_on_after_the
     await store.submit(JobSpec(task="noop", payload={}))
     zombie = await claimed(store, A)
     first = AttemptOutput(lease=zombie, owner=A, chunks=chunks(1, 3))
-    assert await output.append([first]) == {first.key: "written"}
+    assert written(await output.append([first])) == {first.key: True}
     await expire_now(store, zombie.job_id)
     [expired] = await store.expired()
     await store.requeue_expired(expired, 0.0)
@@ -54,18 +58,19 @@ async def test_a_zombie_attempt_cannot_append_and_the_live_one_goes_on_after_the
     job = await store.get(live.job_id)
     assert job.output == {"chunks": 3, "bytes": 6}  # where the new attempt starts
     late = AttemptOutput(lease=zombie, owner=A, chunks=chunks(4, 2))
-    assert await output.append([late]) == {late.key: "lost"}
+    assert written(await output.append([late])) == {late.key: False}
     wrong_owner = AttemptOutput(lease=live, owner=A, chunks=chunks(4, 2))
-    assert await output.append([wrong_owner]) == {wrong_owner.key: "lost"}
-    mine = AttemptOutput(lease=live, owner=B, chunks=chunks(4, 2))
-    assert await output.append([mine]) == {mine.key: "written"}
-    assert await stream(output, live.job_id) == [
+    assert written(await output.append([wrong_owner])) == {wrong_owner.key: False}
+    mine = AttemptOutput(lease=live, owner=B, chunks=chunks(4, 2), bytes_before=6)
+    assert written(await output.append([mine])) == {mine.key: True}
+    assert await stream_of(output, live.job_id) == [
         (1, 1, "t1"),
         (1, 2, "t2"),
         (1, 3, "t3"),
         (2, 4, "t4"),
         (2, 5, "t5"),
     ]
+    assert (await store.get(live.job_id)).output == {"chunks": 5, "bytes": 10}
 
 
 async def test_a_batch_is_taken_once_in_order_and_each_attempt_of_a_transaction_on_its_own(
@@ -76,15 +81,54 @@ async def test_a_batch_is_taken_once_in_order_and_each_attempt_of_a_transaction_
         await store.submit(JobSpec(task="noop", payload={}))
     one, two = await claimed(store, A), await claimed(store, A)
     assert await output.append([AttemptOutput(lease=one, owner=A, chunks=chunks(1, 2))])
-    # The same batch again (a retry), a batch with a gap, and another job's next batch, in
-    # one transaction: only the last is kept.
-    again = AttemptOutput(lease=one, owner=A, chunks=chunks(1, 2))
-    gap = AttemptOutput(lease=one, owner=A, chunks=chunks(5, 1))
+    # The same batch again with one more chunk (a retry after a write whose answer was
+    # lost), a batch with a gap, and another job's next batch: the retry keeps only its new
+    # chunk, the gap nothing.
+    again = AttemptOutput(lease=one, owner=A, chunks=chunks(1, 3))
     other = AttemptOutput(lease=two, owner=A, chunks=chunks(1, 1))
-    assert await output.append([again, other]) == {again.key: "lost", other.key: "written"}
-    assert await output.append([gap]) == {gap.key: "lost"}
-    assert await stream(output, one.job_id) == [(1, 1, "t1"), (1, 2, "t2")]
-    assert await stream(output, two.job_id) == [(1, 1, "t1")]
+    verdict = await output.append([again, other])
+    assert written(verdict) == {again.key: True, other.key: True}
+    assert (verdict[again.key].skip, verdict[again.key].last_seq) == (2, 3)
+    gap = AttemptOutput(lease=one, owner=A, chunks=chunks(5, 1))
+    assert written(await output.append([gap])) == {gap.key: False}
+    assert await stream_of(output, one.job_id) == [(1, 1, "t1"), (1, 2, "t2"), (1, 3, "t3")]
+    assert await stream_of(output, two.job_id) == [(1, 1, "t1")]
+
+
+async def test_a_killed_attempts_chunks_past_the_count_come_before_the_next_attempts(
+    store: JobStore,
+) -> None:
+    """Batches after an attempt's first do not write the job's count: an attempt killed
+    then leaves chunks past it. The next attempt numbers its chunks from the count; its
+    first batch goes on after those chunks instead, and the count takes them in."""
+    output = OutputStore(store.db)
+    await store.submit(JobSpec(task="noop", payload={}, max_attempts=3))
+    killed = await claimed(store, A)
+    await output.append([AttemptOutput(lease=killed, owner=A, chunks=chunks(1, 2))])
+    past = AttemptOutput(lease=killed, owner=A, chunks=chunks(3, 2), count=False, bytes_before=4)
+    assert written(await output.append([past])) == {past.key: True}
+    assert (await store.get(killed.job_id)).output == {"chunks": 2, "bytes": 4}
+    await expire_now(store, killed.job_id)
+    [expired] = await store.expired()
+    await store.requeue_expired(expired, 0.0)
+    next_one = await claimed(store, B)
+    batch = AttemptOutput(lease=next_one, owner=B, chunks=chunks(3, 2), bytes_before=4)
+    verdict = (await output.append([batch]))[batch.key]
+    assert (verdict.written, verdict.moved, verdict.moved_bytes, verdict.last_seq) == (
+        True,
+        2,
+        4,
+        6,
+    )
+    assert await stream_of(output, killed.job_id) == [
+        (1, 1, "t1"),
+        (1, 2, "t2"),
+        (1, 3, "t3"),
+        (1, 4, "t4"),
+        (2, 5, "t3"),
+        (2, 6, "t4"),
+    ]
+    assert (await store.get(killed.job_id)).output == {"chunks": 6, "bytes": 12}
 
 
 async def test_positions_issued_are_a_chunks_own_and_the_start_of_an_attempts_output(
@@ -178,6 +222,67 @@ async def test_the_writer_batches_many_emits_into_few_writes_in_order(
     assert 1 <= writer.writes <= 10
     with pytest.raises(RuntimeError):
         stream.emit("after the end")
+
+
+async def test_the_writer_counts_the_jobs_output_with_its_first_batch_and_at_its_end_only(
+    store: JobStore, settings: Settings
+) -> None:
+    """Between an attempt's first batch and its end, the job is written at most once every
+    `count_every_s` (here: never): a batch of chunks is not a write of the job."""
+    output = OutputStore(store.db)
+    writer = OutputWriter(lambda: output, window_s=0.01, settle_s=30, count_every_s=3600)
+    await store.submit(JobSpec(task="noop", payload={}))
+    lease = await claimed(store, A)
+    stream = writer.open(run_of(lease, A), settings)
+    stream.emit("a")
+    await stream.flush()
+    assert (await store.get(lease.job_id)).output == {"chunks": 1, "bytes": 1}
+    for word in ("bb", "cc", "dd"):
+        stream.emit(word)
+        await stream.flush()
+    assert writer.writes == 4
+    assert (await store.get(lease.job_id)).output == {"chunks": 1, "bytes": 1}
+    await stream.close()
+    assert (await store.get(lease.job_id)).output == {"chunks": 4, "bytes": 7}
+    assert [d["seq"] for d in await output.read(lease.job_id)] == [1, 2, 3, 4]
+
+
+async def test_the_writer_numbers_an_attempts_chunks_after_a_killed_ones_uncounted_chunks(
+    store: JobStore, settings: Settings
+) -> None:
+    output = OutputStore(store.db)
+    await store.submit(JobSpec(task="noop", payload={}, max_attempts=3))
+    killed = await claimed(store, A)
+    await output.append([AttemptOutput(lease=killed, owner=A, chunks=chunks(1, 1))])
+    past = AttemptOutput(lease=killed, owner=A, chunks=chunks(2, 2), count=False, bytes_before=2)
+    await output.append([past])
+    await expire_now(store, killed.job_id)
+    [expired] = await store.expired()
+    await store.requeue_expired(expired, 0.0)
+    live = await claimed(store, B)
+    writer = OutputWriter(lambda: output, window_s=0.2, settle_s=30)
+    run = RunJob(
+        job_id=live.job_id,
+        attempt=live.attempt,
+        task="noop",
+        payload={},
+        owner=B,
+        output_chunks=1,
+        output_bytes=2,
+    )
+    stream = writer.open(run, settings)
+    stream.emit("x")
+    await asyncio.sleep(0.05)  # the first batch is in flight: the next waits for its window
+    stream.emit("y")
+    await stream.close()
+    assert await stream_of(output, live.job_id) == [
+        (1, 1, "t1"),
+        (1, 2, "t2"),
+        (1, 3, "t3"),
+        (2, 4, "x"),
+        (2, 5, "y"),
+    ]
+    assert (await store.get(live.job_id)).output == {"chunks": 5, "bytes": 8}
 
 
 async def test_a_writer_whose_attempt_lost_its_lease_keeps_nothing_more(

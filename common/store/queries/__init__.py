@@ -78,7 +78,12 @@ from brook.common.store.queries.outcomes import (
     released,
     requeued_expired,
 )
-from brook.common.store.queries.output import output_appended
+from brook.common.store.queries.output import (
+    FENCE_FIELDS,
+    holds,
+    in_own_transaction,
+    output_counted,
+)
 from brook.common.store.queries.reruns import rerun_job, rerun_linked, rerun_spec
 from brook.common.store.queries.spawned import (
     PARENT_CANCELLED,
@@ -114,6 +119,7 @@ __all__ = [
     "CLAIM_SORT",
     "DEADLINE",
     "ENDED",
+    "FENCE_FIELDS",
     "FOREVER",
     "MAX_MERGED_SCANS",
     "NEVER_STARTED",
@@ -148,12 +154,14 @@ __all__ = [
     "held_deadline_exceeded",
     "held_leases",
     "held_start_by_passed",
+    "holds",
+    "in_own_transaction",
     "key_released",
     "lease_renewed",
     "marked_settled",
     "new_job_upsert",
     "not_in_transaction",
-    "output_appended",
+    "output_counted",
     "parents_adopted",
     "progress_reported",
     "released",

@@ -77,7 +77,7 @@ CASES: dict[str, tuple[Write, set[JobStatus], set[JobStatus]]] = {
     "slot_taken": (queries.slot_taken(OWNER, "j1", 3, "q:0:k"), {R}, set()),
     "lease_renewed": (queries.lease_renewed(OWNER, [LEASE, KNOWING], 30), {R}, set()),
     "progress_reported": (queries.progress_reported(LEASE, OWNER, 0.5, "half"), {R}, set()),
-    "output_appended": (queries.output_appended(LEASE, OWNER, 4, 2, 10), {R}, set()),
+    "output_counted": (queries.output_counted(LEASE, OWNER, 4, 10), {R}, set()),
     "started": (queries.started(LEASE, OWNER, AT), {R}, set()),
     "transaction_opened": (queries.transaction_opened(LEASE, OWNER, {"id": 1}, 30), {R}, set()),
     "transaction_closed": (queries.transaction_closed(LEASE, OWNER, 30), {R}, set()),
@@ -336,9 +336,17 @@ def test_a_signal_wakes_only_pending_jobs_waiting_on_its_key_and_the_stream_hear
     } in matches
 
 
-def test_an_output_append_takes_only_the_next_batch_of_the_holding_attempt() -> None:
-    write = queries.output_appended(LEASE, OWNER, 4, 2, 10)
+def test_an_outputs_count_is_written_by_the_holding_attempt_and_never_lowered() -> None:
+    write = queries.output_counted(LEASE, OWNER, 4, 10)
     assert write.filter["tx.attempt"] == {"$ne": LEASE.attempt}
-    # Only right after the job's third chunk: a batch is never taken twice or out of order.
-    assert write.filter["$expr"] == {"$eq": [{"$ifNull": ["$output.chunks", 0]}, 3]}
-    assert write.update == {"$inc": {"output.chunks": 2, "output.bytes": 10}}
+    assert write.update == {"$max": {"output.chunks": 4, "output.bytes": 10}}
+
+
+def test_a_batch_is_read_against_the_same_fence_a_running_attempts_write_has() -> None:
+    held = {"attempts": LEASE.attempt, "owner": OWNER, "status": R}
+    assert queries.holds(held, LEASE, OWNER)
+    assert not queries.holds(None, LEASE, OWNER)
+    assert not queries.holds({**held, "owner": "another"}, LEASE, OWNER)
+    assert not queries.holds({**held, "attempts": LEASE.attempt + 1}, LEASE, OWNER)
+    assert not queries.holds({**held, "status": "pending"}, LEASE, OWNER)
+    assert set(queries.FENCE_FIELDS) >= set(queries.running_fence(LEASE, OWNER)) - {"_id"}
