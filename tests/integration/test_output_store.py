@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from pymongo.errors import PyMongoError
 
 from brook.common.domain.errors import LeaseLost, OutputLimitExceeded
 from brook.common.domain.models import JobSpec
@@ -129,6 +130,35 @@ async def test_a_killed_attempts_chunks_past_the_count_come_before_the_next_atte
         (2, 6, "t4"),
     ]
     assert (await store.get(killed.job_id)).output == {"chunks": 6, "bytes": 12}
+
+
+async def test_a_zombies_batch_read_before_its_lease_was_lost_loses_to_the_next_attempts(
+    store: JobStore,
+) -> None:
+    """The zombie's transaction read the job while it still held it; the next attempt then
+    claims and writes its first chunk. The zombie's insert of the same sequence number is a
+    write conflict (the unique index), its transaction is retried from the start, reads the
+    job again and is refused: its chunk never lands after the next attempt's."""
+    output = OutputStore(store.db)
+    await store.submit(JobSpec(task="noop", payload={}, max_attempts=3))
+    zombie = await claimed(store, A)
+    await output.append([AttemptOutput(lease=zombie, owner=A, chunks=chunks(1, 1))])
+    async with store.db.client.start_session() as session:
+        await session.start_transaction()
+        await store.jobs.find_one({"_id": zombie.job_id}, session=session)  # its snapshot
+        await expire_now(store, zombie.job_id)
+        [expired] = await store.expired()
+        await store.requeue_expired(expired, 0.0)
+        live = await claimed(store, B)
+        mine = AttemptOutput(lease=live, owner=B, chunks=chunks(2, 1), bytes_before=2)
+        assert (await output.append([mine]))[mine.key].written
+        late = AttemptOutput(lease=zombie, owner=A, chunks=chunks(2, 1), count=False)
+        with pytest.raises(PyMongoError) as raised:
+            await output._append(session, [late])  # as its transaction would, from then
+        assert raised.value.has_error_label("TransientTransactionError")
+        await session.abort_transaction()
+    assert not (await output.append([late]))[late.key].written  # its retry
+    assert await stream_of(output, zombie.job_id) == [(1, 1, "t1"), (2, 2, "t2")]
 
 
 async def test_positions_issued_are_a_chunks_own_and_the_start_of_an_attempts_output(
