@@ -75,10 +75,15 @@ async def test_a_worker_sigkilled_mid_stream_keeps_attempt_ones_output_apart_fro
     cluster: Cluster, store: JobStore
 ) -> None:
     disp = cluster.dispatcher(**OUTPUT)
-    job_id = await submit(store, "emit_until_killed", {"n": 5, "later": 3})
-    os.kill(holding(disp, job_id), signal.SIGKILL)
+    # Its chunks 50 ms apart: the first batch writes the job's count, the next ones (within
+    # a second) do not, so attempt 2 starts numbering from a count behind the stream.
+    job_id = await submit(store, "emit_until_killed", {"n": 5, "later": 3, "pause": 0.05})
+    pid = holding(disp, job_id)
+    assert (await store.get(job_id)).output["chunks"] < 5  # type: ignore[index]
+    os.kill(pid, signal.SIGKILL)
     job = await finished(store, job_id)
     assert job.status == "completed" and job.attempts == 2, job
+    assert job.output == {"chunks": 8, "bytes": 8 * 5}
     assert await chunks(store, job_id) == [
         *[(1, i + 1, f"a1-{i} ") for i in range(5)],
         *[(2, i + 6, f"a2-{i} ") for i in range(3)],

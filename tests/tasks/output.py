@@ -44,11 +44,12 @@ def emit_tokens_sync(payload: dict[str, Any], ctx: SyncTaskContext) -> int:
 
 @task("emit_until_killed")
 async def emit_until_killed(payload: dict[str, Any], ctx: TaskContext) -> str:
-    """Attempt 1 emits `n` chunks, says so in its log, and waits to be killed; a later
-    attempt emits `later` chunks and returns."""
+    """Attempt 1 emits `n` chunks (`pause` s apart), says so in its log, and waits to be
+    killed; a later attempt emits `later` chunks and returns."""
     if ctx.attempt == 1:
         for i in range(int(payload.get("n", 5))):
             ctx.emit(f"a1-{i} ")
+            await asyncio.sleep(float(payload.get("pause", 0)))
         await asyncio.sleep(0.3)  # past a window: its chunks are written
         ctx.log.info("output.holding", pid=os.getpid())
         await asyncio.sleep(60)
