@@ -207,7 +207,8 @@ def streaming(ctx: Context, jobs: int, per_s: float, seconds: float) -> dict[str
         "writes_allowed_per_s": most,
         "chunks_per_write": round(stored / commits, 1) if commits else None,
         # What the primary did per chunk read: documents inserted (the chunks) and updated
-        # (each batch's fenced write on each job in it), operations by kind.
+        # (the jobs' counts of their output: with an attempt's first batch, once a second,
+        # and at its end), operations by kind.
         "primary_per_chunk": {
             k: round((ops[k] - ops_before.get(k, 0.0)) / max(load.read, 1), 3)
             for k in ("docs_inserted", "docs_updated", "op_insert", "op_update", "op_getmore")

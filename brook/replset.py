@@ -130,14 +130,16 @@ class ReplicaSet:
         self._check_ports()
         mongod = find_mongod()
         _check_runs(mongod)
-        for index, port in enumerate(self.ports):
-            if self.pid(index) is not None:
-                continue
+        # Every port is looked at before any member starts: a taken one leaves no member
+        # of this set running behind the error.
+        stopped = [(i, port) for i, port in enumerate(self.ports) if self.pid(i) is None]
+        for _, port in stopped:
             if _port_taken(port, wait=PORT_FREE_WAIT_S):
                 raise EmbeddedMongoError(
                     f"port {port} is already in use by another process "
                     f"(set BROOK_MONGO_PORT to another base port)"
                 )
+        for index, port in stopped:
             self._start_member(mongod, index, port)
         self._initiate()
         if wait:
