@@ -125,9 +125,9 @@ class BaseContext:
             )
         self.output.emit(data)
 
-    async def _flush_output(self) -> None:
+    async def _flush_output(self, *, count: bool = False) -> None:
         if self.output is not None:
-            await self.output.flush()
+            await self.output.flush(count=count)
 
     def _target(self) -> ClientCore:
         return process_core(self.process_settings)
@@ -364,7 +364,8 @@ class TaskContext(DurableContext):
     @contextlib.asynccontextmanager
     async def _open_transaction(self) -> AsyncIterator[AsyncClientSession]:
         tx = self._attempt_tx()
-        await self._flush_output()  # its output so far, before the job is the task's own
+        # Its output so far, written and counted, before the job is the task's own.
+        await self._flush_output(count=True)
         async with tx.open_async(process_client(self.process_settings)) as session:
             yield session
 
@@ -462,7 +463,8 @@ class SyncTaskContext(DurableContext):
     @contextlib.contextmanager
     def _open_sync_transaction(self) -> Iterator[ClientSession]:
         tx = self._attempt_tx()
-        self._block(self._flush_output())  # its output so far, before the job is the task's own
+        # Its output so far, written and counted, before the job is the task's own.
+        self._block(self._flush_output(count=True))
         with tx.open_sync(process_sync_client(self.process_settings)) as session:
             yield session
 

@@ -125,9 +125,12 @@ class OutputStream:
             self.emitted_bytes += size
             self.writer.add(self, chunk)
 
-    async def flush(self) -> None:
-        """Return once every chunk emitted so far is written; `LeaseLost` if it never will be."""
+    async def flush(self, *, count: bool = False) -> None:
+        """Return once every chunk emitted so far is written (and with `count`, the job's
+        count of its output says so); `LeaseLost` if it never will be."""
         await self.writer.flush(self)
+        if count:
+            await self.writer.count(self)
 
     async def close(self) -> None:
         """The attempt ends: write what is pending (as long as a lease lasts, at most), then
@@ -136,8 +139,7 @@ class OutputStream:
             with self.writer.lock:
                 self.closing = True
             try:
-                await asyncio.wait_for(self.flush(), self.writer.settle_s)
-                await self.writer.count(self)
+                await asyncio.wait_for(self.flush(count=True), self.writer.settle_s)
             except (LeaseLost, TimeoutError) as exc:
                 log_event(
                     Event.OUTPUT_DISCARDED,

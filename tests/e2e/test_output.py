@@ -90,6 +90,21 @@ async def test_a_worker_sigkilled_mid_stream_keeps_attempt_ones_output_apart_fro
     ]
 
 
+async def test_a_job_that_completes_in_its_own_transaction_counts_all_of_its_output(
+    cluster: Cluster, store: JobStore
+) -> None:
+    """Nothing writes the job while its transaction is open: its output is written and
+    counted before the transaction opens."""
+    cluster.dispatcher(**OUTPUT)
+    job_id = await submit(store, "emit_then_commit", {"n": 5})
+    job = await finished(store, job_id)
+    assert job.status == "completed", job
+    assert job.output == {"chunks": 5, "bytes": 5 * 3}
+    assert [d["data"] for d in await OutputStore(store.db).read(job_id)] == [
+        f"c{i} " for i in range(5)
+    ]
+
+
 async def test_a_finished_steps_output_appears_once_when_the_step_is_replayed(
     cluster: Cluster, store: JobStore
 ) -> None:

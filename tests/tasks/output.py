@@ -87,3 +87,16 @@ def emit_many(payload: dict[str, Any], ctx: SyncTaskContext) -> dict[str, Any]:
         except OutputLimitExceeded as exc:
             return {"emitted": i, "error": str(exc)}
     return {"emitted": int(payload.get("n", 10_000)), "error": None}
+
+
+@task("emit_then_commit")
+async def emit_then_commit(payload: dict[str, Any], ctx: TaskContext) -> int:
+    """`n` chunks 50 ms apart (past its first batch, a count is not written with each), then
+    its completion in its own transaction."""
+    n = int(payload.get("n", 5))
+    for i in range(n):
+        ctx.emit(f"c{i} ")
+        await asyncio.sleep(0.05)
+    async with ctx.transaction() as session:
+        await ctx.database()["orders"].insert_one({"job_id": ctx.job_id}, session=session)
+    return n
