@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -511,8 +512,13 @@ def _scale_plan(
     }.get(args.scenario, [])
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # a SIGTERM stops the run as Ctrl-C does: its roles and set too
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         if args.scenario == "jobcost":  # roles on sets of its own: not the shared one of run()
             return jobcost.main(args)
