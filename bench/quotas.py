@@ -11,9 +11,23 @@ one call whose real usage is 500-2,000 random tokens; with a quota, its estimate
 (`quotas={"bench-llm": 1000}`), corrected by `ctx.usage`, and a `429` raises `RateLimited`.
 The `rate` mode has no quota: the default queue's `rate` is U / 1,250 starts a minute (the
 mean usage), and a `429` raises `Retry` with its delay. Prints one JSON document: goodput
-(tokens the provider accepted per minute / U), the share of calls answered `429`, failed
-jobs, wall time, and with `halve` the goodput over each minute after the halving against
-the new limit.
+(tokens the provider accepted per minute of wall time / U), the share of calls answered
+`429`, failed jobs, wall time, and with `halve` the goodput over each minute after the
+halving against the new limit.
+
+Goodput window by window (`windows`): the tokens the stand-in accepted in each whole minute
+counted from the first call it received, / U (a partial last minute is left out). The
+**steady-state goodput** (`steady_goodput`) is the mean of those minutes after the first
+(the first starts from an empty window and ramps up), and only of minutes that end before
+the last call, so while jobs still waited; it needs three such minutes (`--jobs 2000` at
+U = 400,000 is about six windows of work). The goodput of the whole run divided by wall
+time can pass 1 on a short run: an empty window takes U at once, and more as the first
+minute's tokens age out.
+
+A trace of the run is written to `bench/out/quotas-MODE-trace.json`: the stand-in's calls
+(`GET /calls`: time, charge, what its window held, status, wait, the job and attempt) and
+Brook's quota read every 0.1 s (units used, effective rate, usage ratio, holds), to tell
+why each 429 came.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ Its cost ledger is `QuotaLedger`'s (`quota_ledger.py`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -217,10 +218,13 @@ class QuotaStore:
         await self._change(name, step)
         return len(dead)
 
-    async def usage(self, name: str, lease: Lease, owner: str, total: float) -> float:
-        """An attempt's real usage so far (`ctx.usage`): the attempt's charge is moved to
-        the window's bucket of now and corrected to `total`, and the usage ratio learns from
-        it (`quota_queries.usage_reported`). Fenced: the job's own write (`quota_usage`, on
+    async def usage(
+        self, name: str, lease: Lease, owner: str, total: float, said: float | None = None
+    ) -> float:
+        """An attempt's real usage so far (`ctx.usage`, called at `said` on this process's
+        monotonic clock; None: now): the attempt's charge is moved to the window's bucket of
+        that moment and corrected to `total`, and the usage ratio learns from it
+        (`quota_queries.usage_reported`). Fenced: the job's own write (`quota_usage`, on
         its running attempt and owner) comes first, and `LeaseLost` if it matches nothing;
         then one atomic update of the quota, conditioned on what the attempt's hold was
         charged so far (a report racing another is read again). The difference; 0 if the
@@ -242,7 +246,8 @@ class QuotaStore:
             holder = Holder.from_doc(held[0])
             delta = total - holder.units
             est, used = learned(holder, total)
-            write = quota_queries.usage_reported(name, holder, total, est, used)
+            ago_ms = 0 if said is None else max(int((time.monotonic() - said) * 1000), 0)
+            write = quota_queries.usage_reported(name, holder, total, ago_ms, est, used)
             res = await self.quotas.update_one(write.filter, write.update)
             if res.matched_count == 1:
                 if delta:

@@ -69,12 +69,13 @@ def woken_for_quota(name: str, ids: list[str]) -> Write:
 
 
 def usage_reported(
-    name: str, holder: Holder, total: float, learned_est: float, learned_used: float
+    name: str, holder: Holder, total: float, ago_ms: int, learned_est: float, learned_used: float
 ) -> Write:
     """An attempt's real usage so far (`ctx.usage`), on the quota's document in one atomic
     update, fenced by what the attempt's hold was charged (a report racing another reads
     again): its charge leaves the bucket it was charged to (`holder.t`) and `total` is
-    charged to the bucket of now on the server's clock, for its key too, created if
+    charged to the bucket of the report (`ago_ms` before now on the server's clock: the
+    task said it then; never earlier than `holder.t`), for its key too, created if
     missing; the hold says `total`, reported, and that bucket; the usage ratio's sums grow.
     The provider counted the call from its arrival, somewhere between the start's charge
     and this report: counted from the charge until a window after the report, it is freed
@@ -83,7 +84,7 @@ def usage_reported(
     fresh = {
         "$floor": {
             "$divide": [
-                {"$toLong": NOW},
+                {"$subtract": [{"$toLong": NOW}, ago_ms]},
                 {"$multiply": ["$units.per_seconds", 1000 / BUCKETS]},
             ]
         }
