@@ -12,7 +12,9 @@ than a window's worth), so no window of `per_seconds`, wherever it starts, holds
 the limit, save a debt (below). The price: up to 1/BUCKETS of the limit left unused.
 
 Bursts: within one bucket at most BURST buckets' share of the limit is admitted, so that
-the usage the first starts report corrects the window before estimates alone fill it.
+the usage the first starts report corrects the window before estimates alone fill it; and
+within a window of a 429 only one bucket's share (the even pace), so that a quota that
+reopens does not refill the provider's window at once.
 
 The usage ratio: a quota learns what its jobs really use against what they were estimated
 to cost (the usage `ctx.usage` reports over the estimates of the attempts that reported, as
@@ -526,7 +528,7 @@ def admit(q: Quota, start: Start, now: datetime) -> Quota | Refused:
         if name == "units" and _cold(q, expected[name], limit, now):
             return Refused(reason=name, retry_at=(w.bucket(now) + BURST) * w.bucket_s)
         burst = _in_bucket(q, name, now)
-        if burst > 0 and burst + costs[name] > limit * BURST / BUCKETS:
+        if burst > 0 and burst + costs[name] > limit * _burst(q, now) / BUCKETS:
             return Refused(reason=name, retry_at=(w.bucket(now) + 1) * w.bucket_s)
     unfair = _over_share(q, start, now)
     if unfair is not None:
@@ -641,6 +643,15 @@ def _cold(q: Quota, cost: float, limit: float, now: datetime) -> bool:
         return False
     flying = sum(h.units for h in q.holders if not h.reported)
     return flying > 0 and flying + cost > limit * COLD_SHARE
+
+
+def _burst(q: Quota, now: datetime) -> int:
+    """How many buckets' share of the limit one bucket may admit: `BURST`, but one (the
+    pace that spends a window evenly) within a window of a 429. The provider said its window
+    was full; when it reopens, its room grows as its window ages, not all at once."""
+    if q.last_429 is not None and now - _aware(q.last_429) < timedelta(seconds=q.longest_s()):
+        return 1
+    return BURST
 
 
 def _in_bucket(q: Quota, name: WindowName, now: datetime) -> float:

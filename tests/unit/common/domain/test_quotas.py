@@ -196,3 +196,12 @@ def test_before_its_first_report_a_quota_admits_at_most_half_its_window_on_estim
         q, holders=(reported, *q.holders[1:]), learned_est=1000.0, learned_used=1000.0
     )
     assert isinstance(admit(learned_q, start("51st"), now), Quota)
+
+
+def test_within_a_window_of_a_429_a_bucket_admits_only_the_even_pace() -> None:
+    q = replace(units(), last_429=T0 - timedelta(seconds=30))
+    q = fill(q, 400_000 // BUCKETS // 1000, T0)  # 20 starts: one bucket's share
+    out = admit(q, start("over"), T0)
+    assert isinstance(out, Refused) and out.reason == "units"
+    later = replace(q, last_429=T0 - timedelta(seconds=61))
+    assert isinstance(admit(later, start("over"), T0), Quota)
