@@ -13,20 +13,16 @@ the limit, save a debt (below). The price: up to 1/BUCKETS of the limit left unu
 
 Bursts: within one bucket at most BURST buckets' share of the limit is admitted, so that
 the usage the first starts report corrects the window before estimates alone fill it; and
-within a window of a 429 only one bucket's share (the even pace), so that a quota that
-reopens does not refill the provider's window at once.
+while 429s hold the effective rate down, within a window of the last, only one bucket's
+share (the even pace), so that a quota that reopens does not refill the provider's window
+at once.
 
-The usage ratio: a quota learns what its jobs really use against what they were estimated
-to cost (the usage `ctx.usage` reports over the estimates of the attempts that reported, as
-if a share `RATIO_PRIOR` of a window had reported exactly its estimate, between `RATIO_MIN`
-and `RATIO_MAX`; the sums are halved whenever their estimates pass a window's limit, so
-the ratio follows the recent reports). A start is admitted on its cost x the ratio, and
-the starts in flight that have not reported yet count at their estimate x the ratio: once
-the first reports show the estimates low, the starts still on estimates are counted as
-they will report, and the window is not overfilled. Before the first report, the starts
-in flight hold at most `COLD_SHARE` of the limit, for a window from the first start. The
-ratio never goes below 1 (Brook never admits more than the estimates say): estimates that
-are high only leave room unused until their reports refund it.
+The usage ratio (reported usage over the estimates of the attempts that reported, as if
+`RATIO_PRIOR` of a window had reported its estimate, within `RATIO_MIN`-`RATIO_MAX`, the
+sums halved once their estimates pass a window's limit): a start is admitted on its cost
+x the ratio, and a start in flight that has not reported counts at its estimate x the
+ratio, so the first reports correct every start still on estimates. Before the first
+report, for a window from the first start, those hold at most `COLD_SHARE` of the limit.
 
 Debt: a usage report (`ctx.usage`) that lands after a start can charge more than the
 estimate and overdraw the window; the window then holds more than the limit and admits
@@ -35,8 +31,10 @@ nothing until enough of it has aged out.
 The adaptive rule (AIMD): each 429 (`RateLimited`) multiplies the quota's effective rate by
 `DECREASE` (never below `FLOOR` of the limit) when it comes within a window of the previous
 one (a lone 429 only closes the quota; the 429s of calls in flight while it is closed count
-as that one), and each window without a 429 adds `INCREASE` of the limit back, up to the
-whole limit.
+as that one; a 429 while the units window holds its whole limit by Brook's count, less a
+bucket's share, is no strike: the estimates were short, not the limit), and each window
+without a 429 adds `INCREASE` of the limit back, up to the whole limit. A 429 also caps
+the effective rate at what it says of the provider's window (`_room_said`).
 """
 
 from __future__ import annotations
@@ -647,11 +645,11 @@ def _cold(q: Quota, cost: float, limit: float, now: datetime) -> bool:
 
 def _burst(q: Quota, now: datetime) -> int:
     """How many buckets' share of the limit one bucket may admit: `BURST`, but one (the
-    pace that spends a window evenly) within a window of a 429. The provider said its window
-    was full; when it reopens, its room grows as its window ages, not all at once."""
-    if q.last_429 is not None and now - _aware(q.last_429) < timedelta(seconds=q.longest_s()):
-        return 1
-    return BURST
+    pace that spends a window evenly) while 429s hold the effective rate below the limit
+    and within a window of the last. The provider's limit is in doubt: its room grows as
+    its window ages, not all at once when the quota reopens."""
+    recent = q.last_429 is not None and now - _aware(q.last_429) < timedelta(seconds=q.longest_s())
+    return 1 if recent and q.factor < 1.0 else BURST
 
 
 def _in_bucket(q: Quota, name: WindowName, now: datetime) -> float:
@@ -733,14 +731,26 @@ def rate_limited(
         # after a short delay, a call charged before the last 429): one burst, one strike.
         factor = min(q.factor, _room_said(q, until, now))
         return replace(q, closed_until=until, factor=factor, last_429=now, calm_since=until)
+    factor = min(q.factor, _room_said(q, until, now))
+    if _at_limit(q, now):
+        # The window held all its limit by Brook's count: the estimates in flight were a
+        # little short, the limit is not in doubt. Closed, no strike.
+        return replace(q, closed_until=until, factor=factor, last_429=now, calm_since=until)
     strikes = q.strikes + 1 if q.last_429 is not None and now - q.last_429 <= span else 1
-    factor = q.factor
     if strikes >= 2:
-        factor = max(FLOOR, q.factor * DECREASE)
-    factor = min(factor, _room_said(q, until, now))
+        factor = min(factor, max(FLOOR, q.factor * DECREASE))
     return replace(
         q, closed_until=until, strikes=strikes, factor=factor, last_429=now, calm_since=until
     )
+
+
+def _at_limit(q: Quota, now: datetime) -> bool:
+    """Whether the units window holds its effective limit, less a bucket's share, by
+    Brook's count (the starts in flight at estimate x usage ratio)."""
+    limit = q.effective("units")
+    if limit is None:
+        return False
+    return q.used("units", now) + q.in_flight_extra(now) >= limit * (1 - 1 / BUCKETS)
 
 
 def _in_flight_then(q: Quota, attempt: tuple[str, int] | None, now: datetime) -> bool:

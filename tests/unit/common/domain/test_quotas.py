@@ -145,7 +145,8 @@ def test_a_429_caps_the_rate_at_what_the_units_window_holds_when_the_provider_ha
     q = replace(units(400_000), buckets={"units": held})
     now = T0 + timedelta(seconds=40)
     out = rate_limited(q, 30.0, now)
-    assert out.factor == 0.5 and out.strikes == 1
+    # The window held its whole limit by Brook's count: no strike, but the cap.
+    assert out.factor == 0.5 and out.strikes == 0
     # A provider whose window is not ours to judge (nothing of ours left then): the floor.
     assert rate_limited(q, 70.0, now).factor == FLOOR
     # A 429 while the window holds what the limit allows says nothing new.
@@ -198,10 +199,24 @@ def test_before_its_first_report_a_quota_admits_at_most_half_its_window_on_estim
     assert isinstance(admit(learned_q, start("51st"), now), Quota)
 
 
-def test_within_a_window_of_a_429_a_bucket_admits_only_the_even_pace() -> None:
-    q = replace(units(), last_429=T0 - timedelta(seconds=30))
-    q = fill(q, 400_000 // BUCKETS // 1000, T0)  # 20 starts: one bucket's share
+def test_while_429s_hold_the_rate_down_a_bucket_admits_only_the_even_pace() -> None:
+    q = replace(units(), last_429=T0 - timedelta(seconds=30), factor=0.5)
+    q = fill(q, 200_000 // BUCKETS // 1000, T0)  # 10 starts: one bucket's share
     out = admit(q, start("over"), T0)
     assert isinstance(out, Refused) and out.reason == "units"
     later = replace(q, last_429=T0 - timedelta(seconds=61))
     assert isinstance(admit(later, start("over"), T0), Quota)
+    whole = replace(q, factor=1.0)  # a 429 that lowered nothing: no doubt about the limit
+    assert isinstance(admit(whole, start("over"), T0), Quota)
+
+
+def test_a_429_while_the_window_holds_its_whole_limit_is_no_strike() -> None:
+    t = Window(limit=1, per_seconds=60.0).bucket(T0)
+    full = replace(units(400_000), buckets={"units": (Bucket(t=t, n=399_000.0),)})
+    q = rate_limited(full, 1.0, T0 + timedelta(seconds=10))
+    q = rate_limited(q, 1.0, T0 + timedelta(seconds=20))
+    assert q.strikes == 0 and q.factor == 399_000 / 400_000 and q.closed_until is not None
+    # Below its limit by Brook's count, the provider refused: a strike (and the cap).
+    half = replace(units(400_000), buckets={"units": (Bucket(t=t, n=200_000.0),)})
+    q = rate_limited(half, 0.1, T0 + timedelta(seconds=10))
+    assert q.strikes == 1 and q.factor == 0.5
