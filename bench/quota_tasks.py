@@ -22,6 +22,7 @@ async def bench_llm(payload: dict[str, Any], ctx: TaskContext) -> int:
         "model": "stand-in",
         "max_tokens": tokens - 1,
         "messages": [{"role": "user", "content": "x"}],
+        "user": f"{ctx.job_id}/{ctx.attempt}",
     }
     async with httpx.AsyncClient(base_url=MODEL_API, timeout=300) as client:
         reply = await client.post("/v1/chat/completions", json=body)

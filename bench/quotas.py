@@ -11,9 +11,23 @@ one call whose real usage is 500-2,000 random tokens; with a quota, its estimate
 (`quotas={"bench-llm": 1000}`), corrected by `ctx.usage`, and a `429` raises `RateLimited`.
 The `rate` mode has no quota: the default queue's `rate` is U / 1,250 starts a minute (the
 mean usage), and a `429` raises `Retry` with its delay. Prints one JSON document: goodput
-(tokens the provider accepted per minute / U), the share of calls answered `429`, failed
-jobs, wall time, and with `halve` the goodput over each minute after the halving against
-the new limit.
+(tokens the provider accepted per minute of wall time / U), the share of calls answered
+`429`, failed jobs, wall time, and with `halve` the goodput over each minute after the
+halving against the new limit.
+
+Goodput window by window (`windows`): the tokens the stand-in accepted in each whole minute
+counted from the first call it received, / U (a partial last minute is left out). The
+**steady-state goodput** (`steady_goodput`) is the mean of those minutes after the first
+(the first starts from an empty window and ramps up), and only of minutes that end before
+the last call, so while jobs still waited; it needs three such minutes (`--jobs 2000` at
+U = 400,000 is about six windows of work). The goodput of the whole run divided by wall
+time can pass 1 on a short run: an empty window takes U at once, and more as the first
+minute's tokens age out.
+
+A trace of the run is written to `bench/out/quotas-MODE-trace.json`: the stand-in's calls
+(`GET /calls`: time, charge, what its window held, status, wait, the job and attempt) and
+Brook's quota read every 0.1 s (units used, effective rate, usage ratio, holds), to tell
+why each 429 came.
 """
 
 from __future__ import annotations
@@ -23,14 +37,17 @@ import contextlib
 import json
 import random
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
 from bench.harness import OUT, ROOT, free_port, replica_set, role, role_env, sync_client
 from brook import Client
+from brook.common.domain.quotas import Quota
 from brook.testing.model_api import ModelAPI
 
 QUOTA = "bench-llm"
@@ -88,9 +105,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         client.wait(warm.id, timeout=120)
         http = stack.enter_context(httpx.Client(base_url=model.url, timeout=10))
         http.post("/stats/reset")
-        jobs = sync_client(deployment.uri)[db]["jobs"]
-        return measure(args, client, http, jobs)
+        mongo = sync_client(deployment.uri)[db]
+        with sampled(mongo["brook_quotas"]) as samples:
+            out = measure(args, client, http, mongo["jobs"])
+        trace = OUT / f"quotas-{args.mode}-trace.json"
+        calls = http.get("/calls").json()["calls"]
+        trace.write_text(json.dumps({"calls": calls, "brook": samples}))
+        out.update(steady(calls, u))
+        out["trace"] = str(trace)
+        return out
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def sampled(quotas: Any, every_s: float = 0.1) -> Iterator[list[dict[str, Any]]]:
+    """What Brook's quota holds, read every `every_s` while the block runs: to set beside the
+    stand-in's calls (`GET /calls`) and tell why each 429 came."""
+    samples: list[dict[str, Any]] = []
+    admitted: dict[str, float] = {}  # job/attempt: when first seen holding the quota
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(every_s):
+            doc = quotas.find_one({"_id": QUOTA})
+            if doc is None:
+                continue
+            q = Quota.from_doc(doc)
+            now = datetime.now(UTC)
+            closed = q.closed_until.replace(tzinfo=UTC) if q.closed_until else None
+            samples.append(
+                {
+                    "at": now.timestamp(),
+                    "used": q.used("units", now),
+                    "factor": q.factor,
+                    "ratio": q.usage_ratio(),
+                    "closed": closed is not None and closed > now,
+                    "holders": len(q.holders),
+                    "unreported": sum(1 for h in q.holders if not h.reported),
+                }
+            )
+            for h in q.holders:
+                admitted.setdefault(f"{h.job}/{h.attempt}", now.timestamp())
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        thread.join(5)
+        samples.append({"admitted": admitted})
 
 
 def measure(
@@ -134,6 +198,27 @@ def measure(
         out["halved_at_s"] = round(halved_at, 1)
         out["goodput_after_halving_per_minute"] = per_minute(series, halved_at, u // 2)
     return out
+
+
+def steady(calls: list[dict[str, Any]], u: int) -> dict[str, Any]:
+    """Goodput window by window, from the stand-in's calls: the tokens it accepted in each
+    whole minute from the first call on, / U (`windows`); and the steady state, the mean of
+    those minutes after the first that end before the last call, while jobs still waited
+    (`steady_goodput`; None if the run is under three minutes of calls)."""
+    if not calls:
+        return {"windows": [], "steady_goodput": None}
+    first, last = calls[0]["at"], calls[-1]["at"]
+    windows = []
+    start = first
+    while start + 60 <= last:
+        taken = sum(
+            c["charge"] for c in calls if c["status"] == 200 and start <= c["at"] < start + 60
+        )
+        windows.append(round(taken / u, 3))
+        start += 60
+    later = windows[1:]
+    mean = round(sum(later) / len(later), 3) if len(later) >= 2 else None
+    return {"windows": windows, "steady_goodput": mean}
 
 
 def per_minute(series: list[tuple[float, int]], since: float, limit: int) -> list[float]:

@@ -138,9 +138,11 @@ class BaseContext:
             raise ValueError("ctx.usage: the usage is a whole number of units, at least 0")
         if not self.owner:
             raise RuntimeError("ctx.usage needs a running attempt of a Brook worker")
+        said = time.monotonic()
         db = database(process_client(self.process_settings), self.process_settings)
         lease = Lease(job_id=self.job_id, attempt=self.attempt)
-        return await QuotaStore(db).usage(quota, lease, self.owner, float(total))
+        store = QuotaStore(db)
+        return await store.usage(quota, lease, self.owner, float(total), said=said)
 
     def _attempt_tx(self) -> AttemptTransaction:
         if self.tx is None:

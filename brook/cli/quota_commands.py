@@ -30,6 +30,8 @@ def _limits(q: dict[str, Any]) -> str:
 
 def _state(q: dict[str, Any]) -> str:
     parts = [f"rate x{q.get('effective_rate', 1.0):g}"]
+    if q.get("usage_ratio", 1.0) != 1.0:
+        parts.append(f"usage x{q['usage_ratio']:g} the estimates")
     if q.get("closed_until"):
         parts.append(f"closed until {q['closed_until']}")
     if q.get("debt"):

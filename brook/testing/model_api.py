@@ -23,6 +23,10 @@ cares about, like the chat-completions endpoint of the common providers:
 * `GET /stats`: requests, answered, refused (`rate_limited`), tokens charged and sent, and
   the most requests in flight at once, for benchmarks to report the share of 429s.
 * `POST /stats/reset` zeroes them (the window too).
+* `GET /calls`: the latest calls (up to 100,000), each `{"at"` (wall-clock seconds),
+  `"charge"`, `"window"` (what the window held before it), `"status"` (200, 429),
+  `"wait"` (a 429's seconds to wait) and `"user"` (the request's `user` field, say a job's
+  id)}`, for benchmarks to tell why each 429 came.
 * `POST /limit` `{"tpm": n}` changes the limit from now on, telling no client (a provider
   that lowered it): for benchmarks of a client's adaptation.
 
@@ -79,6 +83,11 @@ class Limiter:
         while self.charges and self.charges[0][0] <= now - self.window_s:
             self.in_window -= self.charges.popleft()[1]
 
+    def held(self, now: float) -> int:
+        """What the window holds at `now`."""
+        self._expire(now)
+        return self.in_window
+
     def remaining(self, now: float) -> int | None:
         if self.tpm is None:
             return None
@@ -123,6 +132,9 @@ class Stats:
         return dict(self.__dict__)
 
 
+MAX_CALLS = 100_000  # the calls `GET /calls` remembers
+
+
 class BadRequest(Exception):
     pass
 
@@ -137,6 +149,7 @@ class Ask:
     seconds: float
     stream: bool
     model: str
+    user: str | None = None
 
 
 def _ask(body: Any, tokens: int, seconds: float) -> Ask:
@@ -163,6 +176,7 @@ def _ask(body: Any, tokens: int, seconds: float) -> Ask:
         seconds=float(pace),
         stream=bool(body.get("stream", False)),
         model=str(body.get("model", "stand-in")),
+        user=str(body["user"]) if isinstance(body.get("user"), str) else None,
     )
 
 
@@ -194,6 +208,7 @@ class ModelAPI:
         self.seconds = seconds
         self.limiter = Limiter(tpm, window_s)
         self.stats = Stats()
+        self.calls: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_CALLS)
         self.host = host
         self.port = port
         self.app = Starlette(
@@ -201,6 +216,7 @@ class ModelAPI:
                 Route("/v1/chat/completions", self._complete, methods=["POST"]),
                 Route("/stats", self._stats, methods=["GET"]),
                 Route("/stats/reset", self._reset, methods=["POST"]),
+                Route("/calls", self._calls, methods=["GET"]),
                 Route("/limit", self._limit, methods=["POST"]),
             ]
         )
@@ -214,8 +230,12 @@ class ModelAPI:
     async def _stats(self, _: Request) -> Response:
         return JSONResponse(self.stats.as_dict())
 
+    async def _calls(self, _: Request) -> Response:
+        return JSONResponse({"calls": list(self.calls)})
+
     async def _reset(self, _: Request) -> Response:
         self.stats = Stats()
+        self.calls.clear()
         self.limiter.reset()
         return JSONResponse(self.stats.as_dict())
 
@@ -242,7 +262,18 @@ class ModelAPI:
             msg = f"this request needs {charge} tokens; the limit is {tpm} a window"
             return _error(400, "request_too_large", msg)
         now = time.monotonic()
+        held = self.limiter.held(now)
         wait = self.limiter.take(charge, now)
+        self.calls.append(
+            {
+                "at": time.time(),
+                "charge": charge,
+                "window": held,
+                "status": 200 if wait is None else 429,
+                "wait": wait,
+                "user": ask.user,
+            }
+        )
         if wait is not None:
             self.stats.rate_limited += 1
             headers = {

@@ -12,7 +12,17 @@ than a window's worth), so no window of `per_seconds`, wherever it starts, holds
 the limit, save a debt (below). The price: up to 1/BUCKETS of the limit left unused.
 
 Bursts: within one bucket at most BURST buckets' share of the limit is admitted, so that
-the usage the first starts report corrects the window before estimates alone fill it.
+the usage the first starts report corrects the window before estimates alone fill it; and
+while 429s hold the effective rate down, within a window of the last, only one bucket's
+share (the even pace), so that a quota that reopens does not refill the provider's window
+at once.
+
+The usage ratio (reported usage over the estimates of the attempts that reported, as if
+`RATIO_PRIOR` of a window had reported its estimate, within `RATIO_MIN`-`RATIO_MAX`, the
+sums halved once their estimates pass a window's limit): a start is admitted on its cost
+x the ratio, and a start in flight that has not reported counts at its estimate x the
+ratio, so the first reports correct every start still on estimates. Before the first
+report, for a window from the first start, those hold at most `COLD_SHARE` of the limit.
 
 Debt: a usage report (`ctx.usage`) that lands after a start can charge more than the
 estimate and overdraw the window; the window then holds more than the limit and admits
@@ -21,8 +31,10 @@ nothing until enough of it has aged out.
 The adaptive rule (AIMD): each 429 (`RateLimited`) multiplies the quota's effective rate by
 `DECREASE` (never below `FLOOR` of the limit) when it comes within a window of the previous
 one (a lone 429 only closes the quota; the 429s of calls in flight while it is closed count
-as that one), and each window without a 429 adds `INCREASE` of the limit back, up to the
-whole limit.
+as that one; a 429 while the units window holds its whole limit by Brook's count, less a
+bucket's share, is no strike: the estimates were short, not the limit), and each window
+without a 429 adds `INCREASE` of the limit back, up to the whole limit. A 429 also caps
+the effective rate at what it says of the provider's window (`_room_said`).
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
@@ -52,6 +64,13 @@ BUCKETS = 20  # buckets to a window
 # At most this many buckets' share of a window is admitted within one bucket (a burst): the
 # estimates of the starts in flight are corrected by their usage before the window fills.
 BURST = 4
+RATIO_MIN = 1.0  # the usage ratio's bounds
+RATIO_MAX = 4.0
+RATIO_PRIOR = 0.02  # the ratio starts at 1 as if this share of a window had reported so
+# For a window from a quota's first start, until its first report, the starts in flight on
+# estimates alone hold at most this share of its units limit: real usage up to twice the
+# estimates stays within it.
+COLD_SHARE = 0.5
 DECREASE = 0.7  # each 429 within a window of the previous one: the effective rate x 0.7
 FLOOR = 0.1  # never below this share of the limit
 INCREASE = 0.1  # each window without a 429: this share of the limit back
@@ -250,6 +269,7 @@ class Holder:
     units: float  # charged so far (the estimate, then what `ctx.usage` reported)
     t: int | None  # the units bucket it was charged to
     reported: bool = False
+    estimate: float | None = None  # its cost at the start (None: stored before it was kept)
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -260,6 +280,7 @@ class Holder:
             "units": self.units,
             "t": self.t,
             "reported": self.reported,
+            "estimate": self.estimate,
         }
 
     @classmethod
@@ -273,6 +294,7 @@ class Holder:
             units=float(doc.get("units", 0)),
             t=int(t) if t is not None else None,
             reported=bool(doc.get("reported", False)),
+            estimate=float(doc["estimate"]) if doc.get("estimate") is not None else None,
         )
 
 
@@ -293,6 +315,10 @@ class Quota:
     last_429: datetime | None = None
     calm_since: datetime | None = None  # since when no 429 (recovery steps count from it)
     waiting: tuple[tuple[str, datetime], ...] = ()  # keys refused room, and when
+    # The usage ratio's sums: the estimates of the attempts that reported, and their reports.
+    learned_est: float = 0.0
+    learned_used: float = 0.0
+    cold_until: datetime | None = None  # a window after its first start (see `COLD_SHARE`)
     now: datetime | None = None  # the server's clock when read
 
     @classmethod
@@ -315,6 +341,9 @@ class Quota:
             last_429=doc.get("last_429"),
             calm_since=doc.get("calm_since"),
             waiting=tuple((str(w["k"]), w["at"]) for w in doc.get("waiting") or ()),
+            learned_est=float((doc.get("learned") or {}).get("est", 0.0)),
+            learned_used=float((doc.get("learned") or {}).get("used", 0.0)),
+            cold_until=doc.get("cold_until"),
             now=doc.get("now"),
         )
 
@@ -329,6 +358,8 @@ class Quota:
             "last_429": self.last_429,
             "calm_since": self.calm_since,
             "waiting": [{"k": k, "at": at} for k, at in self.waiting],
+            "learned": {"est": self.learned_est, "used": self.learned_used},
+            "cold_until": self.cold_until,
         }
 
     def window(self, name: WindowName) -> Window | None:
@@ -364,6 +395,30 @@ class Quota:
         w = self.window(name)
         return None if w is None else max(w.limit * self.factor, 1.0)
 
+    def usage_ratio(self) -> float:
+        """Reported usage over the estimates of the attempts that reported (the module's
+        docstring says how it is learned), between `RATIO_MIN` and `RATIO_MAX`."""
+        if self.units is None:
+            return 1.0
+        prior = RATIO_PRIOR * self.units.limit
+        ratio = (self.learned_used + prior) / (self.learned_est + prior)
+        return min(max(ratio, RATIO_MIN), RATIO_MAX)
+
+    def in_flight_extra(self, now: datetime) -> float:
+        """What the attempts that have not reported yet add to the units window's buckets
+        at `now`: each counts at its estimate x the usage ratio until it reports (its call
+        may come late, and its report moves its charge to the report's moment), in place of
+        its estimate in the bucket it was charged to, if that one still counts."""
+        w = self.units
+        if w is None:
+            return 0.0
+        ratio = self.usage_ratio()
+        return sum(
+            h.units * ratio - (h.units if h.t is not None and w.counted(h.t, now) else 0.0)
+            for h in self.holders
+            if not h.reported
+        )
+
     def debt(self, now: datetime) -> float:
         """What the units window holds over its limit (usage reported after the starts)."""
         if self.units is None:
@@ -388,6 +443,7 @@ class Quota:
             else None,
             "effective_rate": round(self.factor, 4),
             "strikes": self.strikes,
+            "usage_ratio": round(self.usage_ratio(), 4),
         }
         if now is not None:
             out["used"] = {w: self.used(w, now) for w in WINDOWS if self.window(w) is not None}
@@ -454,16 +510,23 @@ def admit(q: Quota, start: Start, now: datetime) -> Quota | Refused:
     if q.concurrency is not None and len(q.holders) >= q.concurrency:
         return Refused(reason="concurrency", retry_at=ts + CONCURRENCY_RECHECK_S)
     costs: dict[WindowName, float] = {"units": float(start.cost), "requests": 1.0}
+    # Units are admitted on the cost x the usage ratio, beside what the starts in flight
+    # will report over their estimates.
+    expected: dict[WindowName, float] = {"units": costs["units"] * q.usage_ratio(), "requests": 1.0}
     for name in WINDOWS:
         w, limit = q.window(name), q.effective(name)
         if w is None or limit is None:
             continue
         used = q.used(name, now)
+        extra = q.in_flight_extra(now) if name == "units" else 0.0
         # A cost over the effective limit (lowered by 429s) starts alone in an empty window.
-        if used + costs[name] > limit and used > 0:
-            return Refused(reason=name, retry_at=_room_at(q, name, costs[name], limit, now))
+        if used + extra + expected[name] > limit and used + extra > 0:
+            room_at = _room_at(q, name, expected[name], limit - extra, now)
+            return Refused(reason=name, retry_at=room_at)
+        if name == "units" and _cold(q, expected[name], limit, now):
+            return Refused(reason=name, retry_at=(w.bucket(now) + BURST) * w.bucket_s)
         burst = _in_bucket(q, name, now)
-        if burst > 0 and burst + costs[name] > limit * BURST / BUCKETS:
+        if burst > 0 and burst + costs[name] > limit * _burst(q, now) / BUCKETS:
             return Refused(reason=name, retry_at=(w.bucket(now) + 1) * w.bucket_s)
     unfair = _over_share(q, start, now)
     if unfair is not None:
@@ -492,11 +555,26 @@ def _charged(q: Quota, start: Start, costs: Mapping[WindowName, float], now: dat
         key=start.key,
         units=float(start.cost),
         t=t_units,
+        estimate=float(start.cost),
     )
     # A key stays among the waiting until a window passes without a refusal of it: one
     # start does not end its claim to a share.
     waiting = tuple((k, at) for k, at in q.waiting if _recent(q, at, now))
-    return replace(q, buckets=buckets, holders=(*q.holders, holder), waiting=waiting)
+    q = replace(q, buckets=buckets, holders=(*q.holders, holder), waiting=waiting)
+    if q.units is not None and q.cold_until is None:
+        q = replace(q, cold_until=now + timedelta(seconds=q.units.per_seconds))
+    if q.units is not None and q.learned_est > q.units.limit:
+        q = replace(q, learned_est=q.learned_est / 2, learned_used=q.learned_used / 2)
+    return q
+
+
+def learned(holder: Holder, total: float) -> tuple[float, float]:
+    """What a report of `total` adds to the usage ratio's sums (estimates, usage): an
+    attempt's first report adds its estimate and its total, a later one what it added."""
+    if holder.reported:
+        return 0.0, total - holder.units
+    estimate = holder.estimate if holder.estimate is not None else holder.units
+    return estimate, total
 
 
 def _recent(q: Quota, at: datetime, now: datetime) -> bool:
@@ -553,6 +631,25 @@ def _key_room_at(q: Quota, name: WindowName, key: str, most: float, now: datetim
         if used <= max(most, 0.0):
             return w.leaves_at(t)
     return now.timestamp() + w.bucket_s
+
+
+def _cold(q: Quota, cost: float, limit: float, now: datetime) -> bool:
+    """Whether a start of `cost` would take the starts in flight past `COLD_SHARE` of the
+    limit within a window of the quota's first start, before it has learned anything from
+    a report (so how far off estimates are is unknown); a start alone always may."""
+    if q.learned_est > 0 or (q.cold_until is not None and _aware(q.cold_until) <= now):
+        return False
+    flying = sum(h.units for h in q.holders if not h.reported)
+    return flying > 0 and flying + cost > limit * COLD_SHARE
+
+
+def _burst(q: Quota, now: datetime) -> int:
+    """How many buckets' share of the limit one bucket may admit: `BURST`, but one (the
+    pace that spends a window evenly) while 429s hold the effective rate below the limit
+    and within a window of the last. The provider's limit is in doubt: its room grows as
+    its window ages, not all at once when the quota reopens."""
+    recent = q.last_429 is not None and now - _aware(q.last_429) < timedelta(seconds=q.longest_s())
+    return 1 if recent and q.factor < 1.0 else BURST
 
 
 def _in_bucket(q: Quota, name: WindowName, now: datetime) -> float:
@@ -617,24 +714,73 @@ def refunded(q: Quota, job: str, attempt: int, now: datetime) -> Quota:
     return released(out[0] if out is not None else q, job, attempt)
 
 
-def rate_limited(q: Quota, delay_s: float, now: datetime) -> Quota:
-    """A 429: closed until `delay_s` from now (never sooner than it was closed until); a 429
-    within a window of the previous one lowers the effective rate (multiplicative decrease)."""
+def rate_limited(
+    q: Quota, delay_s: float, now: datetime, attempt: tuple[str, int] | None = None
+) -> Quota:
+    """A 429 (to `attempt`, a job and its attempt, if known): closed until `delay_s` from now
+    (never sooner than it was closed until); a 429 within a window of the previous one
+    lowers the effective rate (multiplicative decrease); and what it says of the provider's
+    window caps it (`_room_said`)."""
     q = recovered(q, now)
     until = now + timedelta(seconds=delay_s)
     if q.closed_until is not None and q.closed_until > until:
         until = q.closed_until
     span = timedelta(seconds=q.longest_s())
-    if q.closed_until is not None and q.closed_until > now:
-        # The calls in flight when the quota closed answer 429 too: one burst, one strike.
-        return replace(q, closed_until=until, last_429=now, calm_since=until)
+    if _in_flight_then(q, attempt, now):
+        # The calls in flight when the quota closed answer 429 too (while it is closed, or
+        # after a short delay, a call charged before the last 429): one burst, one strike.
+        factor = min(q.factor, _room_said(q, until, now))
+        return replace(q, closed_until=until, factor=factor, last_429=now, calm_since=until)
+    factor = min(q.factor, _room_said(q, until, now))
+    if _at_limit(q, now):
+        # The window held all its limit by Brook's count: the estimates in flight were a
+        # little short, the limit is not in doubt. Closed, no strike.
+        return replace(q, closed_until=until, factor=factor, last_429=now, calm_since=until)
     strikes = q.strikes + 1 if q.last_429 is not None and now - q.last_429 <= span else 1
-    factor = q.factor
     if strikes >= 2:
-        factor = max(FLOOR, q.factor * DECREASE)
+        factor = min(factor, max(FLOOR, q.factor * DECREASE))
     return replace(
         q, closed_until=until, strikes=strikes, factor=factor, last_429=now, calm_since=until
     )
+
+
+def _at_limit(q: Quota, now: datetime) -> bool:
+    """Whether the units window holds its effective limit, less a bucket's share, by
+    Brook's count (the starts in flight at estimate x usage ratio)."""
+    limit = q.effective("units")
+    if limit is None:
+        return False
+    return q.used("units", now) + q.in_flight_extra(now) >= limit * (1 - 1 / BUCKETS)
+
+
+def _in_flight_then(q: Quota, attempt: tuple[str, int] | None, now: datetime) -> bool:
+    """Whether this 429 belongs to the burst of the previous one: the quota is still closed,
+    or the attempt was charged no later than the bucket of the previous 429."""
+    if q.closed_until is not None and q.closed_until > now:
+        return True
+    if attempt is None or q.last_429 is None:
+        return False
+    held = next((h for h in q.holders if (h.job, h.attempt) == attempt), None)
+    w = q.units or q.requests
+    if held is None or held.t is None or w is None:
+        return False
+    return held.t <= w.bucket(_aware(q.last_429))
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def _room_said(q: Quota, until: datetime, now: datetime) -> float:
+    """What a 429 says of the provider's limit, as a share of the units limit: its window is
+    full now and has room again at `until`, so it allows about what the units window will
+    still hold then (the starts in flight, which report later, at their estimate x the
+    usage ratio), never below `FLOOR`. 1 without a units window."""
+    w = q.units
+    if w is None:
+        return 1.0
+    held = q.used("units", until) + q.in_flight_extra(until)
+    return min(max(held / w.limit, FLOOR), 1.0)
 
 
 MAX_DELAY_S = 86_400.0

@@ -5,15 +5,16 @@ One document per quota (its `_id` is the quota's name):
     {units: {limit, per_seconds}|null, requests: {limit, per_seconds}|null,
      concurrency: int|null, version: int,
      buckets: {units: [{t, n, keys: [{k, n}]}], requests: [...]},   # the windows' usage
-     holders: [{job, attempt, owner, key, units, t, reported}],     # attempts holding it
+     holders: [{job, attempt, owner, key, units, t, reported, estimate}],  # attempts holding it
      closed_until, factor, strikes, last_429, calm_since, waiting: [{k, at}],
+     learned: {est, used},                                         # the usage ratio's sums
      created_at, updated_at}
 
 Every change of a quota's state is computed by `brook.common.domain.quotas` from the document
 as read (with the server's clock, `$$NOW`, read in the same round trip) and written only if
 no other write came between (`version`): a lost race reads again. A charge names the attempt
 and its owner. A usage report writes its job first, fenced by attempt and owner (an attempt
-whose lease is lost charges nothing more), then the difference in one atomic update of the
+whose lease is lost charges nothing more), then the correction in one atomic update of the
 quota (no read-compute-write: the reports of many jobs in flight do not race each other's
 retries on the one document). Closing a quota on a 429 that loses every race is written
 atomically too (`$max` of `closed_until`).
@@ -23,6 +24,7 @@ Its cost ledger is `QuotaLedger`'s (`quota_ledger.py`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -37,11 +39,13 @@ from brook.common.domain.errors import InvalidInput, LeaseLost, QuotaNotFound
 from brook.common.domain.models import Doc
 from brook.common.domain.quotas import (
     NO_LIMIT,
+    Holder,
     Quota,
     Refused,
     Start,
     admit,
     has_limit,
+    learned,
     rate_limited,
     refunded,
     released,
@@ -173,6 +177,10 @@ class QuotaStore:
             await self._change(name, lambda q, now: waiting_key(q, start.key, now))
         return out
 
+    async def waiting(self, name: str, key: str) -> None:
+        """Count `key` among the keys refused room now (fair shares)."""
+        await self._change(name, lambda q, now: waiting_key(q, key, now))
+
     async def release(self, name: str, job: str, attempt: int) -> bool:
         """An attempt's hold is over (its units stay charged); whether it held one."""
         res = await self.quotas.update_one(
@@ -210,14 +218,17 @@ class QuotaStore:
         await self._change(name, step)
         return len(dead)
 
-    async def usage(self, name: str, lease: Lease, owner: str, total: float) -> float:
-        """An attempt's real usage so far (`ctx.usage`): the difference from what it was
-        charged is charged or refunded in the window's bucket it was charged to (a bucket
-        that no longer counts is left alone). Fenced: the job's own write (`quota_usage`,
-        on its running attempt and owner) comes first, and `LeaseLost` if it matches
-        nothing; then one atomic update of the quota, conditioned on what the attempt's
-        hold was charged so far (a report racing another is read again). The difference;
-        0 if the attempt holds no charge of this quota."""
+    async def usage(
+        self, name: str, lease: Lease, owner: str, total: float, said: float | None = None
+    ) -> float:
+        """An attempt's real usage so far (`ctx.usage`, called at `said` on this process's
+        monotonic clock; None: now): the attempt's charge is moved to the window's bucket of
+        that moment and corrected to `total`, and the usage ratio learns from it
+        (`quota_queries.usage_reported`). Fenced: the job's own write (`quota_usage`, on
+        its running attempt and owner) comes first, and `LeaseLost` if it matches nothing;
+        then one atomic update of the quota, conditioned on what the attempt's hold was
+        charged so far (a report racing another is read again). The difference; 0 if the
+        attempt holds no charge of this quota."""
         job = await self.jobs.update_one(
             running_fence(lease, owner), {"$set": {f"quota_usage.{name}": total}}
         )
@@ -232,26 +243,12 @@ class QuotaStore:
             ]
             if not held:
                 return 0.0
-            charged = float(held[0].get("units", 0))
-            delta = total - charged
-            mine = {"h.job": lease.job_id, "h.attempt": lease.attempt}
-            res = await self.quotas.update_one(
-                {
-                    "_id": name,
-                    "holders": {
-                        "$elemMatch": {
-                            "job": lease.job_id,
-                            "attempt": lease.attempt,
-                            "units": held[0].get("units", 0),
-                        }
-                    },
-                },
-                {
-                    "$inc": {"buckets.units.$[b].n": delta, "version": 1},
-                    "$set": {"holders.$[h].units": total, "holders.$[h].reported": True},
-                },
-                array_filters=[{"b.t": held[0].get("t")}, mine],
-            )
+            holder = Holder.from_doc(held[0])
+            delta = total - holder.units
+            est, used = learned(holder, total)
+            ago_ms = 0 if said is None else max(int((time.monotonic() - said) * 1000), 0)
+            write = quota_queries.usage_reported(name, holder, total, ago_ms, est, used)
+            res = await self.quotas.update_one(write.filter, write.update)
             if res.matched_count == 1:
                 if delta:
                     doc = await self.jobs.find_one({"_id": lease.job_id}, projection={"key": 1})
@@ -259,10 +256,15 @@ class QuotaStore:
                 return delta
         return 0.0
 
-    async def rate_limited(self, name: str, delay_s: float) -> Quota:
-        """A 429: the quota is closed for everyone until `delay_s` from now on the server's
-        clock (the adaptive rule lowers its rate on repeats)."""
-        before, out = await self._change(name, lambda q, now: rate_limited(q, delay_s, now))
+    async def rate_limited(
+        self, name: str, delay_s: float, attempt: tuple[str, int] | None = None
+    ) -> Quota:
+        """A 429 (to `attempt`, a job and its attempt): the quota is closed for everyone
+        until `delay_s` from now on the server's clock (the adaptive rule lowers its rate on
+        repeats)."""
+        before, out = await self._change(
+            name, lambda q, now: rate_limited(q, delay_s, now, attempt)
+        )
         if not isinstance(out, Quota):
             # Lost every race (a burst of 429s at once): close it all the same, atomically
             # (a later close wins); the adaptive rule counts this one with the others.

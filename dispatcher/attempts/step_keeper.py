@@ -104,7 +104,7 @@ class StepKeeper:
         whose signal was sent meanwhile is woken at once. Raises `LeaseLost`."""
         until = suspend.until
         if suspend.waiting.get("kind") == "quota":
-            until = await self._close_quota(job, suspend.waiting)
+            until = await self._close_quota(job, lease, suspend.waiting)
         done = await self.store.suspend(lease, self.owner, until, suspend.waiting)
         key = suspend.waiting.get("key")
         if suspend.waiting.get("kind") == "signal" and isinstance(key, str):
@@ -113,13 +113,13 @@ class StepKeeper:
                 log_event(Event.JOB_WOKEN, job_id=job.id, task=job.task, key=key)
         return done
 
-    async def _close_quota(self, job: Job, waiting: dict[str, Any]) -> datetime:
+    async def _close_quota(self, job: Job, lease: Lease, waiting: dict[str, Any]) -> datetime:
         """A task's `RateLimited`: its quota closed for every dispatcher until `delay` from
         now on the server's clock (the adaptive rule lowers its rate on repeats); the job
         is due then."""
         name, delay = str(waiting["name"]), float(waiting.get("delay", 0.0))
         try:
-            quota = await self.quotas.rate_limited(name, delay)
+            quota = await self.quotas.rate_limited(name, delay, (lease.job_id, lease.attempt))
         except QuotaNotFound:
             return datetime.fromtimestamp(self.clock.now() + delay, UTC)
         assert quota.closed_until is not None

@@ -40,6 +40,9 @@ UNKNOWN_RECHECK_S = 30.0
 # attempts that are over (a dead dispatcher's), which nothing else would release.
 PRUNE_AT = 256
 
+# A key refused from the cache is written as waiting at most this often per quota.
+WAITING_EVERY_S = 0.5
+
 Costs = Mapping[str, int]
 
 
@@ -61,6 +64,7 @@ class QuotaGate:
         # asked again before the moment it gave: the jobs claimed meanwhile wait at once.
         self._locks: dict[str, asyncio.Lock] = {}
         self._full: dict[str, Refused] = {}
+        self._noted: dict[tuple[str, str], float] = {}  # (quota, key): last noted waiting
 
     def costs(self, job: Job) -> Costs:
         """The quotas a job draws on: its own, else its task's default."""
@@ -124,16 +128,32 @@ class QuotaGate:
     async def _charge(self, name: str, start: Start) -> Quota | Refused:
         full = self._full.get(name)
         if full is not None and full.retry_at > _now():
+            await self._waits(name, start.key)
             return full
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             full = self._full.get(name)
             if full is not None and full.retry_at > _now():
+                await self._waits(name, start.key)
                 return full
             out = await self.store.charge(name, start)
         if isinstance(out, Refused) and out.reason in ("closed", "units", "requests"):
             self._full[name] = out
         return out
+
+    async def _waits(self, name: str, key: str | None) -> None:
+        """A keyed job refused from the cache still counts its key among those waiting for
+        room (fair shares), written at most once in `WAITING_EVERY_S` per quota and key: a
+        tenant whose jobs this dispatcher holds back unasked keeps its claim to a share."""
+        if key is None:
+            return
+        now = _now()
+        if now - self._noted.get((name, key), 0.0) < WAITING_EVERY_S:
+            return
+        if len(self._noted) > 10_000:
+            self._noted.clear()  # many tenants: forget, at the price of a write each
+        self._noted[(name, key)] = now
+        await self.store.waiting(name, key)
 
     async def run(self) -> None:
         """Every sweep: drop the holds of attempts that are over by their jobs (a dispatcher

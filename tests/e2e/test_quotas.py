@@ -322,10 +322,9 @@ async def test_two_tenants_under_one_quota_each_get_their_share_whatever_their_b
     # 8 windows' worth, while both backlogs last.
     starts = sorted(docs, key=lambda d: d["started_at"])[10:90]
     share = {k: sum(1 for d in starts if d["key"] == k) / len(starts) for k in ("a", "b")}
-    # Without fair shares b gets a quarter (0.21 seen). With them, b got 0.39-0.50 on a
-    # host loaded by other test runs: the issue's 40% is not held under load yet (issue 45
-    # stays open for it), so this asserts what the rule does hold, well above no rule.
-    assert share["a"] >= 0.35 and share["b"] >= 0.35, share
+    # Without fair shares b gets a quarter (0.21 seen); with them, at least 40% each (the
+    # issue's bound): 0.44-0.50 seen under load 12-24.
+    assert share["a"] >= 0.40 and share["b"] >= 0.40, share
 
 
 async def test_a_tasks_declared_quotas_apply_unless_the_submit_names_its_own(
