@@ -75,6 +75,9 @@ class OutputStream:
         self.last_seq = run.output_chunks  # the sequence number of the last chunk written
         self.counted_seq = run.output_chunks  # what the job's count says
         self.counted_at: float | None = None  # monotonic: when the count was last written
+        # Whether what this attempt's stream holds is known here: not at first after an
+        # earlier attempt's output, nor after a write whose answer was lost.
+        self.known = run.output_chunks == 0
         self.emitted = 0
         self.emitted_bytes = 0
         self.lost = False
@@ -250,6 +253,7 @@ class OutputWriter:
                 chunks=chunks,
                 count=s.count_due(),
                 bytes_before=s.bytes_written,
+                check=not s.known,
             )
             for key, chunks in batch.items()
             if (s := self._streams.get(key)) is not None and not s.lost
@@ -263,6 +267,8 @@ class OutputWriter:
             with self.lock:  # back in front of what came since, for the next window
                 for key, chunks in batch.items():
                     self._pending[key] = chunks + self._pending.get(key, [])
+                    if (s := self._streams.get(key)) is not None:
+                        s.known = False  # it may have been written: the next write looks
                 self._armed = True
                 self._poke()
             return
@@ -296,6 +302,7 @@ class OutputWriter:
                     replace(c, seq=c.seq + done.moved) for c in self._pending.get(batch.key, [])
                 ]
             stream.written += len(batch.chunks)
+            stream.known = True
             stream.bytes_written += done.moved_bytes + sum(c.size for c in batch.chunks)
             stream.last_seq = done.last_seq
             if done.counted:

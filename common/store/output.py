@@ -35,7 +35,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from brook.common.domain.errors import LeaseLost
 from brook.common.domain.models import Doc
-from brook.common.domain.output import Chunk, place
+from brook.common.domain.output import Chunk, Placed, place
 from brook.common.store import queries
 from brook.common.store.db import ensure_indexes
 from brook.common.store.jobs.base import JOBS
@@ -56,13 +56,19 @@ PRUNE_BATCH = 1000
 class AttemptOutput:
     """One attempt's chunks to append, their sequence numbers consecutive as its worker
     numbered them. `count`: write the job's count of its output with them (its bytes before
-    this batch: `bytes_before`)."""
+    this batch: `bytes_before`). `check`: see below."""
 
     lease: Lease
     owner: str
     chunks: Sequence[Chunk]
     count: bool = True
     bytes_before: int = 0
+    # Read the job's chunks from the one before the batch on (`place`). A writer whose
+    # last batch of this attempt was written, and said so, knows what is there: only an
+    # attempt's first batch after an earlier one's output, or a batch after a write whose
+    # answer was lost, needs it. Whatever it says, two attempts' inserts of one sequence
+    # number still meet on the unique index.
+    check: bool = True
 
     @property
     def key(self) -> tuple[str, int]:
@@ -143,13 +149,17 @@ class OutputStore:
             for b in batches
             if b.chunks and queries.holds(jobs.get(b.lease.job_id), b.lease, b.owner)
         ]
-        near = await self._near(session, held)
+        near = await self._near(session, [b for b in held if b.check])
         verdict = dict.fromkeys((b.key for b in batches), LOST)
         docs: list[Doc] = []
         counts: list[UpdateOne] = []
         for b in held:
             job_id, attempt = b.key
-            at = place(attempt, b.chunks[0].seq, len(b.chunks), near.get(job_id, []))
+            first = b.chunks[0].seq
+            if b.check:
+                at = place(attempt, first, len(b.chunks), near.get(job_id, []))
+            else:
+                at = Placed(kept=True, first_seq=first)
             if not at.kept:
                 continue
             fresh = b.chunks[at.skip :]
