@@ -38,6 +38,7 @@ from brook.common.domain.models import Doc
 from brook.common.domain.output import Chunk, Placed, place
 from brook.common.store import queries
 from brook.common.store.db import ensure_indexes
+from brook.common.store.fields import session_of
 from brook.common.store.jobs.base import JOBS
 from brook.common.store.pipelines import output_pipeline
 from brook.common.store.records import Lease
@@ -165,7 +166,8 @@ class OutputStore:
             fresh = b.chunks[at.skip :]
             docs += [chunk_doc(b, c, at.first_seq + i) for i, c in enumerate(fresh)]
             last = at.first_seq + len(fresh) - 1
-            counted = b.count and not queries.in_own_transaction(jobs[job_id], attempt)
+            # Nothing may write the job while the attempt's own transaction is open.
+            counted = b.count and session_of(jobs[job_id], attempt) is None
             if counted:
                 size = b.bytes_before + at.moved_bytes + sum(c.size for c in b.chunks)
                 w = queries.output_counted(b.lease, b.owner, last, size)

@@ -29,6 +29,13 @@ async def claimed(store: JobStore, owner: str) -> Lease:
     return Lease(job_id=job.id, attempt=job.attempts)
 
 
+async def lease_lost(store: JobStore, lease: Lease) -> None:
+    """The attempt's lease runs out and the watchdog requeues its job."""
+    await expire_now(store, lease.job_id)
+    [expired] = await store.expired()
+    await store.requeue_expired(expired, 0.0)
+
+
 def chunks(first: int, n: int, step: str | None = None) -> list[Chunk]:
     return [
         Chunk(seq=s, kind="text", data=f"t{s}", size=len(f"t{s}"), step=step)
@@ -52,9 +59,7 @@ async def test_a_zombie_attempt_cannot_append_and_the_live_one_goes_on_after_the
     zombie = await claimed(store, A)
     first = AttemptOutput(lease=zombie, owner=A, chunks=chunks(1, 3))
     assert written(await output.append([first])) == {first.key: True}
-    await expire_now(store, zombie.job_id)
-    [expired] = await store.expired()
-    await store.requeue_expired(expired, 0.0)
+    await lease_lost(store, zombie)
     live = await claimed(store, B)
     job = await store.get(live.job_id)
     assert job.output == {"chunks": 3, "bytes": 6}  # where the new attempt starts
@@ -109,9 +114,7 @@ async def test_a_killed_attempts_chunks_past_the_count_come_before_the_next_atte
     past = AttemptOutput(lease=killed, owner=A, chunks=chunks(3, 2), count=False, bytes_before=4)
     assert written(await output.append([past])) == {past.key: True}
     assert (await store.get(killed.job_id)).output == {"chunks": 2, "bytes": 4}
-    await expire_now(store, killed.job_id)
-    [expired] = await store.expired()
-    await store.requeue_expired(expired, 0.0)
+    await lease_lost(store, killed)
     next_one = await claimed(store, B)
     batch = AttemptOutput(lease=next_one, owner=B, chunks=chunks(3, 2), bytes_before=4)
     verdict = (await output.append([batch]))[batch.key]
@@ -146,9 +149,7 @@ async def test_a_zombies_batch_read_before_its_lease_was_lost_loses_to_the_next_
     async with store.db.client.start_session() as session:
         await session.start_transaction()
         await store.jobs.find_one({"_id": zombie.job_id}, session=session)  # its snapshot
-        await expire_now(store, zombie.job_id)
-        [expired] = await store.expired()
-        await store.requeue_expired(expired, 0.0)
+        await lease_lost(store, zombie)
         live = await claimed(store, B)
         mine = AttemptOutput(lease=live, owner=B, chunks=chunks(2, 1), bytes_before=2)
         assert (await output.append([mine]))[mine.key].written
@@ -286,9 +287,7 @@ async def test_the_writer_numbers_an_attempts_chunks_after_a_killed_ones_uncount
     await output.append([AttemptOutput(lease=killed, owner=A, chunks=chunks(1, 1))])
     past = AttemptOutput(lease=killed, owner=A, chunks=chunks(2, 2), count=False, bytes_before=2)
     await output.append([past])
-    await expire_now(store, killed.job_id)
-    [expired] = await store.expired()
-    await store.requeue_expired(expired, 0.0)
+    await lease_lost(store, killed)
     live = await claimed(store, B)
     writer = OutputWriter(lambda: output, window_s=0.2, settle_s=30)
     run = RunJob(
@@ -325,9 +324,7 @@ async def test_a_writer_whose_attempt_lost_its_lease_keeps_nothing_more(
     stream = writer.open(run_of(zombie, A), settings)
     stream.emit("kept")
     await stream.flush()
-    await expire_now(store, zombie.job_id)
-    [expired] = await store.expired()
-    await store.requeue_expired(expired, 0.0)
+    await lease_lost(store, zombie)
     stream.emit("not kept")
     with pytest.raises(LeaseLost):
         await stream.flush()

@@ -81,7 +81,6 @@ from brook.common.store.queries.outcomes import (
 from brook.common.store.queries.output import (
     FENCE_FIELDS,
     holds,
-    in_own_transaction,
     output_counted,
 )
 from brook.common.store.queries.reruns import rerun_job, rerun_linked, rerun_spec
@@ -155,7 +154,6 @@ __all__ = [
     "held_leases",
     "held_start_by_passed",
     "holds",
-    "in_own_transaction",
     "key_released",
     "lease_renewed",
     "marked_settled",

@@ -20,13 +20,6 @@ def holds(doc: dict[str, Any] | None, lease: Lease, owner: str) -> bool:
     return all(doc.get(k) == v for k, v in running_fence(lease, owner).items() if k != "_id")
 
 
-def in_own_transaction(doc: dict[str, Any], attempt: int) -> bool:
-    """Whether the attempt has its own transaction open on the job (`ctx.transaction()`):
-    nothing else may write the job meanwhile."""
-    tx = doc.get("tx")
-    return isinstance(tx, dict) and tx.get("attempt") == attempt
-
-
 def output_counted(lease: Lease, owner: str, chunks: int, size: int) -> Write:
     """The job's count of its output (`output: {chunks, bytes}`, every attempt together),
     raised to `chunks` and `size` by the attempt that holds the job (fenced like a
