@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             client.set_quota(QUOTA, units={"limit": u, "per_seconds": 60})
         OUT.mkdir(parents=True, exist_ok=True)
         for i in range(args.dispatchers):
-            stack.enter_context(role("dispatcher", env, OUT / f"quotas-{args.mode}-{i}.log"))
+            # Each its own metrics port, as three dispatchers on three hosts would have.
+            own = dict(env, BROOK_METRICS_PORT=str(free_port()))
+            stack.enter_context(role("dispatcher", own, OUT / f"quotas-{args.mode}-{i}.log"))
         warm = client.submit("noop")
         client.wait(warm.id, timeout=120)
         http = stack.enter_context(httpx.Client(base_url=model.url, timeout=10))

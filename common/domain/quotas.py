@@ -11,7 +11,8 @@ its moment, and admission sums every bucket that overlaps the last `per_seconds`
 than a window's worth), so no window of `per_seconds`, wherever it starts, holds more than
 the limit, save a debt (below). The price: up to 1/BUCKETS of the limit left unused.
 
-Bursts: within one bucket at most BURST buckets' share of the limit is admitted, so that
+Bursts: within one bucket at most BURST buckets' share of the limit is admitted (its starts
+that have not reported counted at estimate x the usage ratio, as admission counts them), so that
 the usage the first starts report corrects the window before estimates alone fill it; and
 while 429s hold the effective rate down, within a window of the last, only one bucket's
 share (the even pace), so that a quota that reopens does not refill the provider's window
@@ -34,7 +35,9 @@ one (a lone 429 only closes the quota; the 429s of calls in flight while it is c
 as that one; a 429 while the units window holds its whole limit by Brook's count, less a
 bucket's share, is no strike: the estimates were short, not the limit), and each window
 without a 429 adds `INCREASE` of the limit back, up to the whole limit. A 429 also caps
-the effective rate at what it says of the provider's window (`_room_said`).
+the effective rate at what it says of the provider's window (`_room_said`): what Brook's
+window will still hold when the provider has room again, the bucket that straddles that
+window's start counted in part (`Quota.used_through`).
 """
 
 from __future__ import annotations
@@ -379,6 +382,21 @@ class Quota:
             return 0.0
         return sum(b.n for b in self.buckets.get(name, ()) if w.counted(b.t, now))
 
+    def used_through(self, name: WindowName, at: datetime) -> float:
+        """What the window will hold at `at` of what it holds now, as a sliding window of
+        `per_seconds` counts it: the bucket that straddles its start counted for the part of
+        it still inside (charges spread evenly over a bucket). Admission counts that bucket
+        whole (`used`), to be safe; what a provider's 429 says is read against this."""
+        w = self.window(name)
+        if w is None:
+            return 0.0
+        start = at.timestamp() - w.per_seconds
+        total = 0.0
+        for b in self.buckets.get(name, ()):
+            inside = ((b.t + 1) * w.bucket_s - start) / w.bucket_s
+            total += b.n * min(max(inside, 0.0), 1.0)
+        return total
+
     def used_by(self, name: WindowName, key: str, now: datetime) -> float:
         w = self.window(name)
         if w is None:
@@ -526,7 +544,7 @@ def admit(q: Quota, start: Start, now: datetime) -> Quota | Refused:
         if name == "units" and _cold(q, expected[name], limit, now):
             return Refused(reason=name, retry_at=(w.bucket(now) + BURST) * w.bucket_s)
         burst = _in_bucket(q, name, now)
-        if burst > 0 and burst + costs[name] > limit * _burst(q, now) / BUCKETS:
+        if burst > 0 and burst + expected[name] > limit * _burst(q, now) / BUCKETS:
             return Refused(reason=name, retry_at=(w.bucket(now) + 1) * w.bucket_s)
     unfair = _over_share(q, start, now)
     if unfair is not None:
@@ -653,11 +671,16 @@ def _burst(q: Quota, now: datetime) -> int:
 
 
 def _in_bucket(q: Quota, name: WindowName, now: datetime) -> float:
-    """What the window's current bucket holds."""
+    """What the window's current bucket holds: for units, its starts that have not reported
+    at their estimate x the usage ratio, as admission counts them."""
     w = q.window(name)
     assert w is not None
     t = w.bucket(now)
-    return sum(b.n for b in q.buckets.get(name, ()) if b.t == t)
+    held = sum(b.n for b in q.buckets.get(name, ()) if b.t == t)
+    if name != "units":
+        return held
+    extra = q.usage_ratio() - 1.0
+    return held + sum(h.units * extra for h in q.holders if not h.reported and h.t == t)
 
 
 def _room_at(q: Quota, name: WindowName, cost: float, limit: float, now: datetime) -> float:
@@ -779,7 +802,7 @@ def _room_said(q: Quota, until: datetime, now: datetime) -> float:
     w = q.units
     if w is None:
         return 1.0
-    held = q.used("units", until) + q.in_flight_extra(until)
+    held = q.used_through("units", until) + q.in_flight_extra(until)
     return min(max(held / w.limit, FLOOR), 1.0)
 
 

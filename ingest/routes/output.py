@@ -69,8 +69,10 @@ _EVENT_SCHEMA = {
                 "text/plain": {"schema": {"type": "string"}},
             },
         },
-        400: {"description": "`Last-Event-ID` is not a position (`ATTEMPT-SEQ`)."},
-        409: {"description": "`Last-Event-ID` is a position this job's output never had."},
+        400: {
+            "description": "`Last-Event-ID` is not a position (`ATTEMPT-SEQ`), or is one this "
+            "job's output never had."
+        },
     },
 )
 async def job_output(
@@ -91,9 +93,9 @@ async def job_output(
     if await store.status(job_id) is None:
         raise HTTPException(404, f"no job {job_id}")
     if after is not None and not await store.issued(job_id, *after):
-        # Well formed, and of a job that exists: what it names is not there (yet). A conflict
-        # with the job's state, as the document says, not a malformed request.
-        raise HTTPException(409, f"this job's output never had position {last_event_id}")
+        # Well formed, and of a job that exists, but not a position the server issued: a
+        # bad request all the same, as a forged id is for live events (docs/security.md).
+        raise HTTPException(400, f"this job's output never had position {last_event_id}")
     if format == "text":
         return StreamingResponse(
             output_text(store, job_id, attempt), media_type="text/plain; charset=utf-8"

@@ -82,7 +82,7 @@ def test_output_says_so_when_there_is_no_such_job_or_position(
     job_id = http.post("/jobs", json={"task": "noop"}).json()["id"]
     bad = cluster.cli("output", job_id, "--follow", "--after", "1-9", **TASKS)
     assert bad.returncode == 1
-    assert bad.stderr.strip() == "brook: error: 409 this job's output never had position 1-9"
+    assert bad.stderr.strip() == "brook: error: 400 this job's output never had position 1-9"
 
 
 def test_submit_wait_shows_the_output_as_it_comes_and_prints_only_the_result(

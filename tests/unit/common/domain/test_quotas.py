@@ -220,3 +220,36 @@ def test_a_429_while_the_window_holds_its_whole_limit_is_no_strike() -> None:
     half = replace(units(400_000), buckets={"units": (Bucket(t=t, n=200_000.0),)})
     q = rate_limited(half, 0.1, T0 + timedelta(seconds=10))
     assert q.strikes == 1 and q.factor == 0.5
+
+
+def test_the_even_pace_counts_starts_at_their_estimate_times_the_usage_ratio() -> None:
+    # Reports said 1.25 x the estimates: one bucket's share of 200,000 (10,000) is 8 starts
+    # of 1,000, not 10 (which used 12,500 and refilled a halved provider past its limit).
+    q = replace(
+        units(),
+        learned_est=392_000.0,
+        learned_used=492_000.0,
+        last_429=T0 - timedelta(seconds=30),
+        factor=0.5,
+    )
+    assert q.usage_ratio() == 1.25
+    q = fill(q, 7, T0)  # 8,750 as admission counts them
+    out = admit(q, start("1,100", cost=1100), T0)  # 1,375: past the pace
+    assert isinstance(out, Refused) and out.reason == "units"
+    q = fill(q, 1, T0 + timedelta(seconds=0.5))
+    out = admit(q, start("9th"), T0 + timedelta(seconds=1))
+    assert isinstance(out, Refused) and out.reason == "units"
+
+
+def test_a_429_reads_the_oldest_bucket_of_the_providers_window_in_part() -> None:
+    # 200,000 charged over the bucket from T0 to T0+3 s, 100,000 at T0+30 s. A 429 at
+    # T0+40 s says the provider has room at T0+61.5 s: its window then starts at T0+1.5 s,
+    # half way through the first bucket, so it holds about 100,000 + 100,000.
+    t = Window(limit=1, per_seconds=60.0).bucket(T0)
+    q = replace(
+        units(400_000),
+        buckets={"units": (Bucket(t=t, n=200_000.0), Bucket(t=t + 10, n=100_000.0))},
+    )
+    out = rate_limited(q, 21.5, T0 + timedelta(seconds=40))
+    assert out.strikes == 1
+    assert abs(out.factor - 0.5) < 1e-9
