@@ -12,11 +12,12 @@ than a window's worth), so no window of `per_seconds`, wherever it starts, holds
 the limit, save a debt (below). The price: up to 1/BUCKETS of the limit left unused.
 
 Bursts: within one bucket at most BURST buckets' share of the limit is admitted (its starts
-that have not reported counted at estimate x the usage ratio, as admission counts them), so that
-the usage the first starts report corrects the window before estimates alone fill it; and
-while 429s hold the effective rate down, within a window of the last, only one bucket's
-share (the even pace), so that a quota that reopens does not refill the provider's window
-at once.
+that have not reported counted at estimate x the usage ratio, as admission counts them), so
+that the usage the first starts report corrects the window before estimates alone fill it;
+and while 429s hold the effective rate below the limit (also while it steps back up), only
+one bucket's share (the even pace), so that a quota that reopens does not refill the
+provider's window at once, and each step up probes the provider's limit with a bucket's
+share, not a burst.
 
 The usage ratio (reported usage over the estimates of the attempts that reported, as if
 `RATIO_PRIOR` of a window had reported its estimate, within `RATIO_MIN`-`RATIO_MAX`, the
@@ -33,7 +34,9 @@ The adaptive rule (AIMD): each 429 (`RateLimited`) multiplies the quota's effect
 `DECREASE` (never below `FLOOR` of the limit) when it comes within a window of the previous
 one (a lone 429 only closes the quota; the 429s of calls in flight while it is closed count
 as that one; a 429 while the units window holds its whole limit by Brook's count, less a
-bucket's share, is no strike: the estimates were short, not the limit), and each window
+bucket's share, is no strike: the estimates were short, not the limit; but if 429s had
+lowered the rate by more than a bucket's share, such a 429 shaves it by `SHAVE`), and each
+window
 without a 429 adds `INCREASE` of the limit back, up to the whole limit. A 429 also caps
 the effective rate at what it says of the provider's window (`_room_said`): what Brook's
 window will still hold when the provider has room again, the bucket that straddles that
@@ -77,6 +80,7 @@ COLD_SHARE = 0.5
 DECREASE = 0.7  # each 429 within a window of the previous one: the effective rate x 0.7
 FLOOR = 0.1  # never below this share of the limit
 INCREASE = 0.1  # each window without a 429: this share of the limit back
+SHAVE = 0.95  # a 429 at a lowered effective limit that Brook's window holds: x 0.95
 # A fair share is kept among the keys (tenants) refused room within this many windows.
 FAIR_WINDOWS = 1.0
 # A job waiting on a quota's concurrency is looked at again after this long at most (a
@@ -663,11 +667,11 @@ def _cold(q: Quota, cost: float, limit: float, now: datetime) -> bool:
 
 def _burst(q: Quota, now: datetime) -> int:
     """How many buckets' share of the limit one bucket may admit: `BURST`, but one (the
-    pace that spends a window evenly) while 429s hold the effective rate below the limit
-    and within a window of the last. The provider's limit is in doubt: its room grows as
-    its window ages, not all at once when the quota reopens."""
-    recent = q.last_429 is not None and now - _aware(q.last_429) < timedelta(seconds=q.longest_s())
-    return 1 if recent and q.factor < 1.0 else BURST
+    pace that spends a window evenly) while 429s hold the effective rate below the limit,
+    also while it steps back up. The provider's limit is in doubt: its room grows as its
+    window ages, not all at once when the quota reopens, and a step up is a probe of it,
+    spread over the window rather than spent in one bucket."""
+    return 1 if q.factor < 1.0 else BURST
 
 
 def _in_bucket(q: Quota, name: WindowName, now: datetime) -> float:
@@ -757,7 +761,11 @@ def rate_limited(
     factor = min(q.factor, _room_said(q, until, now))
     if _at_limit(q, now):
         # The window held all its limit by Brook's count: the estimates in flight were a
-        # little short, the limit is not in doubt. Closed, no strike.
+        # little short, the limit is not in doubt. Closed, no strike. But a limit that 429s
+        # had lowered already (by more than a bucket's share) was set a little high by
+        # them: shaved (`SHAVE`), so that it does not meet the provider's in every window.
+        if q.factor < 1.0 - 1.0 / BUCKETS:
+            factor = max(FLOOR, factor * SHAVE)
         return replace(q, closed_until=until, factor=factor, last_429=now, calm_since=until)
     strikes = q.strikes + 1 if q.last_429 is not None and now - q.last_429 <= span else 1
     if strikes >= 2:

@@ -12,6 +12,7 @@ from brook.common.domain.quotas import (
     DECREASE,
     FLOOR,
     RATIO_MAX,
+    SHAVE,
     Bucket,
     Holder,
     Quota,
@@ -204,8 +205,11 @@ def test_while_429s_hold_the_rate_down_a_bucket_admits_only_the_even_pace() -> N
     q = fill(q, 200_000 // BUCKETS // 1000, T0)  # 10 starts: one bucket's share
     out = admit(q, start("over"), T0)
     assert isinstance(out, Refused) and out.reason == "units"
+    # A window later the rate is still below the limit (stepping back up): the even pace
+    # holds, so the step probes the provider with a bucket's share.
     later = replace(q, last_429=T0 - timedelta(seconds=61))
-    assert isinstance(admit(later, start("over"), T0), Quota)
+    out = admit(later, start("over"), T0)
+    assert isinstance(out, Refused) and out.reason == "units"
     whole = replace(q, factor=1.0)  # a 429 that lowered nothing: no doubt about the limit
     assert isinstance(admit(whole, start("over"), T0), Quota)
 
@@ -253,3 +257,19 @@ def test_a_429_reads_the_oldest_bucket_of_the_providers_window_in_part() -> None
     out = rate_limited(q, 21.5, T0 + timedelta(seconds=40))
     assert out.strikes == 1
     assert abs(out.factor - 0.5) < 1e-9
+
+
+def test_a_429_at_a_limit_429s_had_lowered_shaves_it() -> None:
+    # The rate found at half the limit, and Brook's window holds that half: a 429 now says
+    # the half was a little high (the provider's window met it), so it is shaved, no strike.
+    t = Window(limit=1, per_seconds=60.0).bucket(T0)
+    q = replace(
+        units(400_000),
+        factor=0.5,
+        last_429=T0 - timedelta(seconds=100),
+        calm_since=T0 - timedelta(seconds=50),
+        buckets={"units": (Bucket(t=t, n=200_000.0),)},
+    )
+    out = rate_limited(q, 1.0, T0 + timedelta(seconds=5))
+    assert out.strikes == 0
+    assert abs(out.factor - 0.5 * SHAVE) < 1e-9
