@@ -28,7 +28,7 @@ from brook.common.domain.errors import ErrorDetail, InvalidInput
 from brook.common.domain.instants import IsoDateTime
 from brook.common.domain.models import DEFAULT_QUEUE, QUEUE_NAME, JobSpec, whole_ms
 from brook.common.domain.numbers import WHOLE
-from brook.common.domain.quotas import check_job_quotas, job_quotas_schema
+from brook.common.domain.quota_specs import check_job_quotas, job_quotas_schema
 from brook.common.domain.schedules import TICK_KEY_PREFIX
 from brook.common.domain.triggers import TRIGGER_KEY_PREFIX
 from brook.common.domain.workflows import MAX_PARENTS, check_graph
@@ -67,6 +67,8 @@ def _not_given(name: str) -> dict[str, Any]:
 # What `SubmitJob`'s model validators check, as the OpenAPI document states it.
 _TOGETHER: list[dict[str, Any]] = [
     {"not": _given("run_at", "delay")},
+    {"not": _given("start_by", "start_within_s")},
+    {"not": _given("deadline", "deadline_s")},
     {"anyOf": [_not_given("unique_for_s"), _given("idempotency_key")]},
     {
         "anyOf": [
