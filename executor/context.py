@@ -37,7 +37,7 @@ from pymongo.synchronous.database import Database
 from brook.common.client.core import ClientCore, Submitting, spawning
 from brook.common.domain.errors import SignalTimeout
 from brook.common.domain.models import Job
-from brook.common.domain.quotas import check_quota_name
+from brook.common.domain.quota_specs import check_quota_name
 from brook.common.domain.steps import (
     change_marker,
     check_signal_key,

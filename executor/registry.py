@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from brook.common.domain.deadlines import TaskDeadlines
 from brook.common.domain.errors import ConfigError, UnknownTask
-from brook.common.domain.quotas import check_job_quotas
+from brook.common.domain.quota_specs import check_job_quotas
 from brook.common.domain.schedules import check_seconds
 from brook.common.runtime.settings import Settings
 

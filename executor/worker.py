@@ -30,7 +30,7 @@ import bson
 import structlog
 
 from brook.common.domain.errors import RateLimited, Retry
-from brook.common.domain.quotas import rate_limited_waiting
+from brook.common.domain.quota_specs import rate_limited_waiting
 from brook.common.protocol.runner import RunJob, Suspend
 from brook.common.runtime import tracing
 from brook.common.runtime.log import configure_logging

@@ -28,7 +28,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from brook.common.domain.instants import years_up_to
-from brook.common.domain.quotas import QUOTA_NAMES_MARK
+from brook.common.domain.quota_specs import QUOTA_NAMES_MARK
 from brook.common.domain.validation import (
     MAX_HORIZON_S,
     RETENTION_MARK,

@@ -86,7 +86,23 @@ def _spec(args: argparse.Namespace) -> JsonObject:
             body[key] = getattr(args, key)
     if args.run_on_parent_failure:
         body["run_on_parent_failure"] = True
+    if args.quotas:
+        body["quotas"] = _quotas(args.quotas)
     return body
+
+
+def _quotas(given: list[str]) -> JsonObject:
+    """`--quota NAME=COST`, each: the job's `quotas` (the API checks names and costs)."""
+    out: JsonObject = {}
+    for item in given:
+        name, sep, cost = item.rpartition("=")
+        if not sep or not name:
+            die(f"--quota {item!r}: expected NAME=COST", 2)
+        try:
+            out[name] = int(cost)
+        except ValueError:
+            die(f"--quota {item!r}: COST must be a whole number of units", 2)
+    return out
 
 
 def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:

@@ -222,6 +222,13 @@ def _submit_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--idempotency-key", dest="idempotency_key")
     s.add_argument("--key", help="whose job it is (per-key limits, fair claiming)")
     s.add_argument(
+        "--quota",
+        dest="quotas",
+        action="append",
+        metavar="NAME=COST",
+        help="a quota the job draws on, and its cost in units (repeat for several)",
+    )
+    s.add_argument(
         "--depends-on",
         dest="depends_on",
         action="append",

@@ -11,7 +11,8 @@ import structlog
 
 from brook.common.domain.errors import ErrorDetail, InvalidInput, QuotaNotFound
 from brook.common.domain.models import JobSpec
-from brook.common.domain.quotas import Quota, check_quota_name, validate_quota_update
+from brook.common.domain.quota_specs import check_quota_name, validate_quota_update
+from brook.common.domain.quotas import Quota
 from brook.common.runtime.log_events import Event, log_event, requested_by
 from brook.common.store.quotas import QuotaStore
 

@@ -37,14 +37,13 @@ from pymongo.synchronous.database import Database
 
 from brook.common.domain.errors import InvalidInput, LeaseLost, QuotaNotFound
 from brook.common.domain.models import Doc
+from brook.common.domain.quota_specs import NO_LIMIT, has_limit
 from brook.common.domain.quotas import (
-    NO_LIMIT,
     Holder,
     Quota,
     Refused,
     Start,
     admit,
-    has_limit,
     learned,
     rate_limited,
     refunded,

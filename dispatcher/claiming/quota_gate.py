@@ -88,7 +88,10 @@ class QuotaGate:
                 self.start(job, sent)
                 return
             name, why = refused
-            until = datetime.fromtimestamp(why.retry_at + random.uniform(0, 0.05), UTC)
+            # Scattered over the refusal's spread (a bucket of the window): the jobs held
+            # back together are not let in together.
+            jitter = random.uniform(0, max(why.spread, 0.05))
+            until = datetime.fromtimestamp(why.retry_at + jitter, UTC)
             lease = Lease(job_id=job.id, attempt=job.attempts)
             await self.store.hold_back(lease, self.owner, name, why.reason, until)
             log_event(

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path
 from fastapi.responses import JSONResponse
 
 from brook.common.domain.errors import QuotaNotFound
-from brook.common.domain.quotas import QUOTA_NAME, QuotaUpdate
+from brook.common.domain.quota_specs import QUOTA_NAME, QuotaUpdate
 from brook.ingest.deps import Core, json_body
 from brook.ingest.encoding import json_response
 

@@ -5,7 +5,7 @@ refused with a 422 that stores nothing."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -367,6 +367,18 @@ def test_brook_quota_sets_lists_shows_and_removes_a_quota(cluster: Cluster) -> N
     assert json.loads(cleared.stdout)["requests"] is None
     bad = cluster.cli("quota", "set", "openai:gpt-4o", "--units", "none")
     assert bad.returncode != 0 and "at least one" in bad.stderr
+    # A job submitted from the CLI names it, with its cost; a cost over the window is a 422,
+    # a malformed --quota a usage error, and neither makes a job.
+    later = (datetime.now(UTC) + timedelta(days=300)).isoformat()
+    sent = cluster.cli("submit", "noop", "--quota", "openai:gpt-4o=1200", "--run-at", later)
+    assert sent.returncode == 0, sent.stderr
+    assert json.loads(sent.stdout)["quotas"] == {"openai:gpt-4o": 1200}
+    over = cluster.cli("submit", "noop", "--quota", "openai:gpt-4o=90001")
+    assert over.returncode == 1 and "422" in over.stderr, over.stderr
+    malformed = cluster.cli("submit", "noop", "--quota", "openai:gpt-4o")
+    assert malformed.returncode == 2 and "NAME=COST" in malformed.stderr
+    listed_jobs = httpx.get(f"{cluster.api_url}/jobs", params={"task": "noop"}, timeout=10)
+    assert len(listed_jobs.json()["jobs"]) == 1, listed_jobs.text
     assert cluster.cli("quota", "rm", "openai:gpt-4o").returncode == 0
     gone = cluster.cli("quota", "show", "openai:gpt-4o")
     assert gone.returncode != 0 and "no quota" in gone.stderr

@@ -23,7 +23,7 @@ from brook.common.domain.errors import BrookError
 from brook.common.domain.models import is_queue_name
 from brook.common.domain.output import parse_position
 from brook.common.domain.queues import validate_queue_update
-from brook.common.domain.quotas import check_quota_name
+from brook.common.domain.quota_specs import check_quota_name
 from brook.common.domain.schedules import Schedule
 from brook.common.domain.steps import check_signal_key
 from brook.common.domain.triggers import Trigger
@@ -164,7 +164,7 @@ CHECKS: dict[Site, tuple[Callable[[str], object], str]] = {
     ),
     ("ingest/routes/jobs.py", "QUEUE_NAME"): (_route_query, "emails"),
     ("common/domain/output.py", "_POSITION"): (_position, "2-17"),
-    ("common/domain/quotas.py", "_QUOTA_NAME"): (check_quota_name, "openai:gpt-4o"),
+    ("common/domain/quota_specs.py", "_QUOTA_NAME"): (check_quota_name, "openai:gpt-4o"),
     ("ingest/routes/quotas.py", "QUOTA_NAME"): (_quota_path, "openai:gpt-4o"),
     ("ingest/fields.py", "_INCLUDE"): (_include, "payload, result"),
 }

@@ -3,12 +3,12 @@ before the moment it gave, and a quota holding many attempts is checked for dead
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast
 
 from brook.common.domain.models import Job
-from brook.common.domain.quotas import Holder, Quota, Refused, Start
+from brook.common.domain.quotas import Holder, Quota, Refused, Start, Window, admit
 from brook.common.store.quotas import QuotaStore
 from brook.dispatcher.claiming.quota_gate import PRUNE_AT, QuotaGate
 from brook.dispatcher.wiring import Wiring
@@ -99,3 +99,42 @@ async def test_a_quota_holding_many_attempts_over_its_concurrency_is_checked_for
     store = FakeQuotas(lambda s: holding(PRUNE_AT))
     assert await gate(store)._charge_all(job("b")) is None
     assert store.pruned == 1
+
+
+async def test_jobs_held_back_together_are_due_at_moments_scattered_over_the_spread() -> None:
+    # Twenty jobs refused for one bucket of 3 s come back over those 3 s, not all at its
+    # first instant (where a limit the provider had just lowered would meet all of them).
+    at = later()
+    store = FakeQuotas(lambda s: Refused(reason="units", retry_at=at, spread=3.0))
+    held: list[datetime] = []
+
+    async def hold_back(lease: Any, owner: str, name: str, reason: str, until: datetime) -> bool:
+        held.append(until)
+        return True
+
+    store.hold_back = hold_back  # type: ignore[attr-defined]
+    g = gate(store)
+    for i in range(20):
+        await g._admit(job(f"j{i}"), 0.0)
+    offsets = sorted(u.timestamp() - at for u in held)
+    assert len(offsets) == 20 and offsets[0] >= 0 and offsets[-1] <= 3.0
+    assert offsets[-1] - offsets[0] > 1.0, offsets
+
+
+def test_a_window_refusal_spreads_its_retry_over_a_bucket() -> None:
+    q = Quota(name="model", units=Window(limit=1000, per_seconds=60.0))
+    now = datetime.now(UTC)
+    full = admit(q, Start(job="a", attempt=1, owner="d1", key=None, cost=1000), now)
+    assert isinstance(full, Quota)
+    out = admit(full, Start(job="b", attempt=1, owner="d1", key=None, cost=10), now)
+    assert isinstance(out, Refused) and out.reason == "units" and out.spread == 3.0
+    closed = admit(
+        Quota(
+            name="m",
+            units=Window(limit=1000, per_seconds=60.0),
+            closed_until=now + timedelta(seconds=5),
+        ),
+        Start(job="c", attempt=1, owner="d1", key=None, cost=10),
+        now,
+    )
+    assert isinstance(closed, Refused) and closed.reason == "closed" and closed.spread == 3.0
