@@ -32,15 +32,16 @@ nothing until enough of it has aged out.
 
 The adaptive rule (AIMD): each 429 (`RateLimited`) multiplies the quota's effective rate by
 `DECREASE` (never below `FLOOR` of the limit) when it comes within a window of the previous
-one (a lone 429 only closes the quota; the 429s of calls in flight while it is closed count
-as that one; a 429 while the units window holds its whole limit by Brook's count, less a
-bucket's share, is no strike: the estimates were short, not the limit; but if 429s had
-lowered the rate by more than a bucket's share, such a 429 shaves it by `SHAVE`), and each
-window
-without a 429 adds `INCREASE` of the limit back, up to the whole limit. A 429 also caps
-the effective rate at what it says of the provider's window (`_room_said`): what Brook's
-window will still hold when the provider has room again, the bucket that straddles that
-window's start counted in part (`Quota.used_through`).
+one, unless what it says of the provider's window (below) lowers the rate by more than a
+bucket's share already, which is then taken alone. A lone 429 only closes the quota; the
+429s of calls in flight while it is closed count as that one; a 429 while the units window
+holds its whole limit by Brook's count, less a bucket's share, is no strike: the estimates
+were short, not the limit; but if 429s had lowered the rate by more than a bucket's share,
+such a 429 shaves it by `SHAVE`. Each window without a 429 adds `INCREASE` of the limit
+back, up to the whole limit. A 429 also caps the effective rate at what it says of the
+provider's window (`_room_said`): what Brook's window will still hold when the provider
+has room again, the bucket that straddles that window's start counted in part
+(`Quota.used_through`).
 """
 
 from __future__ import annotations
@@ -385,9 +386,7 @@ def admit(q: Quota, start: Start, now: datetime) -> Quota | Refused:
     """The quota with `start` charged and holding it, or why not and until when."""
     q = recovered(q, now)
     if q.closed_until is not None and q.closed_until > now:
-        return Refused(
-            reason="closed", retry_at=q.closed_until.timestamp(), spread=_bucket_s(q)
-        )
+        return Refused(reason="closed", retry_at=q.closed_until.timestamp(), spread=_bucket_s(q))
     if any(h.job == start.job and h.attempt == start.attempt for h in q.holders):
         return q  # charged already (a retried write whose answer was lost)
     ts = now.timestamp()
@@ -639,8 +638,11 @@ def rate_limited(
             factor = max(FLOOR, factor * SHAVE)
         return replace(q, closed_until=until, factor=factor, last_429=now, calm_since=until)
     strikes = q.strikes + 1 if q.last_429 is not None and now - q.last_429 <= span else 1
-    if strikes >= 2:
-        factor = min(factor, max(FLOOR, q.factor * DECREASE))
+    if strikes >= 2 and factor > q.factor * (1 - 1 / BUCKETS):
+        # A repeat that says nothing of the provider's window the rate did not hold: x
+        # DECREASE. One whose window says less (by more than a bucket's share) is taken at
+        # its word: lowered by both, a provider that halved its limit was left a sixth unused.
+        factor = max(FLOOR, q.factor * DECREASE)
     return replace(
         q, closed_until=until, strikes=strikes, factor=factor, last_429=now, calm_since=until
     )

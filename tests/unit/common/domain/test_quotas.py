@@ -273,3 +273,21 @@ def test_a_429_at_a_limit_429s_had_lowered_shaves_it() -> None:
     out = rate_limited(q, 1.0, T0 + timedelta(seconds=5))
     assert out.strikes == 0
     assert abs(out.factor - 0.5 * SHAVE) < 1e-9
+
+
+def test_a_repeat_429_whose_window_says_less_is_taken_at_its_word_not_lowered_again() -> None:
+    # The rate at 0.59 after a first 429; 54 s later, a second, when Brook's window holds
+    # 200,000 (under the 236,000 allowed): the provider's limit is half. Taken as 0.5, not
+    # 0.59 x DECREASE (0.413), which would leave a halved provider a sixth unused.
+    t = Window(limit=1, per_seconds=60.0).bucket(T0)
+    q = replace(
+        units(400_000),
+        factor=0.59,
+        strikes=1,
+        last_429=T0 - timedelta(seconds=54),
+        calm_since=T0 - timedelta(seconds=50),
+        buckets={"units": (Bucket(t=t, n=200_000.0),)},
+    )
+    out = rate_limited(q, 1.0, T0 + timedelta(seconds=1))
+    assert out.strikes == 2
+    assert abs(out.factor - 0.5) < 1e-9
