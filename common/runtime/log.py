@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from datetime import date
 from typing import Any
 
 import structlog
@@ -24,6 +25,14 @@ def _add_process(_: Any, __: str, event_dict: structlog.types.EventDict) -> Any:
     event_dict.setdefault("pid", os.getpid())
     event_dict.pop("color_message", None)  # uvicorn's ANSI duplicate of `event`
     return event_dict
+
+
+def _json_default(value: Any) -> Any:
+    """What a line's value JSON cannot carry: a time as ISO 8601 (as every other time in the
+    logs is written), anything else as its repr."""
+    if isinstance(value, date):
+        return value.isoformat()
+    return repr(value)
 
 
 # The level `configure_logging` set (None: never configured, everything goes through).
@@ -42,7 +51,7 @@ def configure_logging(level: str = "INFO", *, role: str | None = None) -> None:
     if not isinstance(numeric, int):
         numeric = logging.INFO
     _threshold = numeric
-    renderer = structlog.processors.JSONRenderer(sort_keys=False)
+    renderer = structlog.processors.JSONRenderer(sort_keys=False, default=_json_default)
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*_SHARED, structlog.stdlib.ExtraAdder()],
         processors=[
