@@ -35,19 +35,52 @@ def held_by_quota(lease: Lease, owner: str, name: str, reason: str, until: datet
                     "updated_at": NOW,
                     "owner": None,
                     "lease_expires_at": None,
-                    **history(
-                        {
-                            "status": P,
-                            "at": NOW,
-                            "attempt": lease.attempt,
-                            "reason": "quota",
-                            "quota": lit(name),
-                        }
-                    ),
+                    **_held_history(lease.attempt, name),
                 }
             }
         ],
     )
+
+
+def _held_history(attempt: int, name: str) -> dict[str, Any]:
+    """The history with this hold: the claim's `running` entry and the hold's `pending`
+    one. But a claim and a hold that repeat the two entries before them (the same quota,
+    the same attempt) are counted on that hold (`holds`, and the latest at `last_at`), the
+    claim's entry dropped: a job held back fifty times tells it in two entries, not a
+    hundred (which pushed the rest of its story out of the capped history)."""
+    added = history(
+        {"status": P, "at": NOW, "attempt": attempt, "reason": "quota", "quota": lit(name)}
+    )
+    h = {"$ifNull": ["$history", []]}
+    repeat = {
+        "$and": [
+            {"$gt": [{"$size": h}, 2]},
+            {"$eq": ["$$last.status", "running"]},
+            {"$eq": ["$$last.attempt", attempt]},
+            {"$eq": ["$$prev.status", P]},
+            {"$eq": ["$$prev.reason", "quota"]},
+            {"$eq": ["$$prev.quota", lit(name)]},
+            {"$eq": ["$$prev.attempt", attempt]},
+        ]
+    }
+    counted = {
+        "$mergeObjects": [
+            "$$prev",
+            {"holds": {"$add": [{"$ifNull": ["$$prev.holds", 1]}, 1]}, "last_at": NOW},
+        ]
+    }
+    merged = {"$concatArrays": [{"$slice": [h, {"$subtract": [{"$size": h}, 2]}]}, [counted]]}
+    ends = {"prev": {"$arrayElemAt": [h, -2]}, "last": {"$arrayElemAt": [h, -1]}}
+    kept = {"$ifNull": ["$history_truncated", 0]}
+    return {
+        "history": {"$let": {"vars": ends, "in": {"$cond": [repeat, merged, added["history"]]}}},
+        "history_truncated": {
+            "$let": {
+                "vars": ends,
+                "in": {"$cond": [repeat, kept, added["history_truncated"]]},
+            }
+        },
+    }
 
 
 def quota_waiters(name: str) -> dict[str, Any]:
