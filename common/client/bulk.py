@@ -76,26 +76,35 @@ class BulkOperations:
             spawned = await cancel_spawned(self._store, roots, via="bulk", dry_run=True)
             return BulkCount(count=count, spawned_cancelled=spawned)
         out = BulkCount(count=0)
-        passed: list[str] = []  # jobs it could not change (a race): not read again
-        while page := await self._store.matching_page(f, action, passed):
+        # Every job this operation changes is marked with its tag and not read again: a job
+        # it retried that failed again before the next page is not retried twice (nor, with
+        # jobs that fail at once, again and again).
+        tag = secrets.token_hex(8)
+        passed: list[str] = []  # jobs it could not change (a race), or changed untagged
+        while page := await self._store.matching_page(f, action, passed, tag):
             ids = [str(d["_id"]) for d in page]
+            untagged: set[str] = set()
             if action == "retry":
-                done, spawned = await self._retry_page(page), 0
+                done, untagged = await self._retry_page(page, tag)
+                spawned = 0
             else:
-                done, spawned = await self._cancel_page(page)
+                done, spawned = await self._cancel_page(page, tag)
             out = BulkCount(
                 count=out.count + len(done),
                 spawned_cancelled=out.spawned_cancelled + spawned,
             )
-            passed += [i for i in ids if i not in done]
+            passed += [i for i in ids if i not in done or i in untagged]
         return out
 
-    async def _retry_page(self, page: Sequence[Doc]) -> set[str]:
+    async def _retry_page(self, page: Sequence[Doc], tag: str) -> tuple[set[str], set[str]]:
+        """The jobs of `page` retried; and those of them retried one by one (a job with
+        parents, which waits for them), which carry no tag."""
         ids = [str(d["_id"]) for d in page]
-        done = await self._store.retry_page(ids, secrets.token_hex(8))
+        done = await self._store.retry_page(ids, tag)
         for doc in done:
             _log(Event.JOB_RETRIED, doc)
         out = {str(d["_id"]) for d in done}
+        alone: set[str] = set()
         for doc in page:
             if doc.get("depends_on") and str(doc["_id"]) not in out:
                 try:
@@ -103,13 +112,14 @@ class BulkOperations:
                 except (JobConflict, JobNotFound):
                     continue
                 out.add(str(doc["_id"]))
-        return out
+                alone.add(str(doc["_id"]))
+        return out, alone
 
-    async def _cancel_page(self, page: Sequence[Doc]) -> tuple[set[str], int]:
+    async def _cancel_page(self, page: Sequence[Doc], tag: str) -> tuple[set[str], int]:
         ids = [str(d["_id"]) for d in page]
         # Marked first: a propagation cut short is finished by a dispatcher's sweep.
         await self._store.mark_spawn_cancel(ids)
-        done = await self._store.cancel_page(ids, secrets.token_hex(8))
+        done = await self._store.cancel_page(ids, tag)
         for doc in done:
             stopping = doc.get("status") == "running"
             _log(Event.JOB_CANCEL_REQUESTED if stopping else Event.JOB_CANCELLED, doc)

@@ -161,3 +161,30 @@ async def test_a_bulk_call_takes_one_job_filter_or_its_fields_as_keywords(
         await client.cancel_many(JobFilter())
     assert await client.retry_many(timeouts) == 4
     assert await client.cancel_many(JobFilter(queue="mail", status=["pending"])) == 4
+
+
+async def test_a_job_a_bulk_retry_retried_that_fails_again_before_the_next_page_is_not_retried_twice(
+    store: JobStore, client: AsyncClient
+) -> None:
+    ids = await failed(store, PAGE + 1, error="DiskFull")
+    pages = client._store.matching_page
+    calls = 0
+
+    async def failing_again(*args: object, **kwargs: object) -> list[dict[str, object]]:
+        # Before the second page is read, every job the first page retried has run again
+        # and failed again (as a job that fails at once does): the filter names it again.
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            later = datetime.now(UTC) + timedelta(minutes=1)
+            again = (await store.claim(OWNER, 30, Tagged(ids=ids, tag="again", before=later))).jobs
+            assert len(again) == PAGE
+            for j in again:
+                lease = Lease(job_id=j.id, attempt=j.attempts)
+                await store.fail_attempt(lease, OWNER, {"type": "DiskFull", "message": "x"}, 0)
+        return await pages(*args, **kwargs)  # type: ignore[arg-type]
+
+    client._store.matching_page = failing_again  # type: ignore[method-assign]
+    assert await client.retry_many(status="failed", error_type="DiskFull") == PAGE + 1
+    docs = await store.jobs.find({"_id": {"$in": ids}}, {"max_attempts": 1}).to_list()
+    assert {d["max_attempts"] for d in docs} == {2}  # each retried once

@@ -27,13 +27,17 @@ class JobBulk(JobsCollection):
         return await self.jobs.count_documents(query, hint=hint)
 
     async def matching_page(
-        self, f: JobFilter, action: BulkAction, skip_ids: Sequence[str] = ()
+        self, f: JobFilter, action: BulkAction, skip_ids: Sequence[str] = (), tag: str = ""
     ) -> list[Doc]:
-        """Up to a page of the jobs the filter names that the action can still change (a
-        changed job leaves the filter, so the next page is the next jobs)."""
+        """Up to a page of the jobs the filter names that the action can still change, but
+        those the operation `tag` changed already (a changed job leaves the filter, unless
+        it failed again meanwhile: the tag keeps it out), so the next page is the next
+        jobs."""
         query = queries.bulk_match(f, action)
         if skip_ids:
             query["_id"] = {"$nin": list(skip_ids)}
+        if tag:
+            query["bulk_op"] = {"$ne": tag}
         cursor = self.jobs.find(query, projection={"status": 1, "depends_on": 1}, limit=PAGE)
         hint = queries.bulk_index(f, action)
         return await (cursor.hint(hint) if hint is not None else cursor).to_list()
