@@ -279,6 +279,8 @@ async def test_a_dispatcher_cut_off_longer_than_its_lease_stops_the_task_before_
     assert doc.attempts == 2
     starts = [e for e in disp.events("task.started") if e.get("job_id") == job_id]
     assert [e["attempt"] for e in starts] == [1, 2]
+    # Its log line follows the acknowledged write: waited for, not read at once.
+    disp.wait_for_event("job.completed", timeout=10, where=lambda e: e.get("job_id") == job_id)
     done = [e for e in disp.events("job.completed") if e.get("job_id") == job_id]
     assert [e["attempt"] for e in done] == [2]
 

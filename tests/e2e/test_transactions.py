@@ -105,6 +105,8 @@ async def test_a_transactional_task_commits_its_row_and_follow_up_with_its_compl
     ids = await submit(store, "order") + await submit(store, "order_sync")
     [failing] = await submit(store, "order_then_fail", max_attempts=1)
     await wait_all_terminal(store, 5, timeout=60)  # and the two follow-ups
+    # A log line follows its acknowledged write: the last ones are waited for.
+    wait_until(lambda: {e["job_id"] for e in disp.events("job.completed")} >= set(ids), 10)
     for job_id in ids:
         job = await store.get(job_id)
         assert job.status == "completed" and job.result == {"attempt": 1}, job.history
