@@ -54,6 +54,10 @@ def max_overlap(spans: Sequence[Attempt]) -> int:
         events.append((a.start.replace(tzinfo=None), 1))
         if a.end is not None:
             events.append((a.end.replace(tzinfo=None), -1))
+    return _peak(events)
+
+
+def _peak(events: list[tuple[Any, int]]) -> int:
     # Ends sort before starts at the same instant: half-open intervals.
     events.sort(key=lambda e: (e[0], e[1]))
     running = peak = 0
@@ -61,6 +65,61 @@ def max_overlap(spans: Sequence[Attempt]) -> int:
         running += delta
         peak = max(peak, running)
     return peak
+
+
+# -- in commit order ------------------------------------------------------------------------
+#
+# A history entry's `at` is the server's clock when its write began (`$$NOW`), not when it
+# committed: a write that waits (a write conflict retried, a busy host) commits later than
+# its stamp says. Two writes that exclude each other (a claim taking the key slot that a
+# completion frees, in one unique index) are ordered by their commits, and may be stamped
+# the other way round by a few milliseconds. What the database held at once is read in the
+# order of its oplog: the change stream's `clusterTime` of each status change.
+
+Order = tuple[int, int]  # an oplog timestamp: (seconds, increment)
+
+
+@dataclass(frozen=True)
+class Change:
+    job_id: str
+    status: str
+    order: Order
+
+
+def status_change(event: Mapping[str, Any]) -> Change | None:
+    """The status change a change-stream event of the jobs collection tells, if any."""
+    fields = (event.get("updateDescription") or {}).get("updatedFields") or {}
+    status = fields.get("status")
+    if event.get("operationType") != "update" or status is None:
+        return None
+    ts = event["clusterTime"]
+    return Change(str(event["documentKey"]["_id"]), str(status), (ts.time, ts.inc))
+
+
+def running_in_commit_order(changes: Iterable[Change]) -> list[tuple[str, Order, Order | None]]:
+    """Each job's runs, from a change that made it `running` to its next change of status
+    (None: still running), in commit order."""
+    by_job: dict[str, list[Change]] = {}
+    for c in changes:
+        by_job.setdefault(c.job_id, []).append(c)
+    spans: list[tuple[str, Order, Order | None]] = []
+    for job_id, mine in by_job.items():
+        mine.sort(key=lambda c: c.order)
+        for i, c in enumerate(mine):
+            if c.status == "running":
+                end = mine[i + 1].order if i + 1 < len(mine) else None
+                spans.append((job_id, c.order, end))
+    return spans
+
+
+def max_overlap_committed(spans: Sequence[tuple[str, Order, Order | None]]) -> int:
+    """The most jobs running at once in the database, in commit order."""
+    events: list[tuple[Any, int]] = []
+    for _, start, end in spans:
+        events.append((start, 1))
+        if end is not None:
+            events.append((end, -1))
+    return _peak(events)
 
 
 def max_starts_in_window(starts: Iterable[datetime], per_seconds: float) -> int:
